@@ -1,0 +1,54 @@
+# Two entry points: `make run` serves the app, `make test` runs the whole suite.
+# Both create .venv from the pinned dependencies on first use (and again when they change).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+export DJANGO_SETTINGS_MODULE := craft.settings
+# The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: run test lint format venv dev-venv browser migrate clean
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e .
+	touch $@
+
+$(BIN)/.installed-dev: $(BIN)/.installed
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+dev-venv: $(BIN)/.installed-dev
+
+migrate: venv
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py collectstatic --noinput -v 0
+
+run: migrate
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py ensure_admin
+	@echo "Serving Craft on http://127.0.0.1:$(PORT)/"
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/daphne -b 127.0.0.1 -p $(PORT) craft.asgi:application
+
+# Debian's Chromium for the browser tests (Playwright's own browser download is not used).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "Installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+lint: dev-venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: dev-venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: dev-venv browser lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

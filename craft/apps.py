@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class CraftConfig(AppConfig):
+    name = "craft"
+    verbose_name = "Chat sessions"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,506 @@
+"""The ACP client: one `AgentConnection` talks JSON-RPC 2.0 to one agent process.
+
+ACP (Agent Client Protocol) frames one JSON object per line on the agent's stdin/stdout. The
+connection owns a reader thread that reads lines of any length (multi-megabyte tool outputs are
+normal), parses them in wire order and routes them:
+
+* a response (`id`, no `method`) resolves the request that is waiting for it;
+* `session/update` notifications go to the running turn's sink, in the order they arrived;
+* agent-to-client requests: `session/request_permission` is surfaced to the turn as a
+  `PermissionRequest` and answered through `answer_permission()`; everything else (`fs/*`,
+  `terminal/*`, ...) gets a JSON-RPC "method not found" error, because we advertise no such
+  capability.
+
+It is deliberately thread-based rather than asyncio-based: the same connection is used from
+Channels consumers (one event loop), from sync views and admin actions (worker threads) and
+from the Kubernetes exec transport (a blocking websocket). Sinks are called on the reader
+thread and must not block; `aiter_turn()` bridges a turn onto an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+CLIENT_INFO = {"name": "craft", "title": "Craft", "version": "0.1.0"}
+
+# JSON-RPC error codes used when we answer the agent.
+METHOD_NOT_FOUND = -32601
+
+
+class AgentProcess(Protocol):
+    """A running agent program, wherever it runs (a local subprocess, a pod exec)."""
+
+    ident: str  # a process id or exec id, for logs and tests
+
+    def write(self, data: bytes) -> None:
+        """Write bytes to the agent's stdin (raise OSError once it is gone)."""
+
+    def readline(self) -> bytes:
+        """Return the next stdout line including its newline; b"" at end of output."""
+
+    def is_alive(self) -> bool: ...
+
+    def exit_code(self) -> int | None:
+        """Return the exit code once known."""
+
+    def stderr_tail(self) -> str:
+        """Return the last lines the agent wrote to stderr (for error messages)."""
+
+    def terminate(self, timeout: float = 5.0) -> None:
+        """End the program (closing stdin first, then killing) and free its resources."""
+
+
+class AgentError(Exception):
+    """The agent answered with an error, died, or did not answer in time."""
+
+
+class TurnInProgress(AgentError):
+    """A prompt was sent while another turn of this connection was still running."""
+
+
+# --- What a turn yields, in wire order ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Update:
+    """A `session/update` as the agent sent it; `kind` is its `sessionUpdate`."""
+
+    kind: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PermissionRequest:
+    """The agent asks before acting; answer with `AgentConnection.answer_permission`."""
+
+    request_id: str
+    tool_call: dict[str, Any]
+    options: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """The prompt's response arrived; `stop_reason` is ACP's stopReason."""
+
+    stop_reason: str
+
+
+@dataclass(frozen=True)
+class TurnFailed:
+    """The turn ended without a stopReason: an error response, or the agent went away."""
+
+    message: str
+
+
+TurnItem = Update | PermissionRequest | TurnEnd | TurnFailed
+Sink = Callable[[TurnItem], None]
+
+
+@dataclass
+class _Turn:
+    sink: Sink
+    prompt_id: int
+    cancelled: bool = False
+    finished: bool = False
+
+
+@dataclass
+class _PendingPermission:
+    jsonrpc_id: Any
+    turn: _Turn
+    options: list[dict[str, Any]] = field(default_factory=list)
+
+
+class AgentConnection:
+    """A live ACP conversation with one agent process, for one workspace.
+
+    Create it with a started `AgentProcess`, call `start()` (initialize + session/new), then
+    `prompt()` as often as needed: the same process serves every turn. `stop()` ends it.
+    """
+
+    def __init__(self, process: AgentProcess, *, cwd: str) -> None:
+        self.process = process
+        self.cwd = cwd
+        self.agent_session_id: str | None = None
+        self.agent_info: dict[str, Any] = {}
+        self.created_at = time.monotonic()
+        self.last_used_at = self.created_at
+        self._ids = itertools.count()
+        self._pending: dict[int, Future[Any]] = {}
+        self._permissions: dict[str, _PendingPermission] = {}
+        self._lock = threading.Lock()  # guards _pending, _permissions, _turn
+        self._write_lock = threading.Lock()  # one line at a time on stdin
+        self._turn: _Turn | None = None
+        self._stopped = threading.Event()
+        self._reader_done = threading.Event()
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"acp-reader-{process.ident}", daemon=True
+        )
+        # Updates that arrive outside a turn (some agents send them after the prompt response).
+        self.idle_sink: Sink | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Initialize the agent and open its ACP session in `cwd`; raise AgentError on failure."""
+        self._reader.start()
+        try:
+            init = self.request(
+                "initialize",
+                {
+                    "protocolVersion": PROTOCOL_VERSION,
+                    "clientCapabilities": {
+                        "fs": {"readTextFile": False, "writeTextFile": False},
+                        "terminal": False,
+                    },
+                    "clientInfo": CLIENT_INFO,
+                },
+                timeout=timeout,
+            )
+            self.agent_info = dict(init.get("agentInfo") or {})
+            created = self.request(
+                "session/new", {"cwd": self.cwd, "mcpServers": []}, timeout=timeout
+            )
+            self.agent_session_id = str(created["sessionId"])
+        except (AgentError, KeyError, TypeError) as exc:
+            self.stop()
+            raise AgentError(f"agent did not start: {exc}") from exc
+
+    @property
+    def is_running(self) -> bool:
+        """Return False once the process, its reader or this connection is gone."""
+        return (
+            not self._stopped.is_set()
+            and not self._reader_done.is_set()
+            and self.process.is_alive()
+        )
+
+    @property
+    def turn_active(self) -> bool:
+        return self._turn is not None
+
+    def stop(self) -> None:
+        """End the agent process and release everyone waiting on it. Safe to call twice."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        try:
+            self.process.terminate()
+        except Exception:
+            logger.exception("stopping agent %s failed", self.process.ident)
+        self._fail_everything("agent connection stopped")
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def request(self, method: str, params: dict[str, Any], timeout: float | None = None) -> Any:
+        """Send a request and return its result; raise AgentError for errors and timeouts."""
+        future = self._send_request(method, params)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            raise AgentError(f"{method}: no answer within {timeout} s") from None
+
+    def notify(self, method: str, params: dict[str, Any]) -> None:
+        self._write({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def prompt(self, text: str, sink: Sink) -> None:
+        """Start a turn: send `session/prompt` and deliver its items to `sink` in wire order.
+
+        The sink is called on the reader thread (it must not block) and receives `Update`s and
+        `PermissionRequest`s, then exactly one `TurnEnd` or `TurnFailed`.
+        """
+        with self._lock:
+            if self._turn is not None:
+                raise TurnInProgress("a turn is already running on this connection")
+            if not self.is_running:
+                raise AgentError("agent is not running")
+            request_id = next(self._ids)
+            turn = _Turn(sink=sink, prompt_id=request_id)
+            self._turn = turn
+            future: Future[Any] = Future()
+            self._pending[request_id] = future
+        self.last_used_at = time.monotonic()
+        future.add_done_callback(lambda f: self._finish_turn(turn, f))
+        try:
+            self._write(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "method": "session/prompt",
+                    "params": {
+                        "sessionId": self.agent_session_id,
+                        "prompt": [{"type": "text", "text": text}],
+                    },
+                }
+            )
+        except AgentError as exc:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            if not future.done():
+                future.set_exception(exc)
+
+    def iter_prompt(self, text: str, timeout: float | None = None) -> Iterator[TurnItem]:
+        """Run a turn and yield its items (blocking); permission requests must be answered."""
+        import queue
+
+        items: queue.SimpleQueue[TurnItem] = queue.SimpleQueue()
+        self.prompt(text, items.put)
+        while True:
+            try:
+                item = items.get(timeout=timeout)
+            except queue.Empty:
+                raise AgentError(f"no message from the agent within {timeout} s") from None
+            yield item
+            if isinstance(item, TurnEnd | TurnFailed):
+                return
+
+    def cancel(self) -> None:
+        """Cancel the running turn: notify the agent, answer its open permission requests.
+
+        The turn still ends through the agent's prompt response; whatever the agent answers
+        (some say `end_turn`, some an error), the turn's stop reason becomes `cancelled`.
+        """
+        with self._lock:
+            turn = self._turn
+            if turn is None:
+                return
+            turn.cancelled = True
+            waiting = [rid for rid, p in self._permissions.items() if p.turn is turn]
+        if self.agent_session_id is not None:
+            try:
+                self.notify("session/cancel", {"sessionId": self.agent_session_id})
+            except AgentError:
+                pass
+        for request_id in waiting:
+            self.answer_permission(request_id, None)
+
+    def answer_permission(self, request_id: str, option_id: str | None) -> bool:
+        """Answer a permission request with an option id, or None for cancelled.
+
+        Return False when the request is unknown or already answered.
+        """
+        with self._lock:
+            pending = self._permissions.pop(request_id, None)
+        if pending is None:
+            return False
+        valid = {opt.get("optionId") for opt in pending.options}
+        if option_id is not None and option_id not in valid:
+            with self._lock:
+                self._permissions[request_id] = pending
+            raise ValueError(f"unknown option {option_id!r} for permission request")
+        outcome: dict[str, Any] = (
+            {"outcome": "cancelled"}
+            if option_id is None
+            else {"outcome": "selected", "optionId": option_id}
+        )
+        try:
+            self._write(
+                {"jsonrpc": "2.0", "id": pending.jsonrpc_id, "result": {"outcome": outcome}}
+            )
+        except AgentError:
+            return False
+        return True
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _send_request(self, method: str, params: dict[str, Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            request_id = next(self._ids)
+            self._pending[request_id] = future
+        try:
+            self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        except AgentError as exc:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            future.set_exception(exc)
+        return future
+
+    def _write(self, message: dict[str, Any]) -> None:
+        line = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
+        with self._write_lock:
+            try:
+                self.process.write(line.encode("utf-8"))
+            except (OSError, ValueError) as exc:
+                raise AgentError(f"cannot write to agent: {exc}") from exc
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                line = self.process.readline()
+                if not line:
+                    break
+                self._handle_line(line)
+        except Exception:
+            if not self._stopped.is_set():
+                logger.exception("reading from agent %s failed", self.process.ident)
+        finally:
+            self._reader_done.set()
+            self._fail_everything(self._exit_message())
+
+    def _exit_message(self) -> str:
+        if self._stopped.is_set():
+            return "agent connection stopped"
+        # Give the process a moment to be reaped so that its exit code is known.
+        deadline = time.monotonic() + 1.0
+        while self.process.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        code = self.process.exit_code()
+        message = "agent exited" + (f" with code {code}" if code is not None else "")
+        tail = self.process.stderr_tail().strip()
+        return f"{message}: {tail[-500:]}" if tail else message
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            # Some agents (and npx wrappers) print banners on stdout: skip, never crash.
+            logger.warning("agent %s wrote a non-JSON line: %.200r", self.process.ident, line)
+            return
+        if not isinstance(message, dict):
+            logger.warning("agent %s wrote a non-object line: %.200r", self.process.ident, line)
+            return
+        if "method" in message:
+            if "id" in message:
+                self._handle_agent_request(message)
+            else:
+                self._handle_notification(message)
+        elif "id" in message:
+            self._handle_response(message)
+
+    def _handle_response(self, message: dict[str, Any]) -> None:
+        with self._lock:
+            future = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+        if future is None:
+            logger.warning("agent %s answered unknown id %r", self.process.ident, message["id"])
+            return
+        if "error" in message:
+            error = message["error"] or {}
+            future.set_exception(
+                AgentError(f"{error.get('message', 'error')} (code {error.get('code')})")
+            )
+        else:
+            future.set_result(message.get("result"))
+
+    def _handle_notification(self, message: dict[str, Any]) -> None:
+        if message.get("method") != "session/update":
+            logger.debug("agent %s sent %s", self.process.ident, message.get("method"))
+            return
+        update = (message.get("params") or {}).get("update")
+        if not isinstance(update, dict):
+            logger.warning("agent %s sent a session/update without update", self.process.ident)
+            return
+        # Unknown kinds are delivered as they are: the event log keeps everything.
+        self._deliver(Update(kind=str(update.get("sessionUpdate", "unknown")), data=update))
+
+    def _handle_agent_request(self, message: dict[str, Any]) -> None:
+        method = message["method"]
+        if method == "session/request_permission":
+            params = message.get("params") or {}
+            request_id = uuid.uuid4().hex
+            with self._lock:
+                turn = self._turn
+                if turn is not None and not turn.cancelled:
+                    options = list(params.get("options") or [])
+                    self._permissions[request_id] = _PendingPermission(
+                        jsonrpc_id=message["id"], turn=turn, options=options
+                    )
+            if turn is None or turn.cancelled:
+                # Nobody can answer outside a turn, and a cancelled turn answers "cancelled".
+                self._write(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": message["id"],
+                        "result": {"outcome": {"outcome": "cancelled"}},
+                    }
+                )
+                return
+            self._deliver(
+                PermissionRequest(
+                    request_id=request_id,
+                    tool_call=dict(params.get("toolCall") or {}),
+                    options=options,
+                )
+            )
+            return
+        self._write(
+            {
+                "jsonrpc": "2.0",
+                "id": message["id"],
+                "error": {"code": METHOD_NOT_FOUND, "message": f"{method} is not supported"},
+            }
+        )
+
+    def _deliver(self, item: TurnItem) -> None:
+        turn = self._turn
+        sink = turn.sink if turn is not None else self.idle_sink
+        if sink is None:
+            logger.info("agent %s: %s outside a turn, dropped", self.process.ident, item)
+            return
+        try:
+            sink(item)
+        except Exception:
+            logger.exception("turn sink failed on %r", item)
+
+    def _finish_turn(self, turn: _Turn, future: Future[Any]) -> None:
+        """Deliver the turn's last item; runs on the reader thread (or on failure paths)."""
+        with self._lock:
+            if turn.finished:
+                return
+            turn.finished = True
+            if self._turn is turn:
+                self._turn = None
+            for rid in [rid for rid, p in self._permissions.items() if p.turn is turn]:
+                del self._permissions[rid]
+        self.last_used_at = time.monotonic()
+        exc = future.exception()
+        if turn.cancelled and (exc is None or self.is_running):
+            item: TurnItem = TurnEnd("cancelled")
+        elif exc is not None:
+            item = TurnFailed(str(exc))
+        else:
+            result = future.result() or {}
+            item = TurnEnd(str(result.get("stopReason", "end_turn")))
+        try:
+            turn.sink(item)
+        except Exception:
+            logger.exception("turn sink failed on %r", item)
+
+    def _fail_everything(self, reason: str) -> None:
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+            self._permissions.clear()
+        for future in pending:
+            if not future.done():
+                future.set_exception(AgentError(reason))
+
+
+async def aiter_turn(connection: AgentConnection, text: str) -> AsyncIterator[TurnItem]:
+    """Run a turn from an event loop and yield its items in wire order."""
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[TurnItem] = asyncio.Queue()
+
+    def sink(item: TurnItem) -> None:
+        loop.call_soon_threadsafe(items.put_nowait, item)
+
+    connection.prompt(text, sink)
+    while True:
+        item = await items.get()
+        yield item
+        if isinstance(item, TurnEnd | TurnFailed):
+            return

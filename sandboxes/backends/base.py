@@ -1,0 +1,51 @@
+"""The small interface every sandbox backend implements."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+from uuid import UUID
+
+if TYPE_CHECKING:
+    from sandboxes.acp import AgentProcess
+    from sandboxes.models import Sandbox
+
+Progress = Callable[[str], None]
+
+
+class SandboxError(Exception):
+    """A backend could not do what was asked; the message is fit to show to the user."""
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    detail: str
+
+
+class SandboxBackend(Protocol):
+    """Where a sandbox lives. Methods block; async callers run them in a thread."""
+
+    name: str
+
+    def provision(self, sandbox: "Sandbox", progress: Progress) -> str:
+        """Create the sandbox's resources, wait until usable, return the backend reference.
+
+        Idempotent: provisioning a sandbox that already exists adopts what is there.
+        `progress` receives short status lines to show while this runs.
+        """
+
+    def terminate(self, sandbox: "Sandbox") -> None:
+        """Free the sandbox's resources; resources already gone count as freed."""
+
+    def workspace_path(self, sandbox: "Sandbox", session_id: UUID) -> str:
+        """Return the session's workspace as the agent sees it (its working directory)."""
+
+    def create_workspace(self, sandbox: "Sandbox", session_id: UUID) -> None: ...
+
+    def remove_workspace(self, sandbox: "Sandbox", session_id: UUID) -> None:
+        """Remove the session's workspace; a missing one is fine."""
+
+    def start_agent(self, sandbox: "Sandbox", session_id: UUID) -> "AgentProcess":
+        """Start the configured agent command in the session's workspace."""
+
+    def health(self, sandbox: "Sandbox") -> Health: ...

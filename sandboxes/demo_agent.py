@@ -1,0 +1,863 @@
+"""A small, deterministic coding agent that speaks the Agent Client Protocol (ACP).
+
+Craft runs coding agents inside sandboxes and talks to them over ACP: JSON-RPC 2.0
+messages, one JSON object per line, on the agent's stdin and stdout (logs go to stderr).
+This module is a real ACP agent that needs no network and no model. The first word of
+each prompt picks a scenario (see ``SCENARIOS`` and docs/demo-agent.md): it can stream
+text and thoughts, publish a plan, ask for permission and then really write a file in
+the session's working directory, read files, stream slowly so cancellation can be tried,
+and misbehave on purpose (crash, print non-JSON, send huge lines or unknown update kinds)
+so the client's error handling can be tested.
+
+What it does not do: it has no model and does not understand prompts; it does not load
+or resume sessions, accept images, audio or embedded resources, connect to MCP servers,
+or use the client's terminal. It never touches files outside the session's working
+directory.
+
+It uses only the standard library and imports nothing from the project, because it also
+runs inside sandbox container images and through Kubernetes pod exec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import sys
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+NAME = "craft-demo-agent"
+VERSION = "1.0.0"
+PROTOCOL_VERSION = 1
+
+# JSON-RPC 2.0 error codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+PERMISSION_OPTIONS = [
+    {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+]
+
+DEMO_FILE = "hello.txt"
+DEMO_CONTENT = "Hello from the Craft demo agent\n"
+
+# Each line of the `big` payload is exactly 64 bytes of UTF-8 (61 characters), so one
+# MiB is exactly 16384 lines. The counter makes reordered or dropped data easy to spot.
+BIG_LINE_BYTES = 64
+BIG_LINE_TEMPLATE = "{:08d} Craft demo agent big payload é✓ ...................\n"
+BIG_MAX_MEGABYTES = 100
+
+
+def log(message: str) -> None:
+    """Write one diagnostic line to stderr; stdout is reserved for the protocol."""
+    print(f"{NAME}: {message}", file=sys.stderr, flush=True)
+
+
+class Cancelled(Exception):
+    """Raised inside a scenario when its turn has been cancelled by the client."""
+
+
+class PromptFailed(Exception):
+    """Raised by a scenario to answer session/prompt with a JSON-RPC error."""
+
+
+class UsageError(Exception):
+    """Raised when a scenario's arguments cannot be parsed; carries the usage text."""
+
+
+class PathRefused(Exception):
+    """Raised when a path would leave the session's working directory."""
+
+
+class RpcError(Exception):
+    """Raised while handling a client request to answer it with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Session:
+    """One ACP session: a working directory and at most one running prompt turn."""
+
+    session_id: str
+    cwd: Path
+    turn: Turn | None = None
+    tool_call_numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+
+@dataclass
+class PendingRequest:
+    """A request this agent sent to the client and is still waiting on."""
+
+    turn: Turn | None
+    done: threading.Event = field(default_factory=threading.Event)
+    response: dict[str, Any] | None = None
+
+
+class Turn:
+    """One running session/prompt: what a scenario sees of the connection."""
+
+    def __init__(self, agent: Agent, session: Session, text: str) -> None:
+        self.agent = agent
+        self.session = session
+        self.text = text
+        words = text.split(maxsplit=1)
+        self.word = words[0].lower() if words else ""
+        self.args = words[1] if len(words) > 1 else ""
+        self.cancelled = threading.Event()
+
+    @property
+    def cwd(self) -> Path:
+        """Return the session's working directory."""
+        return self.session.cwd
+
+    def check_cancelled(self) -> None:
+        """Raise Cancelled if the client has cancelled this turn."""
+        if self.cancelled.is_set():
+            raise Cancelled
+
+    def sleep(self, seconds: float) -> None:
+        """Wait, but wake up at once and raise Cancelled if the turn is cancelled."""
+        if self.cancelled.wait(max(seconds, 0.0)):
+            raise Cancelled
+
+    def update(self, update: dict[str, Any]) -> None:
+        """Send one session/update notification for this session."""
+        params = {"sessionId": self.session.session_id, "update": update}
+        self.agent.send({"jsonrpc": "2.0", "method": "session/update", "params": params})
+
+    def chunk(self, text: str, kind: str = "agent_message_chunk") -> None:
+        """Send one message (or thought) chunk."""
+        self.update({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+
+    def stream(self, text: str, kind: str = "agent_message_chunk") -> None:
+        """Send text as several chunks, one word plus its following whitespace each."""
+        for piece in re.findall(r"\s*\S+\s*", text) or [text]:
+            self.chunk(piece, kind)
+
+    def plan(self, entries: list[tuple[str, str, str]]) -> None:
+        """Send the complete plan; entries are (content, priority, status)."""
+        self.update(
+            {
+                "sessionUpdate": "plan",
+                "entries": [
+                    {"content": content, "priority": priority, "status": status}
+                    for content, priority, status in entries
+                ],
+            }
+        )
+
+    def new_tool_call_id(self) -> str:
+        """Return a tool call id that is unique within the session."""
+        return f"call-{next(self.session.tool_call_numbers)}"
+
+    def tool_call_update(self, tool_call_id: str, **fields: Any) -> None:
+        """Send a tool_call_update carrying only the fields that changed."""
+        self.update({"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, **fields})
+
+    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Send a request to the client and return its response (result or error)."""
+        return self.agent.request(method, params, self)
+
+    def ask_permission(self, tool_call: dict[str, Any]) -> bool:
+        """Ask the client whether a tool call may run; return True only for "allow".
+
+        A cancelled outcome, or a session/cancel while waiting, raises Cancelled.
+        A JSON-RPC error or any other option counts as a rejection.
+        """
+        params = {
+            "sessionId": self.session.session_id,
+            "toolCall": tool_call,
+            "options": PERMISSION_OPTIONS,
+        }
+        response = self.request("session/request_permission", params)
+        if "error" in response:
+            log(f"permission request failed, treating as rejected: {response['error']}")
+            return False
+        result = response.get("result")
+        outcome = result.get("outcome") if isinstance(result, dict) else None
+        if not isinstance(outcome, dict):
+            return False
+        if outcome.get("outcome") == "cancelled":
+            raise Cancelled
+        return outcome.get("outcome") == "selected" and outcome.get("optionId") == "allow"
+
+
+class Agent:
+    """The ACP connection: reads client messages, runs turns, writes agent messages."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._out_closed = False
+        # One lock for stdout so concurrent turns never interleave partial lines.
+        self._write_lock = threading.Lock()
+        # One lock for sessions, turns and pending requests, which several threads touch.
+        self._state_lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._pending: dict[int, PendingRequest] = {}
+        self._request_ids = itertools.count()
+        self._workers: list[threading.Thread] = []
+
+    # -- writing ---------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write one JSON-RPC message as a single UTF-8 line and flush it."""
+        try:
+            line = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+            data = (line + "\n").encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates (legal in JSON input) cannot be raw UTF-8; escape them.
+            data = (json.dumps(message, separators=(",", ":")) + "\n").encode("ascii")
+        self.send_raw(data)
+
+    def send_raw(self, data: bytes) -> None:
+        """Write bytes to stdout under the write lock; survive a vanished reader."""
+        with self._write_lock:
+            if self._out_closed:
+                return
+            try:
+                self._out.write(data)
+                self._out.flush()
+            except (BrokenPipeError, ValueError, OSError) as exc:
+                self._out_closed = True
+                log(f"stdout is gone ({exc}); dropping further output")
+                # Point fd 1 at /dev/null so interpreter shutdown cannot fail on it.
+                try:
+                    devnull = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(devnull, self._out.fileno())
+                except (OSError, ValueError, AttributeError):
+                    pass
+
+    def respond(self, request_id: Any, result: dict[str, Any]) -> None:
+        """Send a successful response."""
+        self.send({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+    def respond_error(self, request_id: Any, code: int, message: str) -> None:
+        """Send an error response."""
+        error = {"code": code, "message": message}
+        self.send({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+    # -- reading ---------------------------------------------------------------------
+
+    def serve(self, lines: Iterable[bytes]) -> int:
+        """Handle stdin lines until EOF, then stop running turns; return the exit status."""
+        for raw in lines:
+            self.handle_line(raw)
+        log("stdin closed; exiting")
+        self.shutdown()
+        return 0
+
+    def handle_line(self, raw: bytes) -> None:
+        """Parse one input line and route it as a request, notification or response."""
+        if not raw.strip():
+            return
+        try:
+            message = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            log(f"ignoring malformed input line ({exc}): {raw[:200]!r}")
+            self.respond_error(None, PARSE_ERROR, f"Parse error: {exc}")
+            return
+        if not isinstance(message, dict):
+            self.respond_error(None, INVALID_REQUEST, "Invalid Request: expected a JSON object")
+            return
+        has_id = "id" in message
+        try:
+            if "method" in message and has_id:
+                self.handle_request(message)
+            elif "method" in message:
+                self.handle_notification(message)
+            elif has_id:
+                self.handle_response(message)
+            else:
+                self.respond_error(None, INVALID_REQUEST, "Invalid Request: no method and no id")
+        except Exception as exc:  # odd input must never take the agent down
+            log("failed to handle a message:\n" + traceback.format_exc())
+            if "method" in message and has_id:
+                self.respond_error(message["id"], INTERNAL_ERROR, f"Internal error: {exc}")
+
+    def handle_request(self, message: dict[str, Any]) -> None:
+        """Answer a client request (session/prompt is answered later by its worker)."""
+        request_id = message["id"]
+        method = message["method"]
+        params = message.get("params")
+        handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
+            "initialize": self.initialize,
+            "authenticate": lambda params: {},
+            "session/new": self.new_session,
+            "session/prompt": lambda params: self.start_prompt(request_id, params),
+        }
+        handler = handlers.get(method) if isinstance(method, str) else None
+        if handler is None:
+            self.respond_error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")
+            return
+        try:
+            if not isinstance(params, dict):
+                raise RpcError(INVALID_PARAMS, f"Invalid params: {method} needs an object")
+            result = handler(params)
+        except RpcError as exc:
+            self.respond_error(request_id, exc.code, exc.message)
+            return
+        if result is not None:
+            self.respond(request_id, result)
+
+    def handle_notification(self, message: dict[str, Any]) -> None:
+        """Act on session/cancel; ignore every other notification, as ACP allows."""
+        params = message.get("params")
+        if message["method"] == "session/cancel" and isinstance(params, dict):
+            self.cancel(params.get("sessionId"))
+        else:
+            log(f"ignoring notification {message['method']!r}")
+
+    def handle_response(self, message: dict[str, Any]) -> None:
+        """Hand a client response to the turn waiting for it."""
+        request_id = message["id"]
+        if not isinstance(request_id, int | str):
+            log(f"ignoring response with unusable id {request_id!r}")
+            return
+        with self._state_lock:
+            pending = self._pending.pop(request_id, None)
+            if pending is not None:
+                pending.response = message
+                pending.done.set()
+        if pending is None:
+            # Normal after a cancel: the client still answers the permission request.
+            log(f"ignoring response to request id {request_id!r}: nobody is waiting")
+
+    # -- methods ---------------------------------------------------------------------
+
+    def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Answer initialize: protocol version 1, no optional capabilities."""
+        client = params.get("clientInfo") or {}
+        log(f"initialize from {client.get('name', 'unknown client')}")
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": False,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+            },
+            "authMethods": [],
+            "agentInfo": {"name": NAME, "title": "Craft demo agent", "version": VERSION},
+        }
+
+    def new_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Create a session rooted at params["cwd"], which must be an existing directory."""
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: cwd must be an absolute path: {cwd!r}")
+        if not os.path.isdir(cwd):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: cwd is not a directory: {cwd}")
+        session = Session(session_id=f"demo-{uuid.uuid4().hex}", cwd=Path(cwd))
+        with self._state_lock:
+            self._sessions[session.session_id] = session
+        log(f"new session {session.session_id} in {cwd}")
+        return {"sessionId": session.session_id}
+
+    def start_prompt(self, request_id: Any, params: dict[str, Any]) -> None:
+        """Start a worker thread for the prompt; it sends the response when done."""
+        prompt = params.get("prompt")
+        if not isinstance(prompt, list):
+            raise RpcError(INVALID_PARAMS, "Invalid params: prompt must be a list")
+        text = "".join(
+            block["text"]
+            for block in prompt
+            if isinstance(block, dict)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        )
+        session_id = params.get("sessionId")
+        with self._state_lock:
+            session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+            if session is None:
+                raise RpcError(INVALID_PARAMS, f"Unknown session: {session_id}")
+            if session.turn is not None:
+                raise RpcError(INVALID_PARAMS, "This session is already running a prompt")
+            turn = Turn(self, session, text)
+            session.turn = turn
+        worker = threading.Thread(
+            target=self.run_turn, args=(turn, request_id), name="turn", daemon=True
+        )
+        # Forget finished workers so a long-lived agent does not collect them forever.
+        self._workers = [w for w in self._workers if w.is_alive()] + [worker]
+        worker.start()
+
+    def run_turn(self, turn: Turn, request_id: Any) -> None:
+        """Run a turn's scenario and send the session/prompt response."""
+        result = {"stopReason": "end_turn"}
+        error: tuple[int, str] | None = None
+        try:
+            scenario = SCENARIOS.get(turn.word)
+            try:
+                (scenario.run if scenario else scenario_echo)(turn)
+            except UsageError as exc:
+                turn.chunk(f"Usage: {exc}")
+            # ACP: once the client has sent session/cancel the answer must be "cancelled",
+            # even if the scenario happened to finish anyway.
+            if turn.cancelled.is_set():
+                result = {"stopReason": "cancelled"}
+        except Cancelled:
+            result = {"stopReason": "cancelled"}
+        except PromptFailed as exc:
+            error = (INTERNAL_ERROR, str(exc))
+        except Exception as exc:  # a bug in a scenario must not take the agent down
+            log("scenario crashed:\n" + traceback.format_exc())
+            error = (INTERNAL_ERROR, f"Internal error: {exc}")
+        finally:
+            # Free the session before answering, so the client may prompt again at once.
+            with self._state_lock:
+                turn.session.turn = None
+        if error is not None:
+            self.respond_error(request_id, *error)
+        else:
+            self.respond(request_id, result)
+
+    def cancel(self, session_id: Any) -> None:
+        """Cancel the session's running turn and stop it waiting on the client."""
+        with self._state_lock:
+            session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+            turn = session.turn if session else None
+            if turn is None:
+                return
+            turn.cancelled.set()
+            for pending in self._pending.values():
+                if pending.turn is turn:
+                    pending.done.set()
+        log(f"cancelled the running prompt of session {session_id}")
+
+    def request(self, method: str, params: dict[str, Any], turn: Turn) -> dict[str, Any]:
+        """Send a request to the client and block until it answers or the turn is cancelled."""
+        with self._state_lock:
+            # Checked under the lock that cancel() takes, so a cancel cannot slip in
+            # between this check and registering the request and leave us waiting forever.
+            turn.check_cancelled()
+            request_id = next(self._request_ids)
+            pending = PendingRequest(turn)
+            self._pending[request_id] = pending
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        try:
+            pending.done.wait()
+        finally:
+            with self._state_lock:
+                self._pending.pop(request_id, None)
+        turn.check_cancelled()
+        if pending.response is None:
+            raise Cancelled
+        return pending.response
+
+    def shutdown(self, grace: float = 1.0) -> None:
+        """Cancel every running turn (nobody can answer any more) and let them finish."""
+        with self._state_lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            self.cancel(session.session_id)
+        for worker in self._workers:
+            worker.join(timeout=grace)
+
+
+# -- helpers shared by scenarios -------------------------------------------------------
+
+
+def resolve_inside(cwd: Path, relative: str) -> Path:
+    """Return the absolute path of `relative` in cwd, or raise PathRefused saying why."""
+    if os.path.isabs(relative):
+        raise PathRefused(
+            f"Refused: {relative} is an absolute path; use a path relative to the working "
+            "directory."
+        )
+    if ".." in Path(relative).parts:
+        raise PathRefused(
+            f"Refused: {relative} contains '..' and could leave the working directory."
+        )
+    path = Path(os.path.normpath(cwd / relative))
+    # A symbolic link inside cwd could still point outside; compare real locations.
+    if not path.resolve().is_relative_to(cwd.resolve()):
+        raise PathRefused(f"Refused: {relative} leads outside the working directory.")
+    return path
+
+
+def text_content(text: str) -> dict[str, Any]:
+    """Return a tool call content item holding plain text."""
+    return {"type": "content", "content": {"type": "text", "text": text}}
+
+
+def parse_numbers(args: str, defaults: list[float], usage: str) -> list[float]:
+    """Parse up to len(defaults) numbers from args, filling in defaults."""
+    words = args.split()
+    if len(words) > len(defaults):
+        raise UsageError(usage)
+    try:
+        values = [float(word) for word in words]
+    except ValueError:
+        raise UsageError(usage) from None
+    if any(value < 0 for value in values):
+        raise UsageError(usage)
+    return values + defaults[len(values) :]
+
+
+def write_file(turn: Turn, relative: str, content: str) -> bool:
+    """Write a file in cwd after asking permission, reporting it as an edit tool call.
+
+    Returns True if the file was written. Raises Cancelled if the turn is cancelled.
+    """
+    tool_call_id = turn.new_tool_call_id()
+    title = f"Write {relative}"
+    try:
+        path = resolve_inside(turn.cwd, relative)
+    except PathRefused as exc:
+        turn.update(
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": tool_call_id,
+                "title": title,
+                "kind": "edit",
+                "status": "pending",
+                "rawInput": {"path": relative, "content": content},
+            }
+        )
+        turn.tool_call_update(tool_call_id, status="failed", content=[text_content(str(exc))])
+        turn.chunk(f"Did not write {relative}.")
+        return False
+
+    old_text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+    diff = {"type": "diff", "path": str(path), "oldText": old_text, "newText": content}
+    tool_call = {
+        "toolCallId": tool_call_id,
+        "title": title,
+        "kind": "edit",
+        "status": "pending",
+        "locations": [{"path": str(path)}],
+        "rawInput": {"path": relative, "content": content},
+    }
+    turn.update({"sessionUpdate": "tool_call", **tool_call})
+    try:
+        # The diff rides along so the person deciding can see what would change.
+        allowed = turn.ask_permission({**tool_call, "content": [diff]})
+    except Cancelled:
+        # Close the tool call so the client does not show it as pending forever.
+        turn.tool_call_update(tool_call_id, status="failed", content=[text_content("Cancelled")])
+        raise
+    if not allowed:
+        turn.tool_call_update(
+            tool_call_id, status="failed", content=[text_content("Permission denied")]
+        )
+        turn.chunk(f"Did not write {relative}.")
+        return False
+
+    turn.tool_call_update(tool_call_id, status="in_progress")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+    except OSError as exc:
+        turn.tool_call_update(tool_call_id, status="failed", content=[text_content(str(exc))])
+        turn.chunk(f"Did not write {relative}.")
+        return False
+    turn.tool_call_update(tool_call_id, status="completed", content=[diff])
+    turn.chunk(f"Wrote {relative}.")
+    return True
+
+
+def read_file(turn: Turn, relative: str) -> str | None:
+    """Read a text file in cwd, reporting it as a read tool call; return its text."""
+    tool_call_id = turn.new_tool_call_id()
+    tool_call: dict[str, Any] = {
+        "sessionUpdate": "tool_call",
+        "toolCallId": tool_call_id,
+        "title": f"Read {relative}",
+        "kind": "read",
+        "status": "in_progress",
+        "rawInput": {"path": relative},
+    }
+    try:
+        path = resolve_inside(turn.cwd, relative)
+    except PathRefused as exc:
+        turn.update(tool_call)
+        turn.tool_call_update(tool_call_id, status="failed", content=[text_content(str(exc))])
+        return None
+    turn.update({**tool_call, "locations": [{"path": str(path)}]})
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        problem = f"No such file: {relative}"
+    except OSError as exc:
+        problem = f"Cannot read {relative}: {exc.strerror or exc}"
+    else:
+        turn.tool_call_update(tool_call_id, status="completed", content=[text_content(text)])
+        return text
+    turn.tool_call_update(tool_call_id, status="failed", content=[text_content(problem)])
+    return None
+
+
+def big_text(megabytes: float) -> str:
+    """Return deterministic text whose UTF-8 encoding is `megabytes` MiB (64-byte lines)."""
+    lines = round(megabytes * 1024 * 1024 / BIG_LINE_BYTES)
+    return "".join(BIG_LINE_TEMPLATE.format(number) for number in range(1, lines + 1))
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+
+def scenario_echo(turn: Turn) -> None:
+    """Stream "Echo: <prompt>" word by word (the default for any other prompt)."""
+    turn.stream(f"Echo: {turn.text}")
+
+
+def scenario_think(turn: Turn) -> None:
+    """Stream a thought about the rest of the prompt, then a short answer."""
+    turn.stream(f"Thinking about: {turn.args or 'nothing in particular'}", "agent_thought_chunk")
+    turn.chunk("Done thinking.")
+
+
+PLAN_STEPS = [
+    ("Read the request", "high"),
+    ("Do the work", "medium"),
+    ("Report back", "low"),
+]
+
+
+def plan_entries(statuses: list[str], steps: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """Combine (content, priority) steps with their current statuses."""
+    return [
+        (content, priority, status)
+        for (content, priority), status in zip(steps, statuses, strict=True)
+    ]
+
+
+def scenario_plan(turn: Turn) -> None:
+    """Publish a three-step plan four times as the steps progress."""
+    turn.plan(plan_entries(["pending", "pending", "pending"], PLAN_STEPS))
+    turn.plan(plan_entries(["in_progress", "pending", "pending"], PLAN_STEPS))
+    turn.chunk("Working on step 1.\n")
+    turn.plan(plan_entries(["completed", "in_progress", "pending"], PLAN_STEPS))
+    turn.chunk("Working on steps 2 and 3.\n")
+    turn.plan(plan_entries(["completed", "completed", "completed"], PLAN_STEPS))
+    turn.chunk("Plan complete.")
+
+
+def scenario_write(turn: Turn) -> None:
+    """Write `<path> <content...>` in cwd after asking permission."""
+    parts = turn.args.split(maxsplit=1)
+    if not parts:
+        raise UsageError("write <relative path> <content...>")
+    write_file(turn, parts[0], parts[1] if len(parts) > 1 else "")
+
+
+def scenario_read(turn: Turn) -> None:
+    """Read `<path>` from cwd and show it as the tool call's content."""
+    parts = turn.args.split()
+    if len(parts) != 1:
+        raise UsageError("read <relative path>")
+    text = read_file(turn, parts[0])
+    if text is None:
+        turn.chunk(f"Could not read {parts[0]}.")
+    else:
+        turn.chunk(f"Read {parts[0]} ({len(text)} characters).")
+
+
+DEMO_STEPS = [
+    (f"Write {DEMO_FILE}", "high"),
+    (f"Read {DEMO_FILE} back", "medium"),
+    ("Sum up", "low"),
+]
+
+
+def scenario_demo(turn: Turn) -> None:
+    """Show everything a human should see: thought, plan, permission, edit, read."""
+    (delay,) = parse_numbers(turn.args, [0.3], "demo [delay seconds between steps=0.3]")
+    turn.stream(
+        "The user asked for the demo. I will make a plan, write a file, read it back and sum up.",
+        "agent_thought_chunk",
+    )
+    turn.plan(plan_entries(["pending", "pending", "pending"], DEMO_STEPS))
+    turn.sleep(delay)
+    turn.stream("Let me show you what a coding agent looks like in Craft.\n\n")
+    turn.plan(plan_entries(["in_progress", "pending", "pending"], DEMO_STEPS))
+    turn.sleep(delay)
+    steps = DEMO_STEPS
+    if write_file(turn, DEMO_FILE, DEMO_CONTENT):
+        turn.plan(plan_entries(["completed", "in_progress", "pending"], steps))
+        turn.sleep(delay)
+        read_file(turn, DEMO_FILE)
+        outcome = f"You allowed the edit, so {DEMO_FILE} now exists in the workspace."
+    else:
+        steps = [DEMO_STEPS[0], (f"Read {DEMO_FILE} back (skipped)", "medium"), DEMO_STEPS[2]]
+        outcome = "You rejected the edit, so nothing in the workspace changed."
+    turn.plan(plan_entries(["completed", "completed", "in_progress"], steps))
+    turn.sleep(delay)
+    turn.plan(plan_entries(["completed", "completed", "completed"], steps))
+    words = ", ".join(word for word in SCENARIOS if word != "demo")
+    turn.stream(
+        f"\n\nThat was the tour: a thought, a plan that follows the work, a file edit that "
+        f"waited for your permission, and a file read. {outcome} Other prompts to try: "
+        f"{words}."
+    )
+
+
+def scenario_slow(turn: Turn) -> None:
+    """Stream n chunks with a delay before each, stopping at once on cancel."""
+    count, delay = parse_numbers(turn.args, [50, 0.1], "slow [n=50] [delay seconds=0.1]")
+    for number in range(1, int(count) + 1):
+        turn.sleep(delay)
+        turn.chunk(f"chunk {number} ")
+
+
+def scenario_count(turn: Turn) -> None:
+    """Send n chunks "1\\n" .. "n\\n" as fast as possible."""
+    (count,) = parse_numbers(turn.args, [10], "count [n=10]")
+    for number in range(1, int(count) + 1):
+        turn.check_cancelled()
+        turn.chunk(f"{number}\n")
+
+
+def scenario_big(turn: Turn) -> None:
+    """Send one message chunk of several MiB, i.e. one very long JSON line."""
+    usage = f"big [megabytes=5, at most {BIG_MAX_MEGABYTES}]"
+    (megabytes,) = parse_numbers(turn.args, [5], usage)
+    if megabytes > BIG_MAX_MEGABYTES:
+        raise UsageError(usage)
+    turn.chunk(big_text(megabytes))
+
+
+def scenario_crash(turn: Turn) -> None:
+    """Send one chunk, then exit the whole process with status 3 without answering."""
+    turn.chunk("About to crash")
+    log("crash requested; exiting with status 3")
+    os._exit(3)
+
+
+def scenario_noise(turn: Turn) -> None:
+    """Print a non-JSON line on stdout, then answer normally."""
+    turn.agent.send_raw(b"this line is not JSON\n")
+    turn.chunk("I printed a line that is not JSON on stdout.")
+
+
+def scenario_stderr(turn: Turn) -> None:
+    """Write a line to stderr, then answer normally."""
+    log("this line was written to stderr on request")
+    turn.chunk("I wrote a line to stderr.")
+
+
+def scenario_unknown(turn: Turn) -> None:
+    """Send a session/update of a kind no client knows, then answer normally."""
+    turn.update(
+        {
+            "sessionUpdate": "craft_demo_unknown_kind",
+            "detail": "Clients should ignore update kinds they do not understand.",
+        }
+    )
+    turn.chunk("I sent an update of an unknown kind.")
+
+
+def scenario_pid(turn: Turn) -> None:
+    """Answer with this process's id, so a client can tell agent processes apart."""
+    turn.chunk(f"pid {os.getpid()}")
+
+
+def scenario_fail(turn: Turn) -> None:
+    """Answer session/prompt with a JSON-RPC error instead of a stop reason."""
+    raise PromptFailed("demo failure requested")
+
+
+def scenario_fs(turn: Turn) -> None:
+    """Ask the client for fs/read_text_file and report how it answered.
+
+    Sent regardless of the client's fs capability on purpose: it tests that the
+    client answers requests it does not support with an error instead of hanging.
+    """
+    parts = turn.args.split()
+    if len(parts) > 1:
+        raise UsageError(f"fs [relative path={DEMO_FILE}]")
+    relative = parts[0] if parts else DEMO_FILE
+    try:
+        path = resolve_inside(turn.cwd, relative)
+    except PathRefused as exc:
+        turn.chunk(str(exc))
+        return
+    params = {"sessionId": turn.session.session_id, "path": str(path)}
+    response = turn.request("fs/read_text_file", params)
+    error = response.get("error")
+    if isinstance(error, dict):
+        turn.chunk(
+            f"The client answered fs/read_text_file with an error: {error.get('message')} "
+            f"(code {error.get('code')})."
+        )
+        return
+    result = response.get("result")
+    content = result.get("content") if isinstance(result, dict) else None
+    size = f"{len(content)} characters" if isinstance(content, str) else "no content"
+    turn.chunk(f"The client answered fs/read_text_file with a result ({size}).")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A prompt's first word mapped to what the agent does."""
+
+    run: Callable[[Turn], None]
+    usage: str
+    summary: str
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "think": Scenario(scenario_think, "think <text>", "stream a thought, then a short answer"),
+    "plan": Scenario(scenario_plan, "plan", "a three-step plan sent four times as it progresses"),
+    "write": Scenario(
+        scenario_write, "write <path> <content...>", "write a file in cwd after permission"
+    ),
+    "read": Scenario(scenario_read, "read <path>", "read a file in cwd as a tool call"),
+    "demo": Scenario(
+        scenario_demo, "demo [delay=0.3]", "the guided tour: thought, plan, edit, read"
+    ),
+    "slow": Scenario(
+        scenario_slow, "slow [n=50] [delay=0.1]", "n chunks, one per delay; try cancelling"
+    ),
+    "count": Scenario(scenario_count, "count [n=10]", 'n chunks "1\\n" .. "n\\n" with no delay'),
+    "big": Scenario(scenario_big, "big [megabytes=5]", "one chunk that many MiB long"),
+    "crash": Scenario(scenario_crash, "crash", "one chunk, then exit with status 3"),
+    "noise": Scenario(scenario_noise, "noise", "print a non-JSON line on stdout, then answer"),
+    "stderr": Scenario(scenario_stderr, "stderr", "write a line to stderr, then answer"),
+    "unknown": Scenario(scenario_unknown, "unknown", "send an update of an unknown kind"),
+    "pid": Scenario(scenario_pid, "pid", "answer with the agent's process id"),
+    "fail": Scenario(scenario_fail, "fail", "answer the prompt with a JSON-RPC error"),
+    "fs": Scenario(scenario_fs, "fs [path=hello.txt]", "send fs/read_text_file, report answer"),
+}
+
+
+def usage_epilog() -> str:
+    """Return the scenario list shown by --help."""
+    rows = [f"  {scenario.usage:<28} {scenario.summary}" for scenario in SCENARIOS.values()]
+    rows.append(f"  {'<anything else>':<28} stream back 'Echo: <prompt>'")
+    return "The first word of each prompt picks a scenario:\n" + "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the agent on stdin/stdout until stdin closes."""
+    parser = argparse.ArgumentParser(
+        prog=NAME,
+        description=(
+            "A deterministic, offline Agent Client Protocol agent for Craft.\n"
+            "It speaks newline-delimited JSON-RPC 2.0 on stdin/stdout and logs to stderr."
+        ),
+        epilog=usage_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{NAME} {VERSION}")
+    parser.parse_args(argv)
+    log(f"version {VERSION} ready (pid {os.getpid()})")
+    return Agent(sys.stdout.buffer).serve(sys.stdin.buffer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Shared fixtures: personas (owner, stranger, staff) and a private sandbox root per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from sandboxes.backends import get_backend
+from sandboxes.connections import agent_connections
+
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture(autouse=True)
+def sandbox_root(request, tmp_path):
+    """Give every test its own folder of sandboxes."""
+    if not request.config.pluginmanager.has_plugin("django"):
+        return None  # a Django-free module run on its own (-p no:django)
+    settings = request.getfixturevalue("settings")
+    settings.CRAFT_SANDBOX_ROOT = tmp_path / "sandboxes"
+    settings.CRAFT_SANDBOX_BACKEND = "local"
+    get_backend.cache_clear()
+    return settings.CRAFT_SANDBOX_ROOT
+
+
+@pytest.fixture(autouse=True)
+def stop_agents() -> Iterator[None]:
+    """Stop every agent a test left running, so no process outlives its test."""
+    yield
+    agent_connections.stop_all()
+
+
+@pytest.fixture
+def owner(db):
+    return get_user_model().objects.create_user("olivia", password=PASSWORD)
+
+
+@pytest.fixture
+def stranger(db):
+    return get_user_model().objects.create_user("sam", password=PASSWORD)
+
+
+@pytest.fixture
+def staff(db):
+    return get_user_model().objects.create_superuser("stella", password=PASSWORD)
+
+
+def run_concurrently(func, count: int, timeout: float = 30) -> list:
+    """Call `func()` from `count` threads released together; return results (raise errors)."""
+    import threading
+
+    from django.db import connections
+
+    barrier = threading.Barrier(count)
+    results: list = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            results.append(func())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if errors:
+        raise errors[0]
+    return results

@@ -1,0 +1,169 @@
+"""The ACP client against real demo-agent processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sandboxes.acp import AgentError, PermissionRequest, TurnEnd, TurnFailed, TurnInProgress, Update
+
+from .agents import ending, reply_text, run_turn, start_demo_agent
+
+
+@pytest.fixture
+def agent(tmp_path):
+    connection = start_demo_agent(tmp_path / "ws")
+    yield connection
+    connection.stop()
+
+
+def test_it_initializes_and_opens_a_session(agent):
+    assert agent.is_running
+    assert agent.agent_session_id
+    assert agent.agent_info["name"] == "craft-demo-agent"
+
+
+def test_it_streams_a_reply_and_ends_the_turn(agent):
+    items = run_turn(agent, "hello there")
+    assert reply_text(items) == "Echo: hello there"
+    assert ending(items) == TurnEnd("end_turn")
+
+
+def test_it_keeps_wire_order_of_500_updates(agent):
+    items = run_turn(agent, "count 500")
+    numbers = [int(item.data["content"]["text"]) for item in items if isinstance(item, Update)]
+    assert numbers == list(range(1, 501))
+    assert ending(items) == TurnEnd("end_turn")
+
+
+def test_it_reads_a_5_mb_line(agent):
+    items = run_turn(agent, "big 5", timeout=60)
+    (chunk,) = [item for item in items if isinstance(item, Update)]
+    text = chunk.data["content"]["text"]
+    assert len(text.encode("utf-8")) >= 5 * 1024 * 1024
+    assert "é" in text
+    assert ending(items) == TurnEnd("end_turn")
+    # The connection is still healthy after the big line.
+    assert reply_text(run_turn(agent, "after")) == "Echo: after"
+
+
+def test_it_skips_a_non_json_line_and_carries_on(agent, caplog):
+    items = run_turn(agent, "noise")
+    assert ending(items) == TurnEnd("end_turn")
+    assert "non-JSON line" in caplog.text
+    assert agent.is_running
+
+
+def test_unknown_update_kinds_are_delivered_not_dropped(agent):
+    items = run_turn(agent, "unknown")
+    kinds = [item.kind for item in items if isinstance(item, Update)]
+    assert "craft_demo_unknown_kind" in kinds
+
+
+def test_a_crash_mid_turn_fails_the_turn_and_marks_it_not_running(agent):
+    items = run_turn(agent, "crash")
+    assert reply_text(items) == "About to crash"
+    end = ending(items)
+    assert isinstance(end, TurnFailed)
+    assert "exited with code 3" in end.message
+    assert not agent.is_running
+    with pytest.raises(AgentError):
+        agent.prompt("again", lambda item: None)
+
+
+def test_an_error_response_fails_the_turn(agent):
+    end = ending(run_turn(agent, "fail"))
+    assert isinstance(end, TurnFailed)
+    assert "demo failure requested" in end.message
+    assert agent.is_running
+
+
+def test_cancel_during_a_slow_stream_ends_with_cancelled(agent):
+    items = []
+    started = threading.Event()
+
+    def sink(item):
+        items.append(item)
+        started.set()
+
+    done = threading.Event()
+    agent.prompt(
+        "slow 200 0.05",
+        lambda item: (sink(item), done.set() if isinstance(item, TurnEnd | TurnFailed) else None),
+    )
+    assert started.wait(5)
+    t0 = time.monotonic()
+    agent.cancel()
+    assert done.wait(5)
+    assert time.monotonic() - t0 < 2
+    assert items[-1] == TurnEnd("cancelled")
+    chunks = [item for item in items if isinstance(item, Update)]
+    assert 0 < len(chunks) < 200
+    # The same process serves the next turn.
+    assert reply_text(run_turn(agent, "still here")) == "Echo: still here"
+
+
+def test_a_permission_request_answered_allow_lets_the_agent_write(agent, tmp_path):
+    items = run_turn(agent, "write notes/a.txt first draft", answer="allow")
+    (request,) = [item for item in items if isinstance(item, PermissionRequest)]
+    assert {o["optionId"] for o in request.options} == {"allow", "reject"}
+    assert (tmp_path / "ws" / "notes" / "a.txt").read_text() == "first draft"
+    tool_updates = [
+        item.data for item in items if isinstance(item, Update) and item.kind == "tool_call_update"
+    ]
+    diff = [c for u in tool_updates for c in u.get("content") or [] if c.get("type") == "diff"]
+    assert diff and diff[0]["newText"] == "first draft"
+    assert ending(items) == TurnEnd("end_turn")
+
+
+def test_a_permission_request_answered_reject_stops_the_write(agent, tmp_path):
+    items = run_turn(agent, "write b.txt nope", answer="reject")
+    assert any(isinstance(item, PermissionRequest) for item in items)
+    assert not (tmp_path / "ws" / "b.txt").exists()
+    assert "Did not write" in reply_text(items)
+
+
+def test_an_unknown_permission_option_is_refused_and_can_be_answered_again(agent):
+    items = []
+    asked = threading.Event()
+
+    def sink(item):
+        items.append(item)
+        if isinstance(item, PermissionRequest):
+            asked.set()
+
+    agent.prompt("write c.txt x", sink)
+    assert asked.wait(5)
+    request = next(item for item in items if isinstance(item, PermissionRequest))
+    with pytest.raises(ValueError):
+        agent.answer_permission(request.request_id, "bogus")
+    assert agent.answer_permission(request.request_id, "reject")
+    assert not agent.answer_permission(request.request_id, "reject")
+
+
+def test_fs_requests_get_a_json_rpc_error(agent):
+    text = reply_text(run_turn(agent, "fs"))
+    assert "error" in text.lower()
+
+
+def test_a_second_prompt_during_a_turn_is_refused(agent):
+    done = threading.Event()
+    agent.prompt("slow 20 0.05", lambda item: done.set() if isinstance(item, TurnEnd) else None)
+    with pytest.raises(TurnInProgress):
+        agent.prompt("two", lambda item: None)
+    agent.cancel()
+    assert done.wait(5)
+
+
+def test_stop_ends_the_process(agent):
+    process = agent.process
+    agent.stop()
+    assert not agent.is_running
+    assert process.exit_code() is not None
+
+
+def test_a_program_that_is_not_an_agent_fails_to_start(tmp_path):
+    with pytest.raises(AgentError):
+        start_demo_agent(tmp_path / "ws", ["python3", "-c", "print('hello')"])

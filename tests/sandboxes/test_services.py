@@ -1,0 +1,98 @@
+"""Sandbox and session services against the database and the local backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from craft import services as craft_services
+from craft.models import Session
+from sandboxes import services
+from sandboxes.models import Sandbox
+
+from ..conftest import run_concurrently
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_provisioning_creates_a_running_sandbox_folder(owner, sandbox_root):
+    sandbox = services.provision_sandbox(owner)
+    assert sandbox.status == Sandbox.Status.RUNNING
+    assert sandbox.backend == "local"
+    assert Path(sandbox.reference).is_dir()
+    assert Path(sandbox.reference).parent == sandbox_root
+
+
+def test_provisioning_again_returns_the_same_sandbox(owner):
+    assert services.provision_sandbox(owner).pk == services.provision_sandbox(owner).pk
+
+
+def test_concurrent_provisioning_creates_one_sandbox(owner):
+    results = run_concurrently(lambda: services.provision_sandbox(owner).pk, 6)
+    assert len(results) == 6
+    assert len(set(results)) == 1
+    assert Sandbox.objects.filter(owner=owner).count() == 1
+
+
+def test_a_failed_sandbox_is_provisioned_again(owner, settings, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the sandbox root should be")
+    settings.CRAFT_SANDBOX_ROOT = blocker
+    failed = services.provision_sandbox(owner)
+    assert failed.status == Sandbox.Status.FAILED
+    assert "cannot create sandbox folder" in failed.error
+    settings.CRAFT_SANDBOX_ROOT = tmp_path / "good"
+    retried = services.provision_sandbox(owner)
+    assert retried.pk == failed.pk
+    assert retried.status == Sandbox.Status.RUNNING
+    assert retried.error == ""
+
+
+def test_opening_a_session_creates_its_workspace(owner):
+    session = craft_services.open_session(owner, "  Fix   the build ")
+    assert session.title == "Fix the build"
+    workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
+    assert workspace.is_dir()
+
+
+def test_deleting_a_session_removes_its_workspace_and_stops_its_agent(owner):
+    session = craft_services.open_session(owner)
+    workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
+    connection = services.connect_agent(session.sandbox, session.pk)
+    craft_services.delete_session(session)
+    assert not workspace.exists()
+    assert not connection.is_running
+    assert not Session.objects.filter(pk=session.pk).exists()
+
+
+def test_terminate_stops_every_connection_and_frees_the_folder(owner):
+    first = craft_services.open_session(owner)
+    second = craft_services.open_session(owner)
+    connections = [services.connect_agent(s.sandbox, s.pk) for s in (first, second)]
+    sandbox = services.terminate_sandbox(first.sandbox)
+    assert sandbox.status == Sandbox.Status.TERMINATED
+    assert sandbox.terminated_at is not None
+    assert all(not c.is_running for c in connections)
+    assert not Path(sandbox.reference).exists()
+    # Terminating twice is fine, and the user can get a new sandbox afterwards.
+    assert services.terminate_sandbox(sandbox).status == Sandbox.Status.TERMINATED
+    assert services.provision_sandbox(owner).pk != sandbox.pk
+
+
+def test_nothing_starts_in_a_terminated_sandbox(owner):
+    session = craft_services.open_session(owner)
+    services.terminate_sandbox(session.sandbox)
+    with pytest.raises(services.SandboxUnavailable):
+        services.connect_agent(session.sandbox, session.pk)
+
+
+def test_run_prompt_stores_the_turn_in_order(owner):
+    session = craft_services.open_session(owner)
+    assert craft_services.run_prompt(session, "hello world") == "end_turn"
+    events = list(session.events.order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[0].kind == "user_message"
+    assert events[-1].kind == "turn_end"
+    text = "".join(e.data["content"]["text"] for e in events if e.kind == "agent_message_chunk")
+    assert text == "Echo: hello world"

@@ -1,0 +1,22 @@
+"""Settings for the test suite: the real settings module, fed a test environment."""
+
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-used-anywhere-else")
+os.environ.setdefault("DJANGO_SECURE_COOKIES", "0")
+# The suite runs on PostgreSQL: several tests are about concurrent writers and a second
+# process (daphne) sharing the database. CRAFT_TEST_DATABASE_URL points it elsewhere.
+os.environ.setdefault(
+    "DATABASE_URL",
+    os.environ.get("CRAFT_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+)
+
+from craft.settings import *  # noqa: F403
+
+# Hashing passwords slowly is the point in production and a waste of seconds here.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# WhiteNoise warns when STATIC_ROOT is missing; tests serve static files from the finders.
+STATIC_ROOT = Path(tempfile.mkdtemp(prefix="craft-static-"))
