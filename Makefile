@@ -5,7 +5,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
-export DJANGO_SETTINGS_MODULE := craft.settings
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
