@@ -1,1 +1,7 @@
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from .consumers import SessionConsumer
+
+websocket_urlpatterns = [
+    path("ws/sessions/<uuid:session_id>/", SessionConsumer.as_asgi()),
+]

@@ -17,6 +17,7 @@ from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
 from .models import Session
+from .runner import runners
 
 logger = logging.getLogger(__name__)
 
@@ -65,63 +66,30 @@ def delete_session(session: Session) -> None:
         logger.warning("removing workspace of session %s failed: %s", session.pk, exc)
     with transaction.atomic():
         session.delete()
+    runners.forget(session.pk)
 
 
 def clean_title(title: str) -> str:
     return " ".join(str(title).split())[:MAX_TITLE]
 
 
-def run_prompt(session: Session, text: str, *, turn_timeout: float = 300.0) -> str:
-    """Send a prompt and store the whole turn in the event log; return the stop reason.
+# --- Turns (async: they run on the event loop, see craft.runner) ------------------------------
 
-    Blocking, for the plain HTML form: it waits for the turn to end. Permission requests are
-    rejected, because a form post cannot ask the person.
+
+async def post_prompt(session_id: uuid.UUID, client_id: str, text: str) -> bool:
+    """Store the prompt and start its turn in the background.
+
+    Return False when `client_id` was already used in this session (the repeat is ignored).
+    Raises `runner.Refused` for an empty or oversized prompt, or while a turn is running.
     """
-    from sandboxes.acp import AgentError, PermissionRequest, TurnEnd, TurnFailed, Update
+    return await runners.get(session_id).prompt(client_id, text)
 
-    from .eventlog import append_event
 
-    text = text.strip()
-    if not text:
-        raise SessionError("a prompt cannot be empty")
-    append_event(session.pk, "user_message", {"text": text})
-    try:
-        connection = sandbox_services.connect_agent(session.sandbox, session.pk)
-    except (SandboxError, AgentError) as exc:
-        append_event(session.pk, "agent_error", {"message": str(exc)})
-        return "error"
-    stop_reason = "error"
-    try:
-        for item in connection.iter_prompt(text, timeout=turn_timeout):
-            if isinstance(item, Update):
-                append_event(session.pk, item.kind, item.data)
-            elif isinstance(item, PermissionRequest):
-                append_event(
-                    session.pk,
-                    "permission_request",
-                    {
-                        "request": item.request_id,
-                        "toolCall": item.tool_call,
-                        "options": item.options,
-                    },
-                )
-                reject = next(
-                    (
-                        o["optionId"]
-                        for o in item.options
-                        if str(o.get("kind", "")).startswith("reject")
-                    ),
-                    None,
-                )
-                connection.answer_permission(item.request_id, reject)
-                append_event(
-                    session.pk, "permission_answer", {"request": item.request_id, "option": reject}
-                )
-            elif isinstance(item, TurnEnd):
-                stop_reason = item.stop_reason
-                append_event(session.pk, "turn_end", {"stop_reason": stop_reason})
-            elif isinstance(item, TurnFailed):
-                append_event(session.pk, "agent_error", {"message": item.message})
-    except AgentError as exc:
-        append_event(session.pk, "agent_error", {"message": str(exc)})
-    return stop_reason
+async def cancel_turn(session_id: uuid.UUID) -> None:
+    """Cancel the session's running turn; it ends with stop reason `cancelled`."""
+    await runners.get(session_id).cancel()
+
+
+async def answer_permission(session_id: uuid.UUID, request_id: str, option_id: str) -> None:
+    """Answer an open permission request of the session's running turn."""
+    await runners.get(session_id).answer_permission(request_id, option_id)

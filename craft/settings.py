@@ -224,3 +224,7 @@ CRAFT_AGENT_COMMAND = env_argv("CRAFT_AGENT_COMMAND", ["craft-demo-agent"])
 CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes")))
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
+
+# Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
+# in production: they let anyone signed in disturb the service.
+CRAFT_TEST_HOOKS = env_bool("CRAFT_TEST_HOOKS", False)

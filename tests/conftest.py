@@ -27,9 +27,19 @@ def sandbox_root(request, tmp_path):
 
 @pytest.fixture(autouse=True)
 def stop_agents() -> Iterator[None]:
-    """Stop every agent a test left running, so no process outlives its test."""
+    """Stop every agent a test left running, and forget runners and channel-layer state.
+
+    Runners and the in-memory channel layer belong to one event loop, and each async test
+    has its own.
+    """
     yield
     agent_connections.stop_all()
+    from channels.layers import channel_layers
+
+    from craft.runner import runners
+
+    runners.clear()
+    channel_layers.backends.clear()
 
 
 @pytest.fixture

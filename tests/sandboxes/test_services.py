@@ -85,14 +85,3 @@ def test_nothing_starts_in_a_terminated_sandbox(owner):
     services.terminate_sandbox(session.sandbox)
     with pytest.raises(services.SandboxUnavailable):
         services.connect_agent(session.sandbox, session.pk)
-
-
-def test_run_prompt_stores_the_turn_in_order(owner):
-    session = craft_services.open_session(owner)
-    assert craft_services.run_prompt(session, "hello world") == "end_turn"
-    events = list(session.events.order_by("seq"))
-    assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    assert events[0].kind == "user_message"
-    assert events[-1].kind == "turn_end"
-    text = "".join(e.data["content"]["text"] for e in events if e.kind == "agent_message_chunk")
-    assert text == "Echo: hello world"

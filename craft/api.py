@@ -1,0 +1,165 @@
+"""The HTTP JSON API (see docs/http-api.md): session-cookie auth, CSRF on unsafe methods."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+from uuid import UUID
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_http_methods
+
+from sandboxes import services as sandbox_services
+from sandboxes.models import Sandbox
+
+from . import services, testhooks
+from .eventlog import events_after
+from .models import Event, Session
+from .runner import runners
+
+MAX_EVENTS_PAGE = 1000
+
+
+def error(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+
+
+def api_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Answer 401 JSON (not a redirect to the login page) to anonymous callers."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return error(401, "unauthenticated", "sign in first")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _json_body(request: HttpRequest) -> dict[str, Any] | None:
+    if not request.body:
+        return {}
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _own_session(request: HttpRequest, session_id: UUID) -> Session | None:
+    sessions = Session.objects.select_related("sandbox")
+    return sessions.filter(pk=session_id, owner=request.user).first()
+
+
+def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
+    return {
+        "id": str(sandbox.pk),
+        "backend": sandbox.backend,
+        "status": sandbox.status,
+        "detail": sandbox.status_detail,
+        "error": sandbox.error,
+        "created_at": sandbox.created_at.isoformat(),
+        "last_activity_at": sandbox.last_activity_at.isoformat(),
+    }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "kind": event.kind,
+        "data": event.data,
+        "created_at": event.created_at.isoformat(),
+    }
+
+
+def session_json(session: Session) -> dict[str, Any]:
+    return {
+        "id": str(session.pk),
+        "title": session.title,
+        "created_at": session.created_at.isoformat(),
+        "updated_at": session.updated_at.isoformat(),
+        "last_seq": session.last_seq,
+        "running": runners.is_running(session.pk),
+        "sandbox": str(session.sandbox_id),
+    }
+
+
+@require_http_methods(["GET", "POST"])
+@api_login_required
+def sessions(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        items = Session.objects.owned_by(request.user).recent_first()
+        return JsonResponse({"sessions": [session_json(s) for s in items]})
+    body = _json_body(request)
+    if body is None:
+        return error(400, "bad_json", "the body must be a JSON object")
+    title = body.get("title", "")
+    if not isinstance(title, str):
+        return error(400, "invalid", "'title' must be a string")
+    try:
+        session = services.open_session(request.user, title)
+    except services.SessionError as exc:
+        return error(503, "sandbox_unavailable", str(exc))
+    return JsonResponse(session_json(session), status=201)
+
+
+@require_http_methods(["GET", "PATCH", "DELETE"])
+@api_login_required
+def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    session = _own_session(request, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    if request.method == "DELETE":
+        services.delete_session(session)
+        return HttpResponse(status=204)
+    if request.method == "PATCH":
+        body = _json_body(request)
+        if body is None or not isinstance(body.get("title"), str):
+            return error(400, "invalid", "send a JSON object with a 'title' string")
+        try:
+            session = services.rename_session(session, body["title"])
+        except services.SessionError as exc:
+            return error(400, "invalid", str(exc))
+    return JsonResponse({**session_json(session), "sandbox": sandbox_json(session.sandbox)})
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def session_events(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """Return stored events after `after` (the page's session load, with its test hooks)."""
+    session = _own_session(request, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    try:
+        after = int(request.GET.get("after", "0"))
+        limit = min(int(request.GET.get("limit", MAX_EVENTS_PAGE)), MAX_EVENTS_PAGE)
+    except ValueError:
+        return error(400, "invalid", "'after' and 'limit' must be integers")
+    if after < 0 or limit < 1:
+        return error(400, "invalid", "'after' must be >= 0 and 'limit' >= 1")
+    hooked = testhooks.before_load(session.pk)
+    if hooked is not None:
+        return hooked
+    events = events_after(session.pk, after, limit=limit + 1)
+    return JsonResponse(
+        {
+            "events": [event_json(e) for e in events[:limit]],
+            "has_more": len(events) > limit,
+            "last_seq": session.last_seq,
+            "running": runners.is_running(session.pk),
+            "sandbox": sandbox_json(session.sandbox),
+        }
+    )
+
+
+@require_http_methods(["GET", "DELETE"])
+@api_login_required
+def sandbox(request: HttpRequest) -> HttpResponse:
+    current = Sandbox.objects.live().owned_by(request.user).first()
+    if current is None:
+        return error(404, "not_found", "you have no sandbox")
+    if request.method == "DELETE":
+        current = sandbox_services.terminate_sandbox(current)
+    return JsonResponse(sandbox_json(current))

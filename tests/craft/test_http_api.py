@@ -1,0 +1,111 @@
+"""The HTTP JSON API with the session cookie and CSRF, as a frontend would use it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from craft.eventlog import append_events
+from craft.models import Session
+from craft.services import open_session
+from sandboxes.models import Sandbox
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def api(owner):
+    """A client that enforces CSRF like a browser session would."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner)
+    client.get("/accounts/login/")  # sets the csrftoken cookie
+    client.csrf = client.cookies["csrftoken"].value
+    return client
+
+
+def send(api, method, url, body=None):
+    return getattr(api, method)(
+        url,
+        data=json.dumps(body) if body is not None else "",
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=api.csrf,
+    )
+
+
+def test_anonymous_callers_get_401_json(client):
+    response = client.get("/api/sessions/")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthenticated"
+
+
+def test_unsafe_methods_need_the_csrf_token(api):
+    assert api.post("/api/sessions/", "{}", content_type="application/json").status_code == 403
+    assert not Session.objects.exists()
+
+
+def test_a_session_is_created_listed_renamed_and_deleted(api, owner):
+    created = send(api, "post", "/api/sessions/", {"title": "From the API"})
+    assert created.status_code == 201
+    session_id = created.json()["id"]
+    assert created.json()["title"] == "From the API"
+
+    listing = api.get("/api/sessions/").json()["sessions"]
+    assert [s["id"] for s in listing] == [session_id]
+
+    renamed = send(api, "patch", f"/api/sessions/{session_id}/", {"title": "Renamed"})
+    assert renamed.json()["title"] == "Renamed"
+    assert renamed.json()["sandbox"]["status"] == "running"
+    blank = send(api, "patch", f"/api/sessions/{session_id}/", {"title": " "})
+    assert blank.status_code == 400
+
+    workspace = Path(Sandbox.objects.get(owner=owner).reference) / "sessions" / session_id
+    assert workspace.is_dir()
+    assert send(api, "delete", f"/api/sessions/{session_id}/").status_code == 204
+    assert not workspace.exists()
+    assert api.get(f"/api/sessions/{session_id}/").status_code == 404
+
+
+def test_bad_bodies_get_clear_errors(api):
+    response = api.post(
+        "/api/sessions/", "{nope", content_type="application/json", HTTP_X_CSRFTOKEN=api.csrf
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_json"
+    assert send(api, "post", "/api/sessions/", {"title": 5}).status_code == 400
+    assert not Session.objects.exists()
+
+
+def test_events_are_paged_after_a_seq(api, owner):
+    session = open_session(owner)
+    append_events(session.pk, [("agent_message_chunk", {"n": i}) for i in range(5)])
+    body = api.get(f"/api/sessions/{session.pk}/events/", {"after": 2, "limit": 2}).json()
+    assert [e["seq"] for e in body["events"]] == [3, 4]
+    assert body["has_more"] is True
+    assert body["last_seq"] == 5
+    body = api.get(f"/api/sessions/{session.pk}/events/", {"after": 4}).json()
+    assert [e["seq"] for e in body["events"]] == [5]
+    assert body["has_more"] is False
+    bad = api.get(f"/api/sessions/{session.pk}/events/", {"after": "x"})
+    assert bad.status_code == 400
+
+
+def test_someone_elses_session_is_404(api, stranger):
+    theirs = open_session(stranger)
+    assert api.get(f"/api/sessions/{theirs.pk}/").status_code == 404
+    assert api.get(f"/api/sessions/{theirs.pk}/events/").status_code == 404
+    assert send(api, "delete", f"/api/sessions/{theirs.pk}/").status_code == 404
+    assert Session.objects.filter(pk=theirs.pk).exists()
+
+
+def test_the_sandbox_is_shown_and_terminated(api, owner):
+    assert api.get("/api/sandbox/").status_code == 404
+    open_session(owner)
+    sandbox = api.get("/api/sandbox/").json()
+    assert sandbox["status"] == "running"
+    assert sandbox["backend"] == "local"
+    terminated = send(api, "delete", "/api/sandbox/").json()
+    assert terminated["status"] == "terminated"
+    assert api.get("/api/sandbox/").status_code == 404

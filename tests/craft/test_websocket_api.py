@@ -1,0 +1,295 @@
+"""The session websocket (API v1) end to end in-process: consumer, runner, real demo agent."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from craft import services
+from craft.db import db_sync_to_async
+from craft.eventlog import append_events
+from craft.models import Event
+
+from .wsclient import (
+    communicator,
+    events_of,
+    is_turn_end,
+    open_socket,
+    receive_until,
+    session_cookie,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture
+def session(owner):
+    return services.open_session(owner, "websocket")
+
+
+@pytest.fixture
+def cookie(owner):
+    return session_cookie(owner)
+
+
+def store_events(session, count, start=0):
+    append_events(session.pk, [("agent_message_chunk", _chunk(start + i)) for i in range(count)])
+
+
+def _chunk(i):
+    return {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": f"{i} "}}
+
+
+async def next_error(comm):
+    return (await receive_until(comm, lambda f: f["type"] == "error"))[-1]
+
+
+async def stored(session, kind=None):
+    @db_sync_to_async
+    def query():
+        events = Event.objects.filter(session=session).order_by("seq")
+        return list(events.filter(kind=kind) if kind else events)
+
+    return await query()
+
+
+async def test_hello_reports_the_session_state(session, cookie):
+    await db_sync_to_async(store_events)(session, 3)
+    comm, hello = await open_socket(session.pk, cookie)
+    assert hello == {
+        "type": "hello",
+        "session": str(session.pk),
+        "last_seq": 3,
+        "running": False,
+        "sandbox": {"status": "running", "detail": "ready", "error": ""},
+    }
+    assert await comm.receive_nothing(0.2)  # no events before resume
+    await comm.disconnect()
+
+
+async def test_resume_after_n_returns_exactly_the_later_events_in_order(session, cookie):
+    await db_sync_to_async(store_events)(session, 10)
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 4})
+    frames = await receive_until(comm, lambda f: f.get("seq") == 10)
+    assert [f["seq"] for f in frames] == [5, 6, 7, 8, 9, 10]
+    assert frames[0] == {
+        "type": "event",
+        "seq": 5,
+        "kind": "agent_message_chunk",
+        "data": _chunk(4),
+    }
+    assert await comm.receive_nothing(0.3)
+    await comm.disconnect()
+
+
+async def test_events_committed_during_a_replay_arrive_exactly_once(session, cookie):
+    await db_sync_to_async(store_events)(session, 1000)
+    comm, _ = await open_socket(session.pk, cookie)
+
+    async def write_more():
+        for batch in range(10):
+            store = db_sync_to_async(store_events, thread_sensitive=False)
+            await store(session, 5, 1000 + batch * 5)
+            await asyncio.sleep(0)
+
+    writer = asyncio.create_task(write_more())
+    await comm.send_json_to({"type": "resume", "after": 0})
+    frames = await receive_until(comm, lambda f: f.get("seq") == 1050, timeout=30)
+    await writer
+    assert [f["seq"] for f in frames] == list(range(1, 1051))
+    assert [f["data"]["content"]["text"] for f in frames[1000:1003]] == ["1000 ", "1001 ", "1002 "]
+    assert await comm.receive_nothing(0.3)
+    await comm.disconnect()
+
+
+async def test_a_prompt_streams_the_turn_and_stores_it(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "p-1", "text": "hello agent"})
+    frames = await receive_until(comm, is_turn_end)
+    kinds = [f["kind"] for f in frames]
+    assert kinds[0] == "user_message"
+    assert frames[0]["data"] == {"id": "p-1", "text": "hello agent"}
+    assert kinds[-1] == "turn_end"
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    chunks = [f["data"]["content"]["text"] for f in frames if f["kind"] == "agent_message_chunk"]
+    assert "".join(chunks) == "Echo: hello agent"
+    assert [f["seq"] for f in frames] == [e.seq for e in await stored(session)]
+    await comm.disconnect()
+
+
+async def test_a_repeated_prompt_id_gives_one_turn(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "same", "text": "once"})
+    await comm.send_json_to({"type": "prompt", "id": "same", "text": "once"})
+    await receive_until(comm, is_turn_end)
+    await comm.send_json_to({"type": "prompt", "id": "same", "text": "once"})
+    assert await comm.receive_nothing(0.5)
+    assert len(await stored(session, "user_message")) == 1
+    assert len(await stored(session, "turn_end")) == 1
+    await comm.disconnect()
+
+
+async def test_a_prompt_during_a_turn_is_refused_with_a_clear_error(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "a", "text": "slow 30 0.05"})
+    await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    await comm.send_json_to({"type": "prompt", "id": "b", "text": "second"})
+    frames = await receive_until(comm, lambda f: f["type"] == "error")
+    assert frames[-1]["code"] == "turn_running"
+    await comm.send_json_to({"type": "cancel"})
+    await receive_until(comm, is_turn_end)
+    assert [e.data["id"] for e in await stored(session, "user_message")] == ["a"]
+    await comm.disconnect()
+
+
+async def test_cancel_during_the_slow_stream_ends_the_turn_cancelled(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "slow", "text": "slow 200 0.05"})
+    await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    await comm.send_json_to({"type": "cancel"})
+    frames = await receive_until(comm, is_turn_end, timeout=5)
+    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
+    chunks = await stored(session, "agent_message_chunk")
+    assert 0 < len(chunks) < 200
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize(("option", "written"), [("allow", True), ("reject", False)])
+async def test_a_permission_answer_reaches_the_agent(session, cookie, option, written):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "w", "text": "write out.txt from the test"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "permission_request")
+    request = frames[-1]["data"]
+    assert [o["optionId"] for o in request["options"]] == ["allow", "reject"]
+    await comm.send_json_to({"type": "permission", "request": request["request"], "option": option})
+    frames = await receive_until(comm, is_turn_end)
+    answer = next(f for f in frames if f["kind"] == "permission_answer")
+    assert answer["data"] == {"request": request["request"], "option": option}
+    workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
+    assert (workspace / "out.txt").exists() is written
+    final_status = [f["data"].get("status") for f in frames if f["kind"] == "tool_call_update"]
+    assert final_status[-1] == ("completed" if written else "failed")
+    await comm.disconnect()
+
+
+async def test_a_bad_permission_answer_is_refused_and_loses_nothing(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "w", "text": "write x.txt y"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "permission_request")
+    request = frames[-1]["data"]["request"]
+    await comm.send_json_to({"type": "permission", "request": request, "option": "maybe"})
+    assert (await next_error(comm))["code"] == "invalid_option"
+    await comm.send_json_to({"type": "permission", "request": "nope", "option": "allow"})
+    assert (await next_error(comm))["code"] == "unknown_request"
+    # The real request is still open and can be answered.
+    await comm.send_json_to({"type": "permission", "request": request, "option": "allow"})
+    frames = await receive_until(comm, is_turn_end)
+    assert frames[-1]["data"]["stop_reason"] == "end_turn"
+    await comm.disconnect()
+
+
+async def test_two_connections_on_one_session_both_see_every_event(session, cookie):
+    first, _ = await open_socket(session.pk, cookie)
+    second, _ = await open_socket(session.pk, cookie)
+    for comm in (first, second):
+        await comm.send_json_to({"type": "resume", "after": 0})
+    await first.send_json_to({"type": "prompt", "id": "both", "text": "count 50"})
+    seen_first = events_of(await receive_until(first, is_turn_end))
+    seen_second = events_of(await receive_until(second, is_turn_end))
+    expected = [e.seq for e in await stored(session)]
+    assert [f["seq"] for f in seen_first] == expected
+    assert [f["seq"] for f in seen_second] == expected
+    for comm in (first, second):
+        await comm.disconnect()
+
+
+async def test_a_turn_goes_on_when_the_browser_leaves(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "prompt", "id": "bye", "text": "slow 10 0.05"})
+    await asyncio.sleep(0.1)
+    await comm.disconnect()
+    for _ in range(100):
+        if await stored(session, "turn_end"):
+            break
+        await asyncio.sleep(0.05)
+    (end,) = await stored(session, "turn_end")
+    assert end.data == {"stop_reason": "end_turn"}
+    assert len(await stored(session, "agent_message_chunk")) == 10
+    # Coming back shows the whole turn.
+    comm, hello = await open_socket(session.pk, cookie)
+    assert hello["running"] is False
+    await comm.send_json_to({"type": "resume", "after": 0})
+    frames = await receive_until(comm, is_turn_end)
+    assert len(frames) == hello["last_seq"]
+    await comm.disconnect()
+
+
+async def test_an_agent_crash_ends_the_turn_with_an_error_and_the_next_prompt_works(
+    session, cookie
+):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "c", "text": "crash"})
+    frames = await receive_until(comm, is_turn_end)
+    assert frames[-2]["kind"] == "agent_error"
+    assert "exited with code 3" in frames[-2]["data"]["message"]
+    assert frames[-1]["data"] == {"stop_reason": "error"}
+    await comm.send_json_to({"type": "prompt", "id": "d", "text": "again"})
+    frames = await receive_until(comm, is_turn_end)
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await comm.disconnect()
+
+
+async def test_bad_frames_get_errors_and_the_socket_stays_open(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    cases = [
+        ("not json", "bad_json"),
+        ("[1, 2]", "bad_frame"),
+        ('{"type": "dance"}', "unknown_type"),
+        ('{"type": "prompt", "text": "no id"}', "bad_frame"),
+        ('{"type": "prompt", "id": "e", "text": "   "}', "empty_prompt"),
+        ('{"type": "resume", "after": -1}', "bad_frame"),
+        ('{"type": "cancel"}', "not_running"),
+    ]
+    for text, code in cases:
+        await comm.send_to(text_data=text)
+        frame = await comm.receive_json_from(timeout=5)
+        assert frame["type"] == "error" and frame["code"] == code, (text, frame)
+    assert await stored(session) == []
+    await comm.disconnect()
+
+
+async def test_a_stranger_is_refused_with_4403(session, stranger):
+    comm = communicator(session.pk, await db_sync_to_async(session_cookie)(stranger))
+    connected, _ = await comm.connect()
+    assert connected
+    assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
+
+
+async def test_an_anonymous_user_is_refused_with_4401(session):
+    comm = communicator(session.pk, None)
+    connected, _ = await comm.connect()
+    assert connected
+    assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+
+
+async def test_an_unknown_session_is_refused_with_4403(owner, cookie):
+    comm = communicator("00000000-0000-4000-8000-000000000000", cookie)
+    await comm.connect()
+    assert (await comm.receive_output(timeout=5))["code"] == 4403
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", None])
+async def test_a_foreign_or_missing_origin_is_refused(session, cookie, origin):
+    comm = communicator(session.pk, cookie, origin=origin)
+    connected, _ = await comm.connect()
+    assert not connected
