@@ -138,6 +138,10 @@ class LocalBackend:
     name = "local"
 
     def _root(self, sandbox: Sandbox) -> Path:
+        # Once provisioned, the reference is the folder: a later change of the root setting
+        # must not orphan existing sandboxes.
+        if sandbox.reference:
+            return Path(sandbox.reference)
         return Path(settings.CRAFT_SANDBOX_ROOT) / str(sandbox.id)
 
     def _workspace(self, sandbox: Sandbox, session_id: UUID) -> Path:

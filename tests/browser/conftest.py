@@ -1,0 +1,130 @@
+"""A real server and a real browser: daphne in a subprocess, Debian's Chromium via Playwright.
+
+The server runs on a free loopback port against the test database, with the test hooks on
+(CRAFT_TEST_HOOKS=1) so a test can fail or slow down session loads and drop websockets.
+Screenshots go to the test run's output folder (CRAFT_TEST_OUTPUT, default `test-output/`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from django.conf import settings
+from playwright.async_api import async_playwright
+
+from craft.db import db_sync_to_async
+
+from ..craft.wsclient import session_cookie
+
+CHROMIUM = os.environ.get("CRAFT_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+OUTPUT = Path(os.environ.get("CRAFT_TEST_OUTPUT", settings.BASE_DIR / "test-output"))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/browser" in str(item.fspath):
+            item.add_marker(pytest.mark.browser)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, url: str, process: subprocess.Popen, log: Path) -> None:
+        self.url = url
+        self.process = process
+        self.log = log
+
+    def hook(self, path: str, **fields: object) -> dict:
+        """POST to a test hook and return its JSON answer."""
+        data = "&".join(f"{k}={v}" for k, v in fields.items()).encode()
+        with urllib.request.urlopen(f"{self.url}/test-hooks/{path}", data=data, timeout=10) as r:
+            return json.load(r)
+
+    def loads(self, session_id: object) -> int:
+        with urllib.request.urlopen(f"{self.url}/test-hooks/loads/", timeout=10) as r:
+            return json.load(r)["loads"].get(str(session_id), 0)
+
+
+@pytest.fixture(scope="session")
+def craft_server(django_db_setup, tmp_path_factory):
+    """Serve the app with daphne, as `make run` does, against the test database."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    port = _free_port()
+    db = settings.DATABASES["default"]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CRAFT_TEST_HOOKS": "1",
+        "CRAFT_SANDBOX_ROOT": str(tmp_path_factory.mktemp("live-sandboxes")),
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    }
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    log = OUTPUT / "daphne.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "craft.asgi:application"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/accounts/login/", timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+    yield LiveServer(url, process, log)
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture
+def hooks(craft_server):
+    craft_server.hook("configure/", reset=1)
+    yield craft_server
+    craft_server.hook("configure/", reset=1)
+
+
+@pytest_asyncio.fixture
+async def browser():
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        await browser.close()
+
+
+@pytest_asyncio.fixture
+async def page(browser, craft_server, owner):
+    """A browser page signed in as the owner."""
+    cookie = (await db_sync_to_async(session_cookie)(owner)).split("=", 1)[1]
+    context = await browser.new_context(viewport={"width": 1280, "height": 860})
+    await context.add_cookies([{"name": "sessionid", "value": cookie, "url": craft_server.url}])
+    page = await context.new_page()
+    page.set_default_timeout(15000)
+    yield page
+    await context.close()

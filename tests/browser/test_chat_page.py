@@ -1,0 +1,228 @@
+"""What a person sees: the chat page in Chromium against daphne and the demo agent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from playwright.async_api import expect
+
+from craft.db import db_sync_to_async
+from craft.eventlog import append_events
+from craft.models import Event
+from craft.services import open_session
+
+from .conftest import OUTPUT
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+TURN_END = "#transcript .turn-end"
+
+
+@pytest.fixture
+def session(owner):
+    return open_session(owner, "Browser session")
+
+
+@db_sync_to_async
+def stored(session):
+    return list(Event.objects.filter(session=session).order_by("seq"))
+
+
+async def open_page(page, craft_server, session):
+    await page.goto(f"{craft_server.url}/sessions/{session.pk}/")
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+
+
+async def send_prompt(page, text):
+    await page.fill("#prompt", text)
+    await page.press("#prompt", "Enter")
+
+
+async def rendered_seqs(page) -> list[int]:
+    return [
+        int(s)
+        for s in await page.locator("#transcript [data-seq]").evaluate_all(
+            "nodes => nodes.map(n => n.dataset.seq)"
+        )
+    ]
+
+
+async def assert_page_matches_log(page, session):
+    """Every stored event is on the page exactly once, and the agent's text is complete."""
+    events = await stored(session)
+    seqs = await rendered_seqs(page)
+    assert [s for s, n in Counter(seqs).items() if n > 1] == []
+    assert sorted(seqs) == [e.seq for e in events]
+    agent_text = "".join(
+        e.data["content"]["text"] for e in events if e.kind == "agent_message_chunk"
+    )
+    shown = "".join(await page.locator("#transcript .msg.agent .bubble").all_inner_texts())
+    assert shown == agent_text
+
+
+def screenshot_path(name: str) -> Path:
+    folder = OUTPUT / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
+async def test_a_reply_streams_in_before_the_turn_ends(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "slow 40 0.05")
+    reply = page.locator("#transcript .msg.agent .bubble").last
+    await expect(reply).to_contain_text("chunk 3 ")
+    early = len(await reply.inner_text())
+    assert await page.locator(TURN_END).count() == 0
+    await expect(page.locator("#stop")).to_be_visible()
+    await page.screenshot(path=screenshot_path("chat-mid-turn.png"), full_page=False)
+    await expect(reply).to_contain_text("chunk 20 ")
+    assert len(await reply.inner_text()) > early
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    await expect(page.locator("#stop")).to_be_hidden()
+    await expect(page.locator("#prompt")).to_have_value("")
+    await page.screenshot(path=screenshot_path("chat-after-turn.png"), full_page=False)
+    await assert_page_matches_log(page, session)
+
+
+async def test_the_demo_scenario_renders_plan_tools_and_permission(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "demo 0.05")
+    permission = page.locator("#transcript .permission")
+    await expect(permission).to_be_visible()
+    await page.screenshot(path=screenshot_path("chat-permission.png"), full_page=False)
+    await permission.get_by_role("button", name="Allow").click()
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    await expect(page.locator("#transcript .tool").first).to_have_attribute(
+        "data-status", "completed"
+    )
+    await expect(
+        page.locator("#transcript .plan .plan-entry[data-status=completed]")
+    ).to_have_count(3)
+    await expect(page.locator("#transcript .diff .add").first).to_contain_text("Hello from")
+    await page.screenshot(path=screenshot_path("chat-demo.png"), full_page=False)
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.screenshot(path=screenshot_path("chat-phone.png"), full_page=False)
+    await assert_page_matches_log(page, session)
+
+
+async def test_a_permission_prompt_can_be_answered_by_clicking(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "write clicked.txt yes please")
+    await page.locator("#transcript .permission").get_by_role("button", name="Allow").click()
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    await expect(page.locator("#transcript .permission")).to_have_attribute("data-answer", "allow")
+    await expect(page.locator("#transcript .tool")).to_have_attribute("data-status", "completed")
+    workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
+    assert (workspace / "clicked.txt").read_text() == "yes please"
+
+
+async def test_stop_cancels_the_turn(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "slow 300 0.05")
+    await expect(page.locator("#transcript .msg.agent")).to_contain_text("chunk 2 ")
+    await page.click("#stop")
+    await expect(page.locator(TURN_END)).to_have_text("Turn ended: cancelled")
+    await expect(page.locator("#send")).to_be_enabled()
+    chunks = [e for e in await stored(session) if e.kind == "agent_message_chunk"]
+    assert len(chunks) < 300
+
+
+async def test_reloading_mid_turn_shows_the_whole_turn_once(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "slow 60 0.03")
+    await expect(page.locator("#transcript .msg.agent")).to_contain_text("chunk 5 ")
+    await page.reload()
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    await assert_page_matches_log(page, session)
+
+
+async def test_after_a_dropped_socket_the_transcript_equals_the_log(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    sockets = []
+    page.on("websocket", lambda ws: sockets.append(ws))
+    await send_prompt(page, "slow 60 0.03")
+    await expect(page.locator("#transcript .msg.agent")).to_contain_text("chunk 5 ")
+    craft_server.hook(f"drop/{session.pk}/")
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    assert len(sockets) >= 1  # it reconnected
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+    await assert_page_matches_log(page, session)
+
+
+async def test_a_burst_of_reconnects_during_a_slow_load_triggers_one_load(page, hooks, session):
+    await db_sync_to_async(append_events)(
+        session.pk, [("agent_message_chunk", {"content": {"type": "text", "text": "x"}})]
+    )
+    hooks.hook("configure/", load_delay=3)
+    sockets = []
+    page.on("websocket", lambda ws: sockets.append(ws))
+    await page.goto(f"{hooks.url}/sessions/{session.pk}/")
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+    for _ in range(3):
+        hooks.hook(f"drop/{session.pk}/")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+    assert hooks.loads(session.pk) == 1
+    assert len(sockets) == 4
+    hooks.hook("configure/", load_delay=0)
+    # The slow load finishes and the page resumes on the newest socket: it is live.
+    await send_prompt(page, "hello after the burst")
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    assert hooks.loads(session.pk) == 1
+    await assert_page_matches_log(page, session)
+
+
+async def test_failed_loads_are_shown_retried_and_then_render_once(page, hooks, session):
+    hooks.hook("configure/", fail_loads=2)
+    await page.goto(f"{hooks.url}/sessions/{session.pk}/")
+    banner = page.locator("#load-error")
+    await expect(banner).to_be_visible()
+    await expect(banner).to_contain_text("Couldn't load this session")
+    # Events stored after the page was rendered arrive with the load that finally succeeds.
+    await db_sync_to_async(append_events)(
+        session.pk,
+        [
+            ("user_message", {"id": "x", "text": "stored while loads failed"}),
+            ("agent_message_chunk", {"content": {"type": "text", "text": "late reply"}}),
+            ("turn_end", {"stop_reason": "end_turn"}),
+        ],
+    )
+    await expect(banner).to_be_hidden()
+    await expect(page.locator("#transcript .msg.agent")).to_have_text("late reply")
+    assert hooks.loads(session.pk) == 3
+    await assert_page_matches_log(page, session)
+
+
+async def test_retry_now_runs_the_next_load_at_once(page, hooks, session):
+    hooks.hook("configure/", fail_loads=1)
+    await page.goto(f"{hooks.url}/sessions/{session.pk}/")
+    banner = page.locator("#load-error")
+    await expect(banner).to_be_visible()
+    await page.click("#retry-now")
+    await expect(banner).to_be_hidden()
+    assert hooks.loads(session.pk) == 2
+    await asyncio.sleep(1.5)  # longer than the first automatic retry would wait
+    assert hooks.loads(session.pk) == 2
+
+
+async def test_the_sidebar_creates_renames_and_deletes_sessions(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    item = page.locator(f"#session-{session.pk}")
+    await item.locator("summary").click()
+    await item.locator("input[name=title]").fill("Renamed in the browser")
+    await item.get_by_role("button", name="Rename").click()
+    await expect(page.locator(f"#session-{session.pk} .session-link")).to_have_text(
+        "Renamed in the browser"
+    )
+    await page.get_by_role("button", name="+ New session").click()
+    await expect(page).not_to_have_url(f"{craft_server.url}/sessions/{session.pk}/")
+    await expect(page.locator(".session-item")).to_have_count(2)
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    item = page.locator(f"#session-{session.pk}")
+    await item.locator("summary").click()
+    await item.get_by_role("button", name="Delete").click()
+    await expect(page.locator(".session-item")).to_have_count(1)
