@@ -24,6 +24,7 @@ venv: $(BIN)/.installed
 dev-venv: $(BIN)/.installed-dev
 
 migrate: venv
+	mkdir -p var
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py collectstatic --noinput -v 0
 
