@@ -225,6 +225,24 @@ CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 
+# The kubernetes backend (see docs/kubernetes.md). The agent command above runs in the pod.
+CRAFT_K8S_KUBECONFIG = env_str("CRAFT_K8S_KUBECONFIG")  # else in-cluster, else KUBECONFIG
+CRAFT_K8S_NAMESPACE = env_str("CRAFT_K8S_NAMESPACE", "craft-sandboxes")
+CRAFT_K8S_IMAGE = env_str("CRAFT_K8S_IMAGE", "craft-sandbox:latest")
+CRAFT_K8S_IMAGE_PULL_POLICY = env_choice(
+    "CRAFT_K8S_IMAGE_PULL_POLICY", "IfNotPresent", {"Always", "IfNotPresent", "Never"}
+)
+CRAFT_K8S_CPU_REQUEST = env_str("CRAFT_K8S_CPU_REQUEST", "250m")
+CRAFT_K8S_CPU_LIMIT = env_str("CRAFT_K8S_CPU_LIMIT", "2")
+CRAFT_K8S_MEMORY_REQUEST = env_str("CRAFT_K8S_MEMORY_REQUEST", "512Mi")
+CRAFT_K8S_MEMORY_LIMIT = env_str("CRAFT_K8S_MEMORY_LIMIT", "2Gi")
+CRAFT_K8S_WORKSPACE_SIZE = env_str("CRAFT_K8S_WORKSPACE_SIZE", "10Gi")
+CRAFT_K8S_RUN_AS_USER = env_int("CRAFT_K8S_RUN_AS_USER", 1000, minimum=1)
+CRAFT_K8S_READY_TIMEOUT = env_float("CRAFT_K8S_READY_TIMEOUT", 180.0, minimum=1.0)
+CRAFT_K8S_POLL_INTERVAL = env_float("CRAFT_K8S_POLL_INTERVAL", 0.5, minimum=0.05)
+CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT", 20.0, minimum=1.0)
+CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
+
 # Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
 # in production: they let anyone signed in disturb the service.
 CRAFT_TEST_HOOKS = env_bool("CRAFT_TEST_HOOKS", False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from sandboxes.backends import get_backend
 from sandboxes.connections import agent_connections
 
 PASSWORD = "correct horse battery staple"
+K8S_NAMESPACE = "craft-test"
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +28,7 @@ def sandbox_root(request, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def stop_agents() -> Iterator[None]:
+def stop_agents(request) -> Iterator[None]:
     """Stop every agent a test left running, and forget runners and channel-layer state.
 
     Runners and the in-memory channel layer belong to one event loop, and each async test
@@ -34,6 +36,8 @@ def stop_agents() -> Iterator[None]:
     """
     yield
     agent_connections.stop_all()
+    if not request.config.pluginmanager.has_plugin("django"):
+        return
     from channels.layers import channel_layers
 
     from craft.runner import runners
@@ -84,3 +88,29 @@ def run_concurrently(func, count: int, timeout: float = 30) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+@pytest.fixture
+def kube(tmp_path):
+    """A Kubernetes API server for this test, speaking the real protocols on loopback."""
+    from tests.kubeapi import KubeTestServer
+
+    with KubeTestServer(root=tmp_path / "cluster") as server:
+        server.ready_delay = 0.1
+        yield server
+
+
+@pytest.fixture
+def kube_backend(settings, kube, tmp_path):
+    """Switch the app to the kubernetes backend against `kube`; return the backend."""
+    settings.CRAFT_SANDBOX_BACKEND = "kubernetes"
+    settings.CRAFT_K8S_KUBECONFIG = str(kube.write_kubeconfig(tmp_path / "kubeconfig"))
+    settings.CRAFT_K8S_NAMESPACE = K8S_NAMESPACE
+    settings.CRAFT_K8S_POLL_INTERVAL = 0.05
+    settings.CRAFT_K8S_READY_TIMEOUT = 10
+    settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = 5
+    # The test server runs exec'd commands on this machine: run the demo agent from here.
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, "-m", "sandboxes.demo_agent"]
+    get_backend.cache_clear()
+    yield get_backend("kubernetes")
+    get_backend.cache_clear()

@@ -293,3 +293,28 @@ async def test_a_foreign_or_missing_origin_is_refused(session, cookie, origin):
     comm = communicator(session.pk, cookie, origin=origin)
     connected, _ = await comm.connect()
     assert not connected
+
+
+async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(kube_backend, kube, owner):
+    from sandboxes.backends.kubernetes import pod_name
+
+    session = await db_sync_to_async(services.open_session)(owner, "on a pod")
+    comm, hello = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    assert hello["sandbox"]["status"] == "running"
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "k1", "text": "write pod.txt from a pod"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "permission_request")
+    request = frames[-1]["data"]["request"]
+    await comm.send_json_to({"type": "permission", "request": request, "option": "allow"})
+    frames = await receive_until(comm, is_turn_end)
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    folder = kube.workspace("craft-test", pod_name(session.sandbox)) / "sessions" / str(session.pk)
+    assert (folder / "pod.txt").read_text() == "from a pod"
+
+    await comm.send_json_to({"type": "prompt", "id": "k2", "text": "pid"})
+    frames = await receive_until(comm, is_turn_end)
+    (reply,) = [f for f in frames if f["kind"] == "agent_message_chunk"]
+    agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
+    assert reply["data"]["content"]["text"] == f"pid {agents[0].pid}"
+    assert len(agents) == 1  # one exec served both prompts
+    await comm.disconnect()

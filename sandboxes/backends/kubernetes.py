@@ -1,0 +1,598 @@
+"""The kubernetes backend: a sandbox is a pod (plus a headless Service), agents run by exec.
+
+Each sandbox is one pod named `craft-sandbox-<sandbox uuid>` with a workspace volume at
+`/workspace`; a session's workspace is `/workspace/sessions/<session uuid>`. The agent of a
+session runs through pod exec (stdin, stdout, stderr, no tty), one exec per cached agent
+connection, reused across prompts exactly as a local subprocess would be.
+
+Two kinds of API client, on purpose. `kubernetes.stream.stream()` swaps `call_api` on the
+ApiClient behind the API object it is given while it runs (kubernetes-client/python issue
+#928): a REST call made on that ApiClient from another thread in that window is sent as a
+websocket handshake and fails with `ApiException(status=0, reason="Handshake status 200 OK")`,
+and two overlapping streams can leave the patch installed for good. So the REST ApiClient is
+never passed to `stream()`, and every exec gets an ApiClient of its own.
+
+Only this module imports the kubernetes client.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from django.conf import settings
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+from kubernetes.stream import stream
+from websocket import ABNF, WebSocketConnectionClosedException, WebSocketTimeoutException
+
+from .base import Health, Progress, SandboxError
+
+if TYPE_CHECKING:
+    from sandboxes.models import Sandbox
+
+logger = logging.getLogger(__name__)
+agent_stderr = logging.getLogger("craft.agent.stderr")
+
+CONTAINER = "sandbox"
+WORKSPACE = "/workspace"
+POD_PREFIX = "craft-sandbox-"
+# Waiting reasons after which a pod will not become ready without someone fixing something.
+FATAL_WAITING_REASONS = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+}
+# Run the agent in its workspace without building a shell string from data: the script is a
+# constant, the workspace and the agent's argv are its positional arguments.
+CD_AND_EXEC = 'cd "$1" && shift && exec "$@"'
+
+STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
+V5_PROTOCOL = "v5.channel.k8s.io"
+
+
+def load_configuration() -> k8s.Configuration:
+    """Return client configuration: in-cluster when running in a pod, else a kubeconfig."""
+    configuration = k8s.Configuration()
+    kubeconfig = settings.CRAFT_K8S_KUBECONFIG or os.environ.get("KUBECONFIG")
+    try:
+        if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except (k8s_config.ConfigException, OSError) as exc:
+        raise SandboxError(f"cannot load Kubernetes configuration: {exc}") from exc
+    return configuration
+
+
+# --- exec ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: bytes
+    stderr: str
+
+
+class ExecProcess:
+    """A program running in a pod through the exec websocket, as an `AgentProcess`.
+
+    The kubernetes client does the handshake (auth, TLS, subprotocol); after that this class
+    reads the websocket itself on one thread: stdout as bytes, decoded only as whole lines (a
+    UTF-8 character split across frames survives), stderr to the log, the status channel
+    parsed defensively for the exit code. Pings keep an idle connection honest: no frame at
+    all for `idle_timeout` seconds means the connection is dead.
+    """
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        namespace: str,
+        pod: str,
+        argv: list[str],
+        handshake_timeout: float,
+        idle_timeout: float,
+    ) -> None:
+        self.ident = f"{pod}/exec-{id(self):x}"
+        self._idle_timeout = idle_timeout
+        self._lines: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._status: dict[str, Any] | None = None
+        self._exit_code: int | None = None
+        self._done = threading.Event()
+        self._client = self._handshake(api_client, namespace, pod, argv, handshake_timeout)
+        self._ws = self._client.sock
+        self.protocol = self._client.subprotocol or ""
+        # recv() wakes up at least this often, to ping and to check for idleness.
+        self._ws.settimeout(max(0.5, idle_timeout / 3))
+        self._reader = threading.Thread(target=self._read, name=f"exec-{pod}", daemon=True)
+        self._reader.start()
+
+    @staticmethod
+    def _handshake(
+        api_client: k8s.ApiClient, namespace: str, pod: str, argv: list[str], timeout: float
+    ) -> Any:
+        """Open the exec websocket, giving up after `timeout` seconds.
+
+        The client's handshake has no timeout of its own (`_request_timeout` is ignored without
+        preloading), so it runs in a helper thread that we stop waiting for; a connection that
+        completes after we gave up is closed at once.
+        """
+        result: Future[Any] = Future()
+        abandoned = threading.Event()
+
+        def connect() -> None:
+            try:
+                ws = stream(
+                    k8s.CoreV1Api(api_client).connect_get_namespaced_pod_exec,
+                    pod,
+                    namespace,
+                    container=CONTAINER,
+                    command=argv,
+                    stdin=True,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    binary=True,
+                    _preload_content=False,
+                )
+            except BaseException as exc:
+                result.set_exception(exc)
+                return
+            if abandoned.is_set():
+                ws.close()
+            else:
+                result.set_result(ws)
+
+        threading.Thread(target=connect, name=f"exec-handshake-{pod}", daemon=True).start()
+        try:
+            return result.result(timeout=timeout)
+        except FutureTimeout:
+            abandoned.set()
+            raise SandboxError(f"exec in pod {pod}: no handshake within {timeout:g} s") from None
+        except ApiException as exc:
+            raise SandboxError(f"exec in pod {pod} refused: {exc.reason or exc.status}") from exc
+
+    # --- AgentProcess ---------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self._done.is_set():
+            raise OSError("exec connection is closed")
+        try:
+            self._ws.send(bytes([STDIN]) + data, opcode=ABNF.OPCODE_BINARY)
+        except (WebSocketConnectionClosedException, OSError) as exc:
+            raise OSError(f"exec connection failed: {exc}") from exc
+
+    def readline(self) -> bytes:
+        return self._lines.get()
+
+    def is_alive(self) -> bool:
+        return not self._done.is_set()
+
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self._stderr_tail)
+
+    def close_stdin(self) -> None:
+        """Close the program's stdin (only the v5 protocol can; older ones ignore this)."""
+        if self.protocol == V5_PROTOCOL and not self._done.is_set():
+            try:
+                self._ws.send(bytes([CLOSE, STDIN]), opcode=ABNF.OPCODE_BINARY)
+            except (WebSocketConnectionClosedException, OSError):
+                pass
+
+    def terminate(self, timeout: float = 5.0) -> None:
+        """Close stdin and give the program a moment; then close the websocket (the kubelet
+        kills the program when its exec stream goes away)."""
+        self.close_stdin()
+        self._done.wait(min(1.0, timeout))
+        self._close_socket()
+        self._done.wait(timeout)
+
+    def wait(self, timeout: float) -> ExecResult:
+        """Wait for the program to end and return what it wrote (for short commands)."""
+        if not self._done.wait(timeout):
+            self.terminate(1)
+            raise SandboxError(f"exec did not finish within {timeout:g} s")
+        chunks = []
+        while True:
+            try:
+                chunks.append(self._lines.get_nowait())
+            except queue.Empty:
+                break
+        return ExecResult(self._exit_code, b"".join(chunks), self.stderr_tail())
+
+    # --- the reader thread ----------------------------------------------------------------
+
+    def _read(self) -> None:
+        last_frame = time.monotonic()
+        try:
+            while True:
+                try:
+                    opcode, frame = self._ws.recv_data_frame(True)
+                except WebSocketTimeoutException:
+                    if time.monotonic() - last_frame > self._idle_timeout:
+                        self._stderr_tail.append("exec connection idle: no frames, no pongs")
+                        return
+                    self._ws.ping()
+                    continue
+                last_frame = time.monotonic()
+                if opcode == ABNF.OPCODE_CLOSE:
+                    return
+                if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data:
+                    self._on_frame(bytes(frame.data))
+        except (WebSocketConnectionClosedException, OSError, ValueError):
+            pass  # the connection went away; what was read stays
+        finally:
+            self._finish()
+
+    def _on_frame(self, data: bytes) -> None:
+        channel, payload = data[0], data[1:]
+        if channel == STDOUT:
+            self._stdout += payload
+            while (end := self._stdout.find(b"\n")) >= 0:
+                self._lines.put(bytes(self._stdout[: end + 1]))
+                del self._stdout[: end + 1]
+        elif channel == STDERR:
+            self._stderr += payload
+            while (end := self._stderr.find(b"\n")) >= 0:
+                self._log_stderr(bytes(self._stderr[:end]))
+                del self._stderr[: end + 1]
+        elif channel == STATUS:
+            self._on_status(payload)
+        # Empty priming frames, resize and v5 close frames carry nothing for us.
+
+    def _on_status(self, payload: bytes) -> None:
+        try:
+            status = json.loads(payload)
+        except ValueError:
+            self._stderr_tail.append(f"unreadable exec status: {payload[:200]!r}")
+            self._exit_code = -1
+            return
+        self._status = status if isinstance(status, dict) else {}
+        self._exit_code = exit_code_of(self._status)
+        if self._exit_code != 0 and self._status.get("message"):
+            self._stderr_tail.append(str(self._status["message"]))
+
+    def _log_stderr(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", errors="replace")
+        self._stderr_tail.append(line)
+        agent_stderr.info("[%s] %s", self.ident, line)
+
+    def _finish(self) -> None:
+        if self._stdout:
+            self._lines.put(bytes(self._stdout))  # a last line without its newline
+            self._stdout.clear()
+        if self._stderr:
+            self._log_stderr(bytes(self._stderr))
+            self._stderr.clear()
+        if self._exit_code is None and self._status is None:
+            self._exit_code = -1  # ended without telling us how
+        self._done.set()
+        self._lines.put(b"")
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        try:
+            self._ws.close(timeout=1)
+        except Exception:
+            pass
+        # When the server closed first, websocket-client's close() returns without closing
+        # its socket: shut it down ourselves, or the file descriptor leaks.
+        try:
+            self._ws.shutdown()
+        except Exception:
+            pass
+
+
+def exit_code_of(status: dict[str, Any]) -> int:
+    """Return the exit code a status-channel message reports (-1 when it does not say)."""
+    if status.get("status") == "Success":
+        return 0
+    details = status.get("details") if isinstance(status.get("details"), dict) else {}
+    for cause in details.get("causes") or []:
+        if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+            try:
+                return int(cause.get("message"))
+            except (TypeError, ValueError):
+                break
+    return -1
+
+
+# --- the backend --------------------------------------------------------------------------
+
+
+def pod_name(sandbox: Sandbox) -> str:
+    return f"{POD_PREFIX}{sandbox.id}"
+
+
+def _is_status(exc: ApiException, *codes: int) -> bool:
+    return exc.status in codes
+
+
+class KubernetesBackend:
+    """Sandboxes as pods; blocking calls, made from worker threads."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        configuration: k8s.Configuration | None = None,
+        *,
+        rest_client: k8s.ApiClient | None = None,
+        exec_api_client: Callable[[], k8s.ApiClient] | None = None,
+    ) -> None:
+        """Connect with `configuration` (default: in-cluster, else kubeconfig).
+
+        `rest_client` and `exec_api_client` exist for tests; in particular, the test that
+        shows why they must differ passes the same client for both.
+        """
+        self.configuration = configuration or load_configuration()
+        # The REST client. Never pass it (or an API object built on it) to stream(): #928.
+        self.rest_client = rest_client or k8s.ApiClient(self.configuration)
+        self.core = k8s.CoreV1Api(self.rest_client)
+        # One fresh ApiClient per exec, so that no two streams ever share one either.
+        self._exec_api_client = exec_api_client or (lambda: k8s.ApiClient(self.configuration))
+
+    @property
+    def namespace(self) -> str:
+        return settings.CRAFT_K8S_NAMESPACE
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def provision(self, sandbox: Sandbox, progress: Progress) -> str:
+        name = pod_name(sandbox)
+        progress("creating pod")
+        self._create_or_adopt_pod(sandbox)
+        self._create_or_adopt_service(sandbox)
+        self._wait_until_ready(name, progress)
+        return name
+
+    def _create_or_adopt_pod(self, sandbox: Sandbox) -> None:
+        try:
+            self.core.create_namespaced_pod(self.namespace, self.pod_manifest(sandbox))
+        except ApiException as exc:
+            if not _is_status(exc, 409):
+                raise SandboxError(f"cannot create pod: {_reason(exc)}") from exc
+            # 409: it exists already (a retry, or another worker): adopt it unless it is going.
+            existing = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
+            if existing.metadata.deletion_timestamp is not None:
+                raise SandboxError("the previous pod of this sandbox is still terminating") from exc
+
+    def _create_or_adopt_service(self, sandbox: Sandbox) -> None:
+        try:
+            self.core.create_namespaced_service(self.namespace, self.service_manifest(sandbox))
+        except ApiException as exc:
+            if not _is_status(exc, 409):
+                raise SandboxError(f"cannot create service: {_reason(exc)}") from exc
+
+    def _wait_until_ready(self, name: str, progress: Progress) -> None:
+        deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
+        last_line = ""
+        phase = "Unknown"
+        while time.monotonic() < deadline:
+            try:
+                pod = self.core.read_namespaced_pod(name, self.namespace)
+            except ApiException as exc:
+                raise SandboxError(f"cannot read pod: {_reason(exc)}") from exc
+            phase = pod.status.phase if pod.status else "Unknown"
+            if pod_is_ready(pod):
+                progress("ready")
+                return
+            failure = pod_failure(pod)
+            if failure:
+                raise SandboxError(failure)
+            line = f"pod {phase}" + (f": {e}" if (e := self._latest_event(name)) else "")
+            if line != last_line:
+                progress(line)
+                last_line = line
+            time.sleep(settings.CRAFT_K8S_POLL_INTERVAL)
+        raise SandboxError(
+            f"pod not ready after {settings.CRAFT_K8S_READY_TIMEOUT:g} s (phase {phase})"
+        )
+
+    def _latest_event(self, name: str) -> str:
+        try:
+            events = self.core.list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.name={name}"
+            ).items
+        except ApiException:
+            return ""  # progress is a courtesy; never fail provisioning over it
+        if not events:
+            return ""
+
+        def when(event: Any) -> float:
+            stamp = event.last_timestamp or event.first_timestamp or event.event_time
+            return stamp.timestamp() if stamp else 0.0
+
+        latest = max(events, key=when)
+        return f"{latest.reason}: {latest.message}" if latest.message else str(latest.reason)
+
+    def terminate(self, sandbox: Sandbox) -> None:
+        """Delete the pod and the service, each on its own; gone already counts as deleted."""
+        name = pod_name(sandbox)
+        errors = []
+        for delete in (self.core.delete_namespaced_pod, self.core.delete_namespaced_service):
+            try:
+                delete(name, self.namespace, grace_period_seconds=5)
+            except ApiException as exc:
+                if not _is_status(exc, 404):
+                    errors.append(f"{delete.__name__}: {_reason(exc)}")
+        if errors:
+            raise SandboxError("; ".join(errors))
+
+    def health(self, sandbox: Sandbox) -> Health:
+        try:
+            pod = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
+        except ApiException as exc:
+            return Health(False, f"pod unreadable: {_reason(exc)}")
+        if pod_is_ready(pod):
+            return Health(True, "pod ready")
+        return Health(False, pod_failure(pod) or f"pod {pod.status.phase}")
+
+    # --- workspaces and agents -----------------------------------------------------------
+
+    def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
+        # session_id is a UUID, so the path cannot leave /workspace/sessions.
+        return f"{WORKSPACE}/sessions/{UUID(str(session_id))}"
+
+    def create_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
+        self._run(sandbox, ["mkdir", "-p", self.workspace_path(sandbox, session_id)])
+
+    def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
+        self._run(sandbox, ["rm", "-rf", "--", self.workspace_path(sandbox, session_id)])
+
+    def start_agent(self, sandbox: Sandbox, session_id: UUID) -> ExecProcess:
+        workspace = self.workspace_path(sandbox, session_id)
+        argv = ["sh", "-c", CD_AND_EXEC, "sh", workspace, *settings.CRAFT_AGENT_COMMAND]
+        return self.exec(sandbox, argv)
+
+    def exec(self, sandbox: Sandbox, argv: list[str]) -> ExecProcess:
+        """Start `argv` in the sandbox's pod on a websocket of its own."""
+        return ExecProcess(
+            self._exec_api_client(),
+            namespace=self.namespace,
+            pod=pod_name(sandbox),
+            argv=argv,
+            handshake_timeout=settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT,
+            idle_timeout=settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT,
+        )
+
+    def _run(self, sandbox: Sandbox, argv: list[str]) -> ExecResult:
+        process = self.exec(sandbox, argv)
+        process.close_stdin()
+        result = process.wait(settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT + 30)
+        if result.exit_code != 0:
+            raise SandboxError(
+                f"{argv[0]} failed in the sandbox (exit {result.exit_code}): {result.stderr}"
+            )
+        return result
+
+    # --- manifests ------------------------------------------------------------------------
+
+    def labels(self, sandbox: Sandbox) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/name": "craft-sandbox",
+            "app.kubernetes.io/managed-by": "craft",
+            "craft.dev/sandbox": str(sandbox.id),
+            "craft.dev/owner": str(sandbox.owner_id),
+        }
+
+    def pod_manifest(self, sandbox: Sandbox) -> dict[str, Any]:
+        """Return the pod: non-root, no capabilities, bounded resources, one workspace."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod_name(sandbox), "labels": self.labels(sandbox)},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "enableServiceLinks": False,
+                "restartPolicy": "Always",
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": settings.CRAFT_K8S_RUN_AS_USER,
+                    "runAsGroup": settings.CRAFT_K8S_RUN_AS_USER,
+                    "fsGroup": settings.CRAFT_K8S_RUN_AS_USER,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [
+                    {
+                        "name": CONTAINER,
+                        "image": settings.CRAFT_K8S_IMAGE,
+                        "imagePullPolicy": settings.CRAFT_K8S_IMAGE_PULL_POLICY,
+                        "workingDir": WORKSPACE,
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                        "resources": {
+                            "requests": {
+                                "cpu": settings.CRAFT_K8S_CPU_REQUEST,
+                                "memory": settings.CRAFT_K8S_MEMORY_REQUEST,
+                            },
+                            "limits": {
+                                "cpu": settings.CRAFT_K8S_CPU_LIMIT,
+                                "memory": settings.CRAFT_K8S_MEMORY_LIMIT,
+                            },
+                        },
+                        "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE}],
+                    }
+                ],
+                "volumes": [
+                    {
+                        "name": "workspace",
+                        "emptyDir": {"sizeLimit": settings.CRAFT_K8S_WORKSPACE_SIZE},
+                    }
+                ],
+            },
+        }
+
+    def service_manifest(self, sandbox: Sandbox) -> dict[str, Any]:
+        """Return a headless Service: a stable DNS name for the sandbox (e.g. for previews)."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": pod_name(sandbox), "labels": self.labels(sandbox)},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {"craft.dev/sandbox": str(sandbox.id)},
+                "ports": [{"name": "preview", "port": 8080, "targetPort": 8080}],
+            },
+        }
+
+
+def pod_is_ready(pod: Any) -> bool:
+    status = pod.status
+    if status is None or status.phase != "Running":
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+
+
+def pod_failure(pod: Any) -> str:
+    """Return why the pod will not become ready without help, or "" if it still may."""
+    status = pod.status
+    if status is None:
+        return ""
+    if status.phase in ("Failed", "Succeeded"):
+        return f"pod {status.phase.lower()}: {status.message or status.reason or 'no reason given'}"
+    for condition in status.conditions or []:
+        if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+            return f"pod cannot be scheduled: {condition.message}"
+    for container in status.container_statuses or []:
+        waiting = container.state.waiting if container.state else None
+        if waiting is not None and waiting.reason in FATAL_WAITING_REASONS:
+            return f"{waiting.reason}: {waiting.message or container.image}"
+    return ""
+
+
+def _reason(exc: ApiException) -> str:
+    """Return the message of a Kubernetes Status error, or the HTTP reason."""
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return f"{body['message']} ({exc.status})"
+    return f"{exc.reason} ({exc.status})"

@@ -1,0 +1,622 @@
+"""The test API server, exercised only through the official `kubernetes` client.
+
+These tests pin down what the sandbox backend's tests rely on: the REST shapes deserialise into
+the client's models, errors raise ApiException with the right status, pods move along their
+timelines, and exec streams behave like a kubelet's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websocket
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+from kubernetes.stream import stream
+from kubernetes.stream.ws_client import WSClient
+
+from tests.kubeapi import KubeTestServer
+from tests.kubeapi.server import parse_go_bool
+
+NS = "craft-test"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[KubeTestServer]:
+    with KubeTestServer(tmp_path / "pods") as srv:
+        srv.ready_delay = 0.05
+        yield srv
+
+
+@pytest.fixture
+def api(server: KubeTestServer) -> Iterator[client.CoreV1Api]:
+    api_client = client.ApiClient(server.configuration())
+    yield client.CoreV1Api(api_client)
+    api_client.close()
+
+
+def pod_body(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+    }
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def is_ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+@pytest.fixture
+def pod(api: client.CoreV1Api) -> str:
+    """A Running, Ready pod named `box`."""
+    api.create_namespaced_pod(NS, pod_body("box"))
+    wait_for(lambda: is_ready(api.read_namespaced_pod("box", NS)))
+    return "box"
+
+
+def open_exec(
+    api: client.CoreV1Api, pod: str, command: list[str], *, stdin: bool = False, **kwargs: Any
+) -> WSClient:
+    return stream(
+        api.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=command,
+        stdin=stdin,
+        stdout=True,
+        stderr=True,
+        tty=False,
+        _preload_content=False,
+        **kwargs,
+    )
+
+
+RunExec = Callable[..., WSClient]
+
+
+@pytest.fixture
+def run_exec(api: client.CoreV1Api) -> Iterator[RunExec]:
+    """Open exec streams like `open_exec`, closing their sockets when the test ends."""
+    opened: list[WSClient] = []
+
+    def run(pod: str, command: list[str], **kwargs: Any) -> WSClient:
+        resp = open_exec(api, pod, command, **kwargs)
+        opened.append(resp)
+        return resp
+
+    yield run
+    for resp in opened:
+        close_exec(resp)
+
+
+def close_exec(resp: WSClient) -> None:
+    resp.close()
+    # websocket-client skips closing its socket when the server closed the websocket first
+    # (it only answers the close frame), so release the socket explicitly.
+    if resp.sock is not None:
+        resp.sock.shutdown()
+
+
+def body_of(exc: ApiException) -> dict[str, Any]:
+    return json.loads(exc.body)
+
+
+# -- discovery and configuration --------------------------------------------------------------
+
+
+def test_discovery(server: KubeTestServer, api: client.CoreV1Api) -> None:
+    api_client = api.api_client
+    version = client.VersionApi(api_client).get_code()
+    assert (version.git_version, version.major, version.minor) == ("v1.31.0", "1", "31")
+    assert client.CoreApi(api_client).get_api_versions().versions == ["v1"]
+    names = {r.name for r in api.get_api_resources().resources}
+    assert {"pods", "pods/exec", "pods/log", "services", "events", "namespaces"} <= names
+    assert client.ApisApi(api_client).get_api_versions().groups == []
+    assert ("GET", "/version/") in server.requests
+
+
+def test_kubeconfig_is_usable(server: KubeTestServer, tmp_path: Path) -> None:
+    path = server.write_kubeconfig(tmp_path / "kubeconfig")
+    api_client = config.new_client_from_config(config_file=str(path))
+    try:
+        assert api_client.configuration.host == server.url
+        assert client.CoreV1Api(api_client).list_namespaced_pod(NS).items == []
+    finally:
+        api_client.close()
+
+
+# -- pods -------------------------------------------------------------------------------------
+
+
+def test_pod_create_get_list_delete(api: client.CoreV1Api) -> None:
+    created = api.create_namespaced_pod(NS, pod_body("web", {"app": "web", "tier": "front"}))
+    api.create_namespaced_pod(NS, pod_body("db", {"app": "db"}))
+    api.create_namespaced_pod("elsewhere", pod_body("web", {"app": "web"}))
+    assert created.metadata.uid and created.metadata.resource_version
+    assert created.metadata.namespace == NS
+    assert created.metadata.creation_timestamp is not None
+    assert created.status.phase == "Pending"
+
+    fetched = api.read_namespaced_pod("web", NS)
+    assert fetched.metadata.uid == created.metadata.uid
+    assert fetched.spec.containers[0].image == "busybox:1.36"
+
+    def names(**selectors: str) -> list[str]:
+        return [p.metadata.name for p in api.list_namespaced_pod(NS, **selectors).items]
+
+    assert names() == ["db", "web"]
+    assert names(label_selector="app=web,tier=front") == ["web"]
+    assert names(label_selector="app!=web") == ["db"]
+    assert names(field_selector="metadata.name=db") == ["db"]
+    everywhere = api.list_pod_for_all_namespaces(label_selector="app=web")
+    assert sorted(p.metadata.namespace for p in everywhere.items) == [NS, "elsewhere"]
+
+    deleted = api.delete_namespaced_pod("web", NS, grace_period_seconds=0)
+    assert deleted.metadata.deletion_timestamp is not None
+    with pytest.raises(ApiException) as missing:
+        api.read_namespaced_pod("web", NS)
+    assert missing.value.status == 404
+    assert names() == ["db"]
+
+
+def test_conflicts_and_missing_objects(api: client.CoreV1Api) -> None:
+    api.create_namespaced_pod(NS, pod_body("dup"))
+    with pytest.raises(ApiException) as conflict:
+        api.create_namespaced_pod(NS, pod_body("dup"))
+    assert conflict.value.status == 409
+    assert body_of(conflict.value)["reason"] == "AlreadyExists"
+
+    with pytest.raises(ApiException) as missing:
+        api.read_namespaced_pod("ghost", NS)
+    assert missing.value.status == 404
+    assert body_of(missing.value) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'pods "ghost" not found',
+        "reason": "NotFound",
+        "details": {"name": "ghost", "kind": "pods"},
+        "code": 404,
+    }
+    with pytest.raises(ApiException) as delete_missing:
+        api.delete_namespaced_pod("ghost", NS)
+    assert delete_missing.value.status == 404
+
+    nameless = pod_body("x")
+    del nameless["metadata"]["name"]
+    with pytest.raises(ApiException) as unnamed:
+        api.create_namespaced_pod(NS, nameless)
+    assert unnamed.value.status == 422
+    assert body_of(unnamed.value)["reason"] == "Invalid"
+
+
+def test_unknown_path_is_a_404_status(server: KubeTestServer) -> None:
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(server.url + "/api/v1/widgets")
+    with error.value:
+        assert error.value.code == 404
+        assert json.loads(error.value.read())["kind"] == "Status"
+
+
+def test_pod_becomes_ready_after_the_delay(server: KubeTestServer, api: client.CoreV1Api) -> None:
+    server.ready_delay = 0.3
+    start = time.monotonic()
+    api.create_namespaced_pod(NS, pod_body("slow"))
+    first = api.read_namespaced_pod("slow", NS)
+    assert first.status.phase == "Pending" and not is_ready(first)
+
+    ready = wait_for(lambda: (p := api.read_namespaced_pod("slow", NS)) and is_ready(p) and p)
+    assert time.monotonic() - start >= 0.3
+    assert ready.status.phase == "Running"
+    assert ready.status.pod_ip.startswith("10.0.0.")
+    conditions = {c.type: c.status for c in ready.status.conditions}
+    assert all(
+        conditions[t] == "True" for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+    )
+    (container,) = ready.status.container_statuses
+    assert container.ready and container.state.running is not None
+    reasons = [
+        e.reason
+        for e in api.list_namespaced_event(
+            NS, field_selector="involvedObject.name=slow,involvedObject.kind=Pod"
+        ).items
+    ]
+    assert reasons == ["Scheduled", "Pulling", "Pulled", "Created", "Started"]
+
+
+def test_never_ready(server: KubeTestServer, api: client.CoreV1Api) -> None:
+    server.never_ready = True
+    api.create_namespaced_pod(NS, pod_body("stuck"))
+    running = wait_for(
+        lambda: (p := api.read_namespaced_pod("stuck", NS)).status.phase == "Running" and p
+    )
+    time.sleep(0.1)
+    assert not is_ready(api.read_namespaced_pod("stuck", NS))
+    assert running.status.container_statuses[0].ready is False
+
+
+def test_image_pull_backoff(server: KubeTestServer, api: client.CoreV1Api) -> None:
+    server.image_pull_backoff = True
+    api.create_namespaced_pod(NS, pod_body("badimage"))
+    server.image_pull_backoff = False  # only pods created while the switch was on fail
+
+    def waiting_reason() -> str:
+        state = api.read_namespaced_pod("badimage", NS).status.container_statuses[0].state
+        return state.waiting.reason if state.waiting else ""
+
+    wait_for(lambda: waiting_reason() == "ErrImagePull")
+    wait_for(lambda: waiting_reason() == "ImagePullBackOff")
+    pod = api.read_namespaced_pod("badimage", NS)
+    assert pod.status.phase == "Pending"
+    assert "Back-off pulling image" in pod.status.container_statuses[0].state.waiting.message
+    events = api.list_namespaced_event(NS, field_selector="involvedObject.name=badimage").items
+    warnings = {(e.reason, e.type) for e in events if e.type == "Warning"}
+    assert ("Failed", "Warning") in warnings
+    assert any(e.reason == "BackOff" for e in events)
+    assert any("ErrImagePull" in e.message for e in events)
+
+
+def test_unschedulable(server: KubeTestServer, api: client.CoreV1Api) -> None:
+    server.unschedulable = True
+    api.create_namespaced_pod(NS, pod_body("huge"))
+    time.sleep(0.1)
+    pod = api.read_namespaced_pod("huge", NS)
+    assert pod.status.phase == "Pending"
+    (scheduled,) = [c for c in pod.status.conditions if c.type == "PodScheduled"]
+    assert (scheduled.status, scheduled.reason) == ("False", "Unschedulable")
+    assert "Insufficient cpu" in scheduled.message
+    (event,) = api.list_namespaced_event(NS, field_selector="involvedObject.name=huge").items
+    assert (event.reason, event.type) == ("FailedScheduling", "Warning")
+    assert event.involved_object.kind == "Pod" and event.count == 1
+
+
+def test_rest_failures_then_recovery(server: KubeTestServer, api: client.CoreV1Api) -> None:
+    server.rest_failures = 2
+    for _ in range(2):
+        with pytest.raises(ApiException) as failure:
+            api.list_namespaced_pod(NS)
+        assert failure.value.status == 500
+        assert body_of(failure.value)["reason"] == "InternalError"
+    assert api.list_namespaced_pod(NS).items == []
+    assert server.rest_failures == 0
+
+
+def test_delete_delay_keeps_a_terminating_pod(
+    server: KubeTestServer, api: client.CoreV1Api
+) -> None:
+    server.delete_delay = 0.3
+    api.create_namespaced_pod(NS, pod_body("lingering"))
+    api.delete_namespaced_pod("lingering", NS, propagation_policy="Foreground")
+    assert api.read_namespaced_pod("lingering", NS).metadata.deletion_timestamp is not None
+    with pytest.raises(ApiException) as gone:
+        wait_for(lambda: api.read_namespaced_pod("lingering", NS) and False, timeout=3)
+    assert gone.value.status == 404
+
+
+def test_watch_pods_sees_the_pod_become_ready(api: client.CoreV1Api) -> None:
+    api.create_namespaced_pod(NS, pod_body("watched"))
+    seen: list[tuple[str, bool]] = []
+    watcher = watch.Watch()
+    for event in watcher.stream(api.list_namespaced_pod, NS, timeout_seconds=3):
+        seen.append((event["type"], is_ready(event["object"])))
+        if is_ready(event["object"]):
+            watcher.stop()
+    assert seen[0][0] == "ADDED"
+    assert seen[-1] == ("MODIFIED", True)
+
+
+# -- services ---------------------------------------------------------------------------------
+
+
+def test_services(api: client.CoreV1Api) -> None:
+    body = {
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    created = api.create_namespaced_service(NS, body)
+    assert created.spec.cluster_ip.startswith("10.96.0.")
+    assert created.spec.ports[0].protocol == "TCP"
+    with pytest.raises(ApiException) as conflict:
+        api.create_namespaced_service(NS, body)
+    assert conflict.value.status == 409
+    assert api.read_namespaced_service("web", NS).spec.cluster_ip == created.spec.cluster_ip
+    listed = api.list_namespaced_service(NS, label_selector="app=web").items
+    assert [s.metadata.name for s in listed] == ["web"]
+    api.delete_namespaced_service("web", NS)
+    with pytest.raises(ApiException) as missing:
+        api.read_namespaced_service("web", NS)
+    assert missing.value.status == 404
+    with pytest.raises(ApiException) as delete_missing:
+        api.delete_namespaced_service("web", NS)
+    assert delete_missing.value.status == 404
+
+
+# -- exec -------------------------------------------------------------------------------------
+
+
+def test_exec_echo(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    resp = run_exec(pod, ["echo", "hello"])
+    resp.run_forever(timeout=5)
+    assert resp.read_stdout() == "hello\n"
+    assert resp.returncode == 0
+    record = server.execs[-1]
+    assert (record.namespace, record.pod, record.container) == (NS, pod, "main")
+    assert record.argv == ["echo", "hello"]
+    assert record.protocol == "v5.channel.k8s.io"
+    assert record.pid and record.returncode == 0 and record.ended is not None
+
+
+def test_exec_stderr_and_exit_code(api: client.CoreV1Api, pod: str, run_exec: RunExec) -> None:
+    resp = run_exec(pod, ["sh", "-c", "echo out; echo err >&2; exit 2"])
+    resp.run_forever(timeout=5)
+    assert resp.read_stdout() == "out\n"
+    assert resp.read_stderr() == "err\n"
+    status = json.loads(resp.peek_channel(3))
+    assert status == {
+        "metadata": {},
+        "status": "Failure",
+        "message": "command terminated with non-zero exit code: error executing command "
+        "[sh -c echo out; echo err >&2; exit 2], exit code 2",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": "2"}]},
+    }
+    assert resp.returncode == 2
+
+
+def test_exec_stdin_then_close_v5(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    resp = run_exec(pod, ["cat"], stdin=True)
+    resp.write_stdin("hello from stdin\n")
+    assert resp.readline_stdout(timeout=5) == "hello from stdin"
+    resp.close_channel(0)  # v5: half-close stdin, so cat sees EOF and exits
+    resp.run_forever(timeout=5)
+    assert resp.returncode == 0
+    assert server.execs[-1].stdin_closed is True
+
+
+def test_exec_large_stdin_round_trip(api: client.CoreV1Api, pod: str, run_exec: RunExec) -> None:
+    data = os.urandom(5 * 1024 * 1024)
+    resp = run_exec(pod, ["cat"], stdin=True, binary=True)
+    resp.write_stdin(data)
+    resp.close_channel(0)
+    resp.run_forever(timeout=15)
+    assert resp.read_stdout() == data
+    assert resp.returncode == 0
+
+
+def test_exec_frames_can_split_multibyte_characters(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    server.exec_frame_size = 1
+    text = "é€"
+    resp = run_exec(pod, ["printf", text], binary=True)
+    resp.run_forever(timeout=5)
+    assert resp.read_stdout() == text.encode()  # raw bytes, reassembled intact
+    # The text-mode client decodes frame by frame, which shows the characters were split.
+    resp = run_exec(pod, ["printf", text])
+    resp.run_forever(timeout=5)
+    assert resp.read_stdout() == "\ufffd" * len(text.encode())
+
+
+def test_exec_handshake_delay(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    server.exec_handshake_delay = 0.4
+    start = time.monotonic()
+    resp = run_exec(pod, ["true"])
+    assert time.monotonic() - start >= 0.4
+    resp.run_forever(timeout=5)
+    assert resp.returncode == 0
+
+
+def test_exec_refused(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    server.exec_refused = True
+    with pytest.raises(ApiException) as refused:
+        run_exec(pod, ["true"])
+    assert "403" in str(refused.value)
+    assert server.execs == []
+
+
+def test_exec_needs_an_existing_running_pod(
+    server: KubeTestServer, api: client.CoreV1Api, run_exec: RunExec
+) -> None:
+    with pytest.raises(ApiException) as missing:
+        run_exec("ghost", ["true"])
+    assert "404" in str(missing.value)
+    server.unschedulable = True
+    api.create_namespaced_pod(NS, pod_body("pending"))
+    with pytest.raises(ApiException) as pending:
+        run_exec("pending", ["true"])
+    assert "400" in str(pending.value)
+
+
+def test_exec_query_booleans_are_parsed_like_go(server: KubeTestServer, pod: str) -> None:
+    assert all(parse_go_bool(v) for v in ("1", "t", "T", "TRUE", "true", "True"))
+    assert not any(parse_go_bool(v) for v in ("0", "f", "F", "FALSE", "false", "False"))
+    url = f"{server.url}/api/v1/namespaces/{NS}/pods/{pod}/exec?command=true&stdin=maybe"
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(url)
+    with error.value:
+        assert error.value.code == 400
+        assert "strconv.ParseBool" in json.loads(error.value.read())["message"]
+
+
+def test_exec_maps_workspace_paths(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    workspace = server.workspace(NS, pod)
+    assert workspace.is_dir()
+    resp = run_exec(pod, ["mkdir", "-p", "/workspace/sessions/abc"])
+    resp.run_forever(timeout=5)
+    assert resp.returncode == 0
+    assert (workspace / "sessions" / "abc").is_dir()
+    resp = run_exec(pod, ["sh", "-c", 'pwd; echo "$HOME"'])
+    resp.run_forever(timeout=5)
+    assert resp.read_stdout() == f"{workspace}\n{workspace}\n"
+    resp = run_exec(pod, ["env", "-C", "/workspace/sessions", "pwd"])
+    resp.run_forever(timeout=5)
+    assert resp.read_stdout() == f"{workspace / 'sessions'}\n"
+
+
+def test_exec_missing_executable(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    resp = run_exec(pod, ["no-such-program"])
+    resp.run_forever(timeout=5)
+    status = json.loads(resp.read_channel(3))
+    assert status["reason"] == "InternalError" and status["code"] == 500
+    assert 'exec: "no-such-program": executable file not found in $PATH' in status["message"]
+    assert server.execs[-1].returncode == 127
+
+
+def test_exec_v4_protocol(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    resp = run_exec(
+        pod, ["sh", "-c", "exit 3"], _headers={"sec-websocket-protocol": "v4.channel.k8s.io"}
+    )
+    resp.run_forever(timeout=5)
+    assert resp.subprotocol == "v4.channel.k8s.io"
+    assert resp.returncode == 3
+    assert server.execs[-1].protocol == "v4.channel.k8s.io"
+
+
+def test_exec_without_a_subprotocol_uses_the_oldest_one(server: KubeTestServer, pod: str) -> None:
+    # No Sec-WebSocket-Protocol offered: the kubelet picks its unnamed default, whose error
+    # channel carries a plain message (and nothing on success).
+    query = "command=sh&command=-c&command=exit%204&stdin=1&stdout=1&stderr=1"
+    url = f"ws://127.0.0.1:{server.port}/api/v1/namespaces/{NS}/pods/{pod}/exec?{query}"
+    ws = websocket.create_connection(url)
+    try:
+        assert "sec-websocket-protocol" not in {k.lower() for k in ws.getheaders()}
+        ws.send_binary(b"\x04" + b'{"Width":80,"Height":24}')  # resize: ignored without a TTY
+        frames = []
+        while True:
+            opcode, data = ws.recv_data()
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+            frames.append(data)
+    finally:
+        ws.close()
+        ws.shutdown()
+    assert frames == [
+        b"\x01",  # the empty priming frame on stdout
+        b"\x03command terminated with non-zero exit code: error executing command "
+        b"[sh -c exit 4], exit code 4",
+    ]
+    assert server.execs[-1].protocol == ""
+
+
+def test_closing_the_websocket_kills_the_process(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    resp = run_exec(pod, ["sleep", "100"])
+    record = wait_for(lambda: server.execs and server.execs[-1].pid and server.execs[-1])
+    assert record.returncode is None
+    resp.close()
+    wait_for(lambda: record.returncode is not None)
+    assert record.returncode == -9
+    with pytest.raises(ProcessLookupError):
+        os.kill(record.pid, 0)
+
+
+def test_deleting_the_pod_kills_its_execs(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    resp = run_exec(pod, ["sleep", "100"])
+    record = wait_for(lambda: server.execs and server.execs[-1].pid and server.execs[-1])
+    api.delete_namespaced_pod(pod, NS)
+    resp.run_forever(timeout=5)
+    assert resp.returncode == 137  # SIGKILL, reported as a shell would
+    assert record.returncode == -9
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")  # dead, maybe not yet reaped
+
+
+def test_background_leftovers_live_until_the_pod_is_deleted(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    resp = run_exec(pod, ["sh", "-c", "sleep 100 >/dev/null 2>&1 & echo $!"])
+    resp.run_forever(timeout=5)
+    assert resp.returncode == 0
+    leftover = int(resp.read_stdout())
+    time.sleep(0.1)
+    assert not process_gone(leftover)
+    api.delete_namespaced_pod(pod, NS)
+    wait_for(lambda: process_gone(leftover))
+
+
+def test_concurrent_execs(
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+) -> None:
+    api.create_namespaced_pod(NS, pod_body("other"))
+    wait_for(lambda: is_ready(api.read_namespaced_pod("other", NS)))
+    outputs: dict[int, str] = {}
+
+    def one(index: int, pod_name: str) -> None:
+        resp = run_exec(pod_name, ["sh", "-c", f"sleep 0.3; echo {index} $HOSTNAME"])
+        resp.run_forever(timeout=5)
+        outputs[index] = resp.read_stdout()
+
+    threads = [
+        threading.Thread(target=one, args=(i, name))
+        for i, name in enumerate([pod, pod, "other", "other"])
+    ]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert time.monotonic() - start < 1.2  # they ran side by side
+    assert outputs == {0: "0 box\n", 1: "1 box\n", 2: "2 other\n", 3: "3 other\n"}
+    assert len({record.pid for record in server.execs}) == 4
+
+
+def test_stop_kills_running_execs(tmp_path: Path) -> None:
+    server = KubeTestServer(tmp_path).start()
+    server.ready_delay = 0
+    api_client = client.ApiClient(server.configuration())
+    api = client.CoreV1Api(api_client)
+    try:
+        api.create_namespaced_pod(NS, pod_body("box"))
+        resp = open_exec(api, "box", ["sleep", "100"])
+        record = wait_for(lambda: server.execs and server.execs[-1].pid and server.execs[-1])
+    finally:
+        server.stop()
+        api_client.close()
+    assert record.returncode == -9
+    close_exec(resp)

@@ -1,0 +1,390 @@
+"""The kubernetes backend with the real `kubernetes` client against the test API server.
+
+The test server runs exec'd commands as local processes with the pod's /workspace mapped to
+a folder, so the cache behaviours can be observed on real agent processes (their pids).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from kubernetes import client as kubernetes
+from kubernetes.client.rest import ApiException
+
+from craft import services as craft_services
+from sandboxes import services
+from sandboxes.acp import AgentConnection, Update
+from sandboxes.backends import SandboxError
+from sandboxes.backends.kubernetes import KubernetesBackend, pod_name
+from sandboxes.connections import agent_connections
+from sandboxes.models import Sandbox
+
+from ..conftest import run_concurrently
+from .agents import reply_text, run_turn
+from .kube import NAMESPACE, agent_execs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sandbox(kube_backend, owner):
+    sandbox = services.provision_sandbox(owner)
+    assert sandbox.status == Sandbox.Status.RUNNING, sandbox.error
+    return sandbox
+
+
+def new_session(sandbox) -> uuid.UUID:
+    session_id = uuid.uuid4()
+    services.create_session_workspace(sandbox, session_id)
+    return session_id
+
+
+def agent_pid(connection) -> int:
+    return int(reply_text(run_turn(connection, "pid")).split()[1])
+
+
+def workspace(kube, sandbox, session_id):
+    return kube.workspace(NAMESPACE, pod_name(sandbox)) / "sessions" / str(session_id)
+
+
+# --- lifecycle ----------------------------------------------------------------------------
+
+
+def test_provisioning_creates_a_locked_down_pod_and_a_service(sandbox, kube, settings):
+    api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    pod = api.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
+    assert sandbox.reference == pod.metadata.name == f"craft-sandbox-{sandbox.id}"
+    assert pod.metadata.labels["craft.dev/sandbox"] == str(sandbox.id)
+    assert pod.metadata.labels["craft.dev/owner"] == str(sandbox.owner_id)
+    assert pod.metadata.labels["app.kubernetes.io/name"] == "craft-sandbox"
+    assert pod.spec.security_context.run_as_non_root is True
+    assert pod.spec.automount_service_account_token is False
+    (container,) = pod.spec.containers
+    assert container.security_context.capabilities.drop == ["ALL"]
+    assert container.security_context.allow_privilege_escalation is False
+    assert container.resources.limits == {
+        "cpu": settings.CRAFT_K8S_CPU_LIMIT,
+        "memory": settings.CRAFT_K8S_MEMORY_LIMIT,
+    }
+    assert container.volume_mounts[0].mount_path == "/workspace"
+    service = api.read_namespaced_service(pod_name(sandbox), NAMESPACE)
+    assert service.spec.selector == {"craft.dev/sandbox": str(sandbox.id)}
+
+
+def test_provisioning_is_idempotent(kube_backend, kube, owner):
+    sandbox = services.provision_sandbox(owner)
+    # A second provision of the same sandbox meets 409s and adopts what exists.
+    assert kube_backend.provision(sandbox, lambda line: None) == pod_name(sandbox)
+    api = kube_backend.core
+    pods = api.list_namespaced_pod(NAMESPACE, label_selector=f"craft.dev/sandbox={sandbox.id}")
+    assert len(pods.items) == 1
+
+
+def test_provisioning_waits_for_ready_and_reports_progress(kube_backend, kube, owner):
+    kube.ready_delay = 0.6
+    lines = []
+    sandbox = Sandbox.objects.create(owner=owner, backend="kubernetes")
+    started = time.monotonic()
+    kube_backend.provision(sandbox, lines.append)
+    assert time.monotonic() - started >= 0.6
+    assert lines[0] == "creating pod"
+    assert any(line.startswith("pod Pending") for line in lines)
+    assert lines[-1] == "ready"
+
+
+def test_image_pull_backoff_fails_fast_with_the_reason(kube_backend, kube, owner, settings):
+    kube.image_pull_backoff = True
+    started = time.monotonic()
+    sandbox = services.provision_sandbox(owner)
+    assert time.monotonic() - started < settings.CRAFT_K8S_READY_TIMEOUT / 2
+    assert sandbox.status == Sandbox.Status.FAILED
+    assert "ImagePull" in sandbox.error
+    assert settings.CRAFT_K8S_IMAGE in sandbox.error
+
+
+def test_an_unschedulable_pod_fails_fast_with_the_scheduler_message(kube_backend, kube, owner):
+    kube.unschedulable = True
+    sandbox = services.provision_sandbox(owner)
+    assert sandbox.status == Sandbox.Status.FAILED
+    assert "cannot be scheduled" in sandbox.error
+    assert "Insufficient" in sandbox.error
+
+
+def test_a_pod_that_never_gets_ready_times_out(kube_backend, kube, owner, settings):
+    kube.never_ready = True
+    settings.CRAFT_K8S_READY_TIMEOUT = 1
+    sandbox = services.provision_sandbox(owner)
+    assert sandbox.status == Sandbox.Status.FAILED
+    assert "not ready after 1 s" in sandbox.error
+
+
+def test_rest_errors_while_provisioning_fail_clearly_and_can_be_retried(kube_backend, kube, owner):
+    kube.rest_failures = 1
+    failed = services.provision_sandbox(owner)
+    assert failed.status == Sandbox.Status.FAILED
+    assert "cannot create pod" in failed.error
+    assert "(500)" in failed.error
+    retried = services.provision_sandbox(owner)
+    assert retried.pk == failed.pk
+    assert retried.status == Sandbox.Status.RUNNING
+
+
+def test_terminate_deletes_each_resource_and_404_counts_as_done(sandbox, kube):
+    api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    api.delete_namespaced_pod(pod_name(sandbox), NAMESPACE)  # already gone: fine
+    terminated = services.terminate_sandbox(sandbox)
+    assert terminated.status == Sandbox.Status.TERMINATED
+    for read in (api.read_namespaced_pod, api.read_namespaced_service):
+        with pytest.raises(ApiException) as gone:
+            read(pod_name(sandbox), NAMESPACE)
+        assert gone.value.status == 404
+
+
+def test_a_failing_terminate_leaves_the_sandbox_terminating_and_can_be_retried(sandbox, kube):
+    kube.rest_failures = 2
+    stuck = services.terminate_sandbox(sandbox)
+    assert stuck.status == Sandbox.Status.TERMINATING
+    assert "terminate failed" in stuck.error
+    assert services.terminate_sandbox(stuck).status == Sandbox.Status.TERMINATED
+
+
+def test_session_workspaces_are_created_and_removed_by_exec(sandbox, kube):
+    session_id = new_session(sandbox)
+    folder = workspace(kube, sandbox, session_id)
+    assert folder.is_dir()
+    assert kube.execs[-1].argv == ["mkdir", "-p", f"/workspace/sessions/{session_id}"]
+    services.remove_session_workspace(sandbox, session_id)
+    assert not folder.exists()
+    assert kube.execs[-1].argv[:3] == ["rm", "-rf", "--"]
+
+
+# --- the connection cache, over exec --------------------------------------------------------
+
+
+def test_the_first_prompt_starts_an_exec_and_follow_ups_reuse_it(sandbox, kube):
+    session_id = new_session(sandbox)
+    first = services.connect_agent(sandbox, session_id)
+    pid = agent_pid(first)
+    assert [e.pid for e in agent_execs(kube)] == [pid]
+    again = services.connect_agent(sandbox, session_id)
+    assert again is first
+    assert agent_pid(again) == pid
+    assert len(agent_execs(kube)) == 1
+
+
+def test_an_agent_killed_mid_turn_is_replaced_on_the_next_prompt(sandbox, kube):
+    session_id = new_session(sandbox)
+    connection = services.connect_agent(sandbox, session_id)
+    old_pid = agent_pid(connection)
+    done = threading.Event()
+    items = []
+    connection.prompt("slow 100 0.05", lambda item: (items.append(item), done.set()))
+    time.sleep(0.3)
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while connection.is_running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not connection.is_running
+    assert type(items[-1]).__name__ == "TurnFailed"
+    replacement = services.connect_agent(sandbox, session_id)
+    assert replacement is not connection
+    assert agent_pid(replacement) != old_pid
+    assert len(agent_execs(kube)) == 2
+
+
+def test_different_sessions_get_different_execs(sandbox, kube):
+    a = services.connect_agent(sandbox, new_session(sandbox))
+    b = services.connect_agent(sandbox, new_session(sandbox))
+    assert a is not b
+    assert agent_pid(a) != agent_pid(b)
+
+
+def test_terminating_stops_this_sandboxes_execs_and_no_other(sandbox, kube, stranger):
+    mine = [services.connect_agent(sandbox, new_session(sandbox)) for _ in range(2)]
+    other = services.provision_sandbox(stranger)
+    theirs = services.connect_agent(other, new_session(other))
+    services.terminate_sandbox(sandbox)
+    assert all(not c.is_running for c in mine)
+    assert agent_connections.count(sandbox.pk) == 0
+    assert theirs.is_running
+    assert reply_text(run_turn(theirs, "still there")) == "Echo: still there"
+
+
+def test_cleaning_up_a_session_stops_its_exec(sandbox, kube):
+    session_id = new_session(sandbox)
+    connection = services.connect_agent(sandbox, session_id)
+    services.remove_session_workspace(sandbox, session_id)
+    assert not connection.is_running
+    assert agent_connections.get(sandbox.pk, session_id) is None
+    deadline = time.monotonic() + 5
+    while agent_execs(kube)[-1].returncode is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert agent_execs(kube)[-1].returncode is not None
+
+
+def test_cleaning_up_a_session_without_an_exec_is_fine(sandbox, kube):
+    session_id = new_session(sandbox)
+    services.remove_session_workspace(sandbox, session_id)
+    assert agent_execs(kube) == []
+
+
+def test_two_concurrent_first_prompts_start_one_exec(sandbox, kube):
+    session_id = new_session(sandbox)
+    got = run_concurrently(lambda: services.connect_agent(sandbox, session_id), 4)
+    assert all(c is got[0] for c in got)
+    assert len(agent_execs(kube)) == 1
+
+
+# --- the exec transport -------------------------------------------------------------------
+
+
+def run(backend, sandbox, code: str, stdin: bytes | None = None):
+    process = backend.exec(sandbox, [sys.executable, "-c", code])
+    if stdin is not None:
+        process.write(stdin)
+    process.close_stdin()
+    return process, process.wait(15)
+
+
+def test_multibyte_characters_split_across_frames_survive(kube_backend, sandbox, kube):
+    kube.exec_frame_size = 1  # every byte its own frame
+    _, result = run(kube_backend, sandbox, "print('héllo ✓ wörld')")
+    assert result.stdout.decode("utf-8") == "héllo ✓ wörld\n"
+    assert result.exit_code == 0
+
+
+def test_a_5_mb_agent_line_arrives_whole_over_exec(sandbox, kube):
+    connection = services.connect_agent(sandbox, new_session(sandbox))
+    items = run_turn(connection, "big 5", timeout=60)
+    (chunk,) = [i for i in items if isinstance(i, Update)]
+    assert len(chunk.data["content"]["text"].encode("utf-8")) >= 5 * 1024 * 1024
+
+
+def test_stderr_is_kept_apart_and_a_non_zero_exit_is_surfaced(kube_backend, sandbox, kube):
+    code = "import sys; print('out'); print('oops', file=sys.stderr); sys.exit(3)"
+    _, result = run(kube_backend, sandbox, code)
+    assert result.stdout == b"out\n"
+    assert "oops" in result.stderr
+    assert result.exit_code == 3
+    with pytest.raises(SandboxError, match=r"exit 3"):
+        kube_backend._run(sandbox, [sys.executable, "-c", code])
+
+
+def test_closing_stdin_ends_the_program_reading_it(kube_backend, sandbox, kube):
+    code = "import sys; data = sys.stdin.read(); print(len(data), data.upper(), end='')"
+    _, result = run(kube_backend, sandbox, code, stdin=b"hello")
+    assert result.stdout == b"5 HELLO"
+    assert result.exit_code == 0
+    assert kube.execs[-1].stdin_closed
+    assert kube.execs[-1].protocol == "v5.channel.k8s.io"
+
+
+def test_a_slow_exec_handshake_is_bounded(kube_backend, sandbox, kube, settings):
+    settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = 1
+    kube.exec_handshake_delay = 3
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="no handshake within 1 s"):
+        kube_backend.exec(sandbox, ["true"])
+    assert time.monotonic() - started < 2
+
+
+def test_a_refused_exec_fails_the_turn_clearly(sandbox, kube):
+    session_id = new_session(sandbox)
+    kube.exec_refused = True
+    with pytest.raises(SandboxError, match="refused"):
+        services.connect_agent(sandbox, session_id)
+    kube.exec_refused = False
+    assert services.connect_agent(sandbox, session_id).is_running
+
+
+def test_an_idle_exec_connection_stays_up_across_prompts(kube_backend, sandbox, kube, settings):
+    settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT = 1  # pings every ~0.5 s keep it alive
+    connection = services.connect_agent(sandbox, new_session(sandbox))
+    time.sleep(2.5)
+    assert connection.is_running
+    assert reply_text(run_turn(connection, "later")) == "Echo: later"
+
+
+# --- REST and streaming clients -----------------------------------------------------------
+
+
+def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
+    """Run overlapping execs on 4 threads while this thread lists and reads pods."""
+    kube.exec_handshake_delay = 0.2  # widen the window in which stream() patches its client
+    stop = threading.Event()
+    exec_errors: list[BaseException] = []
+
+    def exec_loop():
+        while not stop.is_set():
+            try:
+                process = backend.exec(sandbox, ["true"])
+                process.close_stdin()
+                process.wait(10)
+            except BaseException as exc:
+                exec_errors.append(exc)
+
+    threads = [threading.Thread(target=exec_loop) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    rest_errors: list[ApiException] = []
+    calls = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            backend.core.list_namespaced_pod(NAMESPACE)
+            backend.core.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
+        except ApiException as exc:
+            rest_errors.append(exc)
+        calls += 2
+        time.sleep(0.01)
+    stop.set()
+    for thread in threads:
+        thread.join(15)
+    return calls, rest_errors, exec_errors
+
+
+def test_rest_calls_during_overlapping_execs_do_not_fail(kube_backend, sandbox, kube):
+    calls, rest_errors, exec_errors = exec_while_rest_goes_on(kube_backend, sandbox, kube)
+    assert calls > 50
+    assert rest_errors == []
+    assert exec_errors == []
+    assert len(kube.execs) > 8
+
+
+def test_one_shared_api_client_reproduces_handshake_status_200(kube_backend, sandbox, kube):
+    """The bug the separation prevents (kubernetes-client/python #928), shown on purpose.
+
+    If this test ever fails, the client no longer patches the ApiClient and the separation
+    could be revisited; until then it proves the test above has teeth.
+    """
+    shared = kubernetes.ApiClient(kube_backend.configuration)
+    broken = KubernetesBackend(
+        kube_backend.configuration, rest_client=shared, exec_api_client=lambda: shared
+    )
+    _, rest_errors, _ = exec_while_rest_goes_on(broken, sandbox, kube)
+    assert rest_errors, "sharing one ApiClient did not break REST calls"
+    assert any("Handshake status 200" in str(exc.reason) for exc in rest_errors)
+
+
+# --- the live chat end to end --------------------------------------------------------------
+
+
+def test_opening_a_session_provisions_the_pod_and_creates_the_workspace(kube_backend, kube, owner):
+    session = craft_services.open_session(owner, "on kubernetes")
+    assert session.sandbox.backend == "kubernetes"
+    assert workspace(kube, session.sandbox, session.pk).is_dir()
+
+
+def test_an_agent_connection_reads_and_writes_in_the_pod_workspace(sandbox, kube):
+    session_id = new_session(sandbox)
+    connection: AgentConnection = services.connect_agent(sandbox, session_id)
+    items = run_turn(connection, "write notes/todo.txt ship it", answer="allow")
+    assert "Wrote notes/todo.txt." in reply_text(items)
+    assert (workspace(kube, sandbox, session_id) / "notes" / "todo.txt").read_text() == "ship it"
+    assert connection.cwd == f"/workspace/sessions/{session_id}"
