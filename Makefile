@@ -42,6 +42,7 @@ browser:
 lint: dev-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: dev-venv
 	$(BIN)/ruff check --fix .

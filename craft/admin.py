@@ -10,7 +10,7 @@ from .models import Event, Session
 
 class EventInline(admin.TabularInline):
     model = Event
-    fields = ["seq", "kind", "data", "created_at"]
+    fields = ("seq", "kind", "data", "created_at")
     readonly_fields = fields
     extra = 0
     can_delete = False

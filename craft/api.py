@@ -8,7 +8,7 @@ from functools import wraps
 from typing import Any
 from uuid import UUID
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
 from sandboxes import services as sandbox_services
@@ -16,6 +16,7 @@ from sandboxes.models import Sandbox
 
 from . import services, testhooks
 from .eventlog import events_after
+from .http import SignedInRequest
 from .models import Event, Session
 from .runner import runners
 
@@ -30,7 +31,7 @@ def api_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpR
     """Answer 401 JSON (not a redirect to the login page) to anonymous callers."""
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: SignedInRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
             return error(401, "unauthenticated", "sign in first")
         return view(request, *args, **kwargs)
@@ -38,7 +39,7 @@ def api_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpR
     return wrapper
 
 
-def _json_body(request: HttpRequest) -> dict[str, Any] | None:
+def _json_body(request: SignedInRequest) -> dict[str, Any] | None:
     if not request.body:
         return {}
     try:
@@ -48,7 +49,7 @@ def _json_body(request: HttpRequest) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def _own_session(request: HttpRequest, session_id: UUID) -> Session | None:
+def _own_session(request: SignedInRequest, session_id: UUID) -> Session | None:
     sessions = Session.objects.select_related("sandbox")
     return sessions.filter(pk=session_id, owner=request.user).first()
 
@@ -88,7 +89,7 @@ def session_json(session: Session) -> dict[str, Any]:
 
 @require_http_methods(["GET", "POST"])
 @api_login_required
-def sessions(request: HttpRequest) -> HttpResponse:
+def sessions(request: SignedInRequest) -> HttpResponse:
     if request.method == "GET":
         items = Session.objects.owned_by(request.user).recent_first()
         return JsonResponse({"sessions": [session_json(s) for s in items]})
@@ -107,7 +108,7 @@ def sessions(request: HttpRequest) -> HttpResponse:
 
 @require_http_methods(["GET", "PATCH", "DELETE"])
 @api_login_required
-def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_detail(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     session = _own_session(request, session_id)
     if session is None:
         return error(404, "not_found", "no such session")
@@ -127,7 +128,7 @@ def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_http_methods(["GET"])
 @api_login_required
-def session_events(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """Return stored events after `after` (the page's session load, with its test hooks)."""
     session = _own_session(request, session_id)
     if session is None:
@@ -156,7 +157,7 @@ def session_events(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_http_methods(["GET", "DELETE"])
 @api_login_required
-def sandbox(request: HttpRequest) -> HttpResponse:
+def sandbox(request: SignedInRequest) -> HttpResponse:
     current = Sandbox.objects.live().owned_by(request.user).first()
     if current is None:
         return error(404, "not_found", "you have no sandbox")

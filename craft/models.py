@@ -3,6 +3,7 @@
 import uuid
 
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import models
 from django.utils import timezone
 
@@ -10,7 +11,7 @@ from sandboxes.models import Sandbox
 
 
 class SessionQuerySet(models.QuerySet["Session"]):
-    def owned_by(self, user: object) -> "SessionQuerySet":
+    def owned_by(self, user: User | AnonymousUser) -> "SessionQuerySet":
         return self.filter(owner=user)
 
     def recent_first(self) -> "SessionQuerySet":

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
+
 from sandboxes import services as sandbox_services
 from sandboxes.acp import AgentConnection, PermissionRequest, TurnEnd, TurnFailed, Update
 
@@ -121,6 +123,28 @@ class SessionRunner:
             )
         if self.connection is not None:
             await asyncio.to_thread(self.connection.cancel)
+            task = self._task
+            asyncio.get_running_loop().create_task(
+                self._stop_if_still_running(task, self.connection), context=contextvars.Context()
+            )
+
+    async def _stop_if_still_running(
+        self, task: asyncio.Task[None] | None, connection: AgentConnection
+    ) -> None:
+        """Stop an agent that ignores `session/cancel`, so that cancel always ends the turn.
+
+        Its connection dies with it; the next prompt starts a new agent.
+        """
+        if task is None:
+            return
+        grace = settings.CRAFT_CANCEL_GRACE_SECONDS
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=grace)
+        except TimeoutError:
+            logger.warning(
+                "session %s: agent ignored cancel for %s s; stopping it", self.session_id, grace
+            )
+            await asyncio.to_thread(connection.stop)
 
     async def answer_permission(self, request_id: str, option_id: str) -> None:
         """Answer the agent's permission request with one of its options."""
@@ -170,7 +194,11 @@ class SessionRunner:
     async def _stream(self, connection: AgentConnection, text: str) -> None:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
-        connection.prompt(text, lambda item: loop.call_soon_threadsafe(items.put_nowait, item))
+
+        def sink(item: Any) -> None:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+        connection.prompt(text, sink)
         while True:
             batch = [await items.get()]
             while not items.empty() and len(batch) < BATCH_LIMIT:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -28,7 +29,7 @@ class SessionError(Exception):
     """A session operation was refused; the message is fit to show to the user."""
 
 
-def open_session(user: object, title: str = "") -> Session:
+def open_session(user: User, title: str = "") -> Session:
     """Create a session in the user's sandbox (provisioning it first if needed).
 
     The workspace is created before the row is saved, so a session row always has a

@@ -224,6 +224,8 @@ CRAFT_AGENT_COMMAND = env_argv("CRAFT_AGENT_COMMAND", ["craft-demo-agent"])
 CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes")))
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
+# Seconds an agent may take to end a cancelled turn before it is stopped.
+CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
 
 # The kubernetes backend (see docs/kubernetes.md). The agent command above runs in the pod.
 CRAFT_K8S_KUBECONFIG = env_str("CRAFT_K8S_KUBECONFIG")  # else in-cluster, else KUBECONFIG

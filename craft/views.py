@@ -6,7 +6,7 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -15,19 +15,20 @@ from django_htmx.http import HttpResponseClientRedirect
 from sandboxes.models import Sandbox
 
 from . import services
+from .http import SignedInRequest
 from .models import Session
 from .runner import runners
 from .transcript import build_transcript
 
 
-def _own_session(request: HttpRequest, session_id: UUID) -> Session:
+def _own_session(request: SignedInRequest, session_id: UUID) -> Session:
     """Return the signed-in user's session; 404 for anyone else's (do not reveal it exists)."""
     return get_object_or_404(
         Session.objects.select_related("sandbox"), pk=session_id, owner=request.user
     )
 
 
-def _page_context(request: HttpRequest, session: Session | None) -> dict[str, object]:
+def _page_context(request: SignedInRequest, session: Session | None) -> dict[str, object]:
     return {
         "sessions": Session.objects.owned_by(request.user).recent_first(),
         "sandbox": session.sandbox
@@ -39,13 +40,13 @@ def _page_context(request: HttpRequest, session: Session | None) -> dict[str, ob
 
 @require_GET
 @login_required
-def home(request: HttpRequest) -> HttpResponse:
+def home(request: SignedInRequest) -> HttpResponse:
     return render(request, "craft/session.html", _page_context(request, None))
 
 
 @require_GET
 @login_required
-def session_page(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     session = _own_session(request, session_id)
     events = list(session.events.order_by("seq"))
     context = _page_context(request, session)
@@ -57,9 +58,17 @@ def session_page(request: HttpRequest, session_id: UUID) -> HttpResponse:
     return render(request, "craft/session.html", context)
 
 
+@require_GET
+@login_required
+def sandbox_status(request: SignedInRequest) -> HttpResponse:
+    """Render the sidebar's sandbox line (polled by htmx while it is provisioning)."""
+    sandbox = Sandbox.objects.live().owned_by(request.user).first()
+    return render(request, "craft/_sandbox_status.html", {"sandbox": sandbox})
+
+
 @require_POST
 @login_required
-def new_session(request: HttpRequest) -> HttpResponse:
+def new_session(request: SignedInRequest) -> HttpResponse:
     try:
         session = services.open_session(request.user, request.POST.get("title", ""))
     except services.SessionError as exc:
@@ -71,7 +80,7 @@ def new_session(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @login_required
-def rename_session(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def rename_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     session = _own_session(request, session_id)
     try:
         session = services.rename_session(session, request.POST.get("title", ""))
@@ -88,7 +97,7 @@ def rename_session(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_POST
 @login_required
-def delete_session(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def delete_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     session = _own_session(request, session_id)
     services.delete_session(session)
     if request.htmx:

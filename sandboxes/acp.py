@@ -468,7 +468,9 @@ class AgentConnection:
                 del self._permissions[rid]
         self.last_used_at = time.monotonic()
         exc = future.exception()
-        if turn.cancelled and (exc is None or self.is_running):
+        if turn.cancelled:
+            # Whatever ended it (the agent's answer, an error, or stop() after the agent
+            # ignored the cancel), the person asked for the turn to stop, and it stopped.
             item: TurnItem = TurnEnd("cancelled")
         elif exc is not None:
             item = TurnFailed(str(exc))

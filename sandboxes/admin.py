@@ -17,7 +17,7 @@ from .models import Sandbox
 class SessionInline(admin.TabularInline):
     # The inventory shows a sandbox's sessions; editing them belongs to the session admin.
     model = Session
-    fields = ["title", "owner", "created_at", "updated_at", "last_seq"]
+    fields = ("title", "owner", "created_at", "updated_at", "last_seq")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -86,7 +86,7 @@ class SandboxAdmin(admin.ModelAdmin):
     @admin.action(description="Terminate selected sandboxes", permissions=["change"])
     def terminate(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:
         done = 0
-        for sandbox in queryset.live():
+        for sandbox in queryset.exclude(status=Sandbox.Status.TERMINATED):
             sandbox = services.terminate_sandbox(sandbox)
             if sandbox.status == Sandbox.Status.TERMINATED:
                 done += 1

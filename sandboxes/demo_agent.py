@@ -209,7 +209,7 @@ class Agent:
         # One lock for sessions, turns and pending requests, which several threads touch.
         self._state_lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
-        self._pending: dict[int, PendingRequest] = {}
+        self._pending: dict[int | str, PendingRequest] = {}
         self._request_ids = itertools.count()
         self._workers: list[threading.Thread] = []
 

@@ -4,6 +4,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -17,7 +18,7 @@ class SandboxQuerySet(models.QuerySet["Sandbox"]):
     def running(self) -> "SandboxQuerySet":
         return self.filter(status=Sandbox.Status.RUNNING)
 
-    def owned_by(self, user: object) -> "SandboxQuerySet":
+    def owned_by(self, user: User | AnonymousUser) -> "SandboxQuerySet":
         return self.filter(owner=user)
 
 

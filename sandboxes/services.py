@@ -10,6 +10,7 @@ import logging
 from uuid import UUID
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -25,7 +26,7 @@ class SandboxUnavailable(SandboxError):
     """The sandbox is not running, so nothing can run in it."""
 
 
-def provision_sandbox(user: object) -> Sandbox:
+def provision_sandbox(user: User) -> Sandbox:
     """Return the user's live sandbox, creating and provisioning it if there is none.
 
     Concurrent calls for one user create exactly one row: the partial unique constraint on
@@ -49,7 +50,7 @@ def provision_sandbox(user: object) -> Sandbox:
     return sandbox
 
 
-def _get_or_create_row(user: object) -> Sandbox:
+def _get_or_create_row(user: User) -> Sandbox:
     existing = Sandbox.objects.live().owned_by(user).first()
     if existing is not None:
         return existing

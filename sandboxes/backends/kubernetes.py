@@ -311,12 +311,13 @@ def exit_code_of(status: dict[str, Any]) -> int:
     """Return the exit code a status-channel message reports (-1 when it does not say)."""
     if status.get("status") == "Success":
         return 0
-    details = status.get("details") if isinstance(status.get("details"), dict) else {}
-    for cause in details.get("causes") or []:
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    for cause in causes if isinstance(causes, list) else []:
         if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
             try:
-                return int(cause.get("message"))
-            except (TypeError, ValueError):
+                return int(str(cause.get("message")))
+            except ValueError:
                 break
     return -1
 

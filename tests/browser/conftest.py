@@ -7,6 +7,7 @@ Screenshots go to the test run's output folder (CRAFT_TEST_OUTPUT, default `test
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -36,6 +37,12 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.browser)
 
 
+def screenshot_path(name: str) -> Path:
+    folder = OUTPUT / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -59,8 +66,8 @@ class LiveServer:
             return json.load(r)["loads"].get(str(session_id), 0)
 
 
-@pytest.fixture(scope="session")
-def craft_server(django_db_setup, tmp_path_factory):
+@contextlib.contextmanager
+def serve(extra_env: dict[str, str], sandboxes: Path):
     """Serve the app with daphne, as `make run` does, against the test database."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
@@ -71,11 +78,12 @@ def craft_server(django_db_setup, tmp_path_factory):
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "CRAFT_TEST_HOOKS": "1",
-        "CRAFT_SANDBOX_ROOT": str(tmp_path_factory.mktemp("live-sandboxes")),
+        "CRAFT_SANDBOX_ROOT": str(sandboxes),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        **extra_env,
     }
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    log = OUTPUT / "daphne.log"
+    log = OUTPUT / f"daphne-{port}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
@@ -93,12 +101,21 @@ def craft_server(django_db_setup, tmp_path_factory):
                 process.kill()
                 pytest.fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.1)
-    yield LiveServer(url, process, log)
-    process.terminate()
     try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
+        yield LiveServer(url, process, log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture(scope="session")
+def craft_server(django_db_setup, tmp_path_factory):
+    """The app on the local backend, for the whole run."""
+    with serve({}, tmp_path_factory.mktemp("live-sandboxes")) as server:
+        yield server
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from craft.eventlog import append_events
 from craft.models import Event
 from craft.services import open_session
 
-from .conftest import OUTPUT
+from .conftest import screenshot_path
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -61,12 +61,6 @@ async def assert_page_matches_log(page, session):
     )
     shown = "".join(await page.locator("#transcript .msg.agent .bubble").all_inner_texts())
     assert shown == agent_text
-
-
-def screenshot_path(name: str) -> Path:
-    folder = OUTPUT / "screenshots"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / name
 
 
 async def test_a_reply_streams_in_before_the_turn_ends(page, craft_server, session):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -317,4 +318,25 @@ async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(kube_back
     agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
     assert reply["data"]["content"]["text"] == f"pid {agents[0].pid}"
     assert len(agents) == 1  # one exec served both prompts
+    await comm.disconnect()
+
+
+async def test_cancel_ends_the_turn_even_when_the_agent_ignores_it(session, cookie, settings):
+    stubborn = Path(__file__).parent.parent / "agents" / "stubborn_agent.py"
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(stubborn)]
+    settings.CRAFT_CANCEL_GRACE_SECONDS = 0.5
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "s1", "text": "go"})
+    first = await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    await comm.send_json_to({"type": "cancel"})
+    frames = await receive_until(comm, is_turn_end, timeout=5)
+    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
+    # The stopped agent is replaced by a new process on the next prompt.
+    await comm.send_json_to({"type": "prompt", "id": "s2", "text": "again"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    old_pid = first[-1]["data"]["content"]["text"].split()[1]
+    assert frames[-1]["data"]["content"]["text"].split()[1] != old_pid
+    await comm.send_json_to({"type": "cancel"})
+    await receive_until(comm, is_turn_end, timeout=5)
     await comm.disconnect()

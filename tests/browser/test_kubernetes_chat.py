@@ -1,0 +1,77 @@
+"""The whole chat on the kubernetes backend: Chromium, daphne, the real client, a test API server.
+
+daphne runs with CRAFT_SANDBOX_BACKEND=kubernetes against the test Kubernetes API server; the
+pod takes a while to become Ready, so the page shows provisioning progress first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from playwright.async_api import expect
+
+from craft.db import db_sync_to_async
+from craft.models import Session
+from tests.kubeapi import KubeTestServer
+
+from .conftest import screenshot_path, serve
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture(scope="module")
+def kube_server(tmp_path_factory):
+    with KubeTestServer(root=tmp_path_factory.mktemp("cluster")) as server:
+        server.ready_delay = 3
+        yield server
+
+
+@pytest.fixture(scope="module")
+def k8s_craft_server(django_db_setup, kube_server, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("k8s")
+    env = {
+        "CRAFT_SANDBOX_BACKEND": "kubernetes",
+        "CRAFT_K8S_KUBECONFIG": str(kube_server.write_kubeconfig(folder / "kubeconfig")),
+        "CRAFT_K8S_NAMESPACE": "craft-browser",
+        "CRAFT_K8S_POLL_INTERVAL": "0.1",
+        "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.demo_agent",
+    }
+    with serve(env, folder / "unused") as server:
+        yield server
+
+
+@pytest.fixture
+def craft_server(k8s_craft_server):
+    """Point the signed-in `page` fixture at the kubernetes-backed server."""
+    return k8s_craft_server
+
+
+async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_pod(
+    page, craft_server, kube_server, owner
+):
+    await page.goto(f"{craft_server.url}/")
+    await page.get_by_role("button", name="+ New session").click()
+    status = page.locator("#sandbox-status")
+    await expect(status).to_have_attribute("data-status", "provisioning")
+    await expect(status.locator(".sandbox-detail")).to_contain_text("pod Pending")
+    await page.screenshot(path=screenshot_path("kubernetes-provisioning.png"))
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=20000)
+    await expect(status).to_have_attribute("data-status", "running")
+
+    await page.fill("#prompt", "write from-browser.txt hello pod")
+    await page.press("#prompt", "Enter")
+    await page.locator("#transcript .permission").get_by_role("button", name="Allow").click()
+    await expect(page.locator("#transcript .turn-end")).to_have_text("Done")
+    await page.fill("#prompt", "pid")
+    await page.press("#prompt", "Enter")
+    await expect(page.locator("#transcript .turn-end")).to_have_count(2)
+
+    session = await db_sync_to_async(Session.objects.get)(owner=owner)
+    pod = f"craft-sandbox-{session.sandbox_id}"
+    folder = kube_server.workspace("craft-browser", pod) / "sessions" / str(session.pk)
+    assert (folder / "from-browser.txt").read_text() == "hello pod"
+    agents = [e for e in kube_server.execs if "sandboxes.demo_agent" in e.argv]
+    assert len(agents) == 1
+    await expect(page.locator("#transcript .msg.agent").last).to_have_text(f"pid {agents[0].pid}")
+    await page.screenshot(path=screenshot_path("kubernetes-chat.png"))
