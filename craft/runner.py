@@ -22,7 +22,14 @@ from uuid import UUID
 from django.conf import settings
 
 from sandboxes import services as sandbox_services
-from sandboxes.acp import AgentConnection, PermissionRequest, TurnEnd, TurnFailed, Update
+from sandboxes.acp import (
+    AgentConnection,
+    AgentError,
+    PermissionRequest,
+    TurnEnd,
+    TurnFailed,
+    Update,
+)
 
 from .db import db_sync_to_async
 from .eventlog import append_events
@@ -162,13 +169,9 @@ class SessionRunner:
         )
         await asyncio.to_thread(self.connection.answer_permission, request_id, option_id)
 
-    async def wait(self) -> None:
-        """Wait for the running turn (if any) to end."""
-        if self._task is not None:
-            await asyncio.shield(self._task)
-
     async def _run_turn(self, text: str) -> None:
         """Run one turn to its end; whatever happens, the log gets exactly one turn_end."""
+        self.connection = None  # until this turn has its own (usually the cached one)
         try:
             try:
                 self.connection = await _connect(self.session_id)
@@ -179,7 +182,11 @@ class SessionRunner:
             if self._cancel_requested:
                 await self._end([], "cancelled")
                 return
+            self._keep_late_updates(self.connection)
             await self._stream(self.connection, text)
+        except AgentError as exc:
+            # The agent went away between the cache handing it out and the prompt.
+            await self._end([("agent_error", {"message": str(exc)})], "error")
         except Session.DoesNotExist:
             logger.info("session %s was deleted during a turn", self.session_id)
         except Exception as exc:
@@ -190,6 +197,18 @@ class SessionRunner:
                 logger.exception("session %s: could not record the failed turn", self.session_id)
         finally:
             self._pending.clear()
+
+    def _keep_late_updates(self, connection: AgentConnection) -> None:
+        """Store updates that arrive outside a turn (some agents send them after the prompt
+        response); each is stored in arrival order, after what came before it."""
+        loop = asyncio.get_running_loop()
+
+        def store_late(item: Any) -> None:
+            if isinstance(item, Update):
+                events = [(item.kind, item.data)]
+                loop.call_soon_threadsafe(lambda: loop.create_task(_store(self.session_id, events)))
+
+        connection.idle_sink = store_late
 
     async def _stream(self, connection: AgentConnection, text: str) -> None:
         loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import json
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -255,8 +256,6 @@ class AgentConnection:
 
     def iter_prompt(self, text: str, timeout: float | None = None) -> Iterator[TurnItem]:
         """Run a turn and yield its items (blocking); permission requests must be answered."""
-        import queue
-
         items: queue.SimpleQueue[TurnItem] = queue.SimpleQueue()
         self.prompt(text, items.put)
         while True:

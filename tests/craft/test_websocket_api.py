@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from .wsclient import (
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+# Small ACP agents that misbehave in ways the demo agent does not.
+AGENTS = Path(__file__).parent.parent / "agents"
 
 
 @pytest.fixture
@@ -322,8 +326,7 @@ async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(kube_back
 
 
 async def test_cancel_ends_the_turn_even_when_the_agent_ignores_it(session, cookie, settings):
-    stubborn = Path(__file__).parent.parent / "agents" / "stubborn_agent.py"
-    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(stubborn)]
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "stubborn_agent.py")]
     settings.CRAFT_CANCEL_GRACE_SECONDS = 0.5
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
@@ -339,4 +342,16 @@ async def test_cancel_ends_the_turn_even_when_the_agent_ignores_it(session, cook
     assert frames[-1]["data"]["content"]["text"].split()[1] != old_pid
     await comm.send_json_to({"type": "cancel"})
     await receive_until(comm, is_turn_end, timeout=5)
+    await comm.disconnect()
+
+
+async def test_updates_after_the_prompt_response_are_stored_too(session, cookie, settings):
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "late_agent.py")]
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
+    frames = await receive_until(comm, lambda f: "late 2" in json.dumps(f))
+    texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
+    assert texts == ["user_message", "on time", "turn_end", "late 1", "late 2"]
+    assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5]
     await comm.disconnect()
