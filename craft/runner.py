@@ -71,6 +71,10 @@ def _connect(session_id: UUID) -> AgentConnection:
     return connection
 
 
+def _ends(item: Any) -> bool:
+    return isinstance(item, TurnEnd | TurnFailed)
+
+
 @dataclass
 class _Pending:
     options: set[str]
@@ -86,6 +90,9 @@ class SessionRunner:
         self._lock = asyncio.Lock()
         self._pending: dict[str, _Pending] = {}
         self._cancel_requested = False
+        # The running turn's queue of items; late updates join it while it is being stored.
+        self._items: asyncio.Queue[Any] | None = None
+        self._late_stores: set[asyncio.Task[None]] = set()  # keeps them from being collected
 
     @property
     def running(self) -> bool:
@@ -200,56 +207,80 @@ class SessionRunner:
 
     def _keep_late_updates(self, connection: AgentConnection) -> None:
         """Store updates that arrive outside a turn (some agents send them after the prompt
-        response); each is stored in arrival order, after what came before it."""
+        response), in arrival order: while the turn's stream is still being stored they join
+        its queue, afterwards each is stored on its own, after everything before it."""
         loop = asyncio.get_running_loop()
 
-        def store_late(item: Any) -> None:
-            if isinstance(item, Update):
-                events = [(item.kind, item.data)]
-                loop.call_soon_threadsafe(lambda: loop.create_task(_store(self.session_id, events)))
+        def on_late(item: Any) -> None:  # on the event loop
+            if not isinstance(item, Update):
+                return
+            if self._items is not None:
+                self._items.put_nowait(item)
+            else:
+                task = loop.create_task(_store(self.session_id, [(item.kind, item.data)]))
+                self._late_stores.add(task)
+                task.add_done_callback(self._late_stores.discard)
 
-        connection.idle_sink = store_late
+        def idle_sink(item: Any) -> None:  # on the connection's reader thread
+            loop.call_soon_threadsafe(on_late, item)
+
+        connection.idle_sink = idle_sink
 
     async def _stream(self, connection: AgentConnection, text: str) -> None:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
+        self._items = items
 
         def sink(item: Any) -> None:
             loop.call_soon_threadsafe(items.put_nowait, item)
 
-        connection.prompt(text, sink)
-        while True:
-            batch = [await items.get()]
-            while not items.empty() and len(batch) < BATCH_LIMIT:
-                batch.append(items.get_nowait())
-            events: list[tuple[str, dict[str, Any]]] = []
-            final: str | None = None
-            for item in batch:
-                if isinstance(item, Update):
-                    events.append((item.kind, item.data))
-                elif isinstance(item, PermissionRequest):
-                    self._pending[item.request_id] = _Pending(
-                        {str(o.get("optionId")) for o in item.options}
+        try:
+            connection.prompt(text, sink)
+            while True:
+                batch = [await items.get()]
+                # Batch what has piled up, but never past the end of the turn: anything after
+                # it is a late update and belongs after the turn_end event.
+                while not items.empty() and len(batch) < BATCH_LIMIT and not _ends(batch[-1]):
+                    batch.append(items.get_nowait())
+                events, final = self._events_of(batch)
+                if final is not None:
+                    await self._end(events, final)
+                    break
+                await _store(self.session_id, events)
+            # Updates that came after the prompt response while the end was being stored.
+            while not items.empty():
+                late, _ = self._events_of([items.get_nowait()])
+                await _store(self.session_id, late)
+        finally:
+            self._items = None
+
+    def _events_of(self, batch: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        """Turn items into events; return them and the stop reason if the turn ended."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        final: str | None = None
+        for item in batch:
+            if isinstance(item, Update):
+                events.append((item.kind, item.data))
+            elif isinstance(item, PermissionRequest):
+                self._pending[item.request_id] = _Pending(
+                    {str(o.get("optionId")) for o in item.options}
+                )
+                events.append(
+                    (
+                        "permission_request",
+                        {
+                            "request": item.request_id,
+                            "toolCall": item.tool_call,
+                            "options": item.options,
+                        },
                     )
-                    events.append(
-                        (
-                            "permission_request",
-                            {
-                                "request": item.request_id,
-                                "toolCall": item.tool_call,
-                                "options": item.options,
-                            },
-                        )
-                    )
-                elif isinstance(item, TurnEnd):
-                    final = item.stop_reason
-                elif isinstance(item, TurnFailed):
-                    events.append(("agent_error", {"message": item.message}))
-                    final = "error"
-            if final is not None:
-                await self._end(events, final)
-                return
-            await _store(self.session_id, events)
+                )
+            elif isinstance(item, TurnEnd):
+                final = item.stop_reason
+            elif isinstance(item, TurnFailed):
+                events.append(("agent_error", {"message": item.message}))
+                final = "error"
+        return events, final
 
     async def _end(self, events: list[tuple[str, dict[str, Any]]], stop_reason: str) -> None:
         self._pending.clear()

@@ -1,0 +1,73 @@
+"""With Redis as the channel layer, events committed by another process reach this one's sockets.
+
+That is what lets several server processes share sessions' event streams: the process that
+stores events rings the doorbell through Redis, and a socket held by another process reads
+the events from the shared database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from channels.layers import channel_layers
+from django.conf import settings as django_settings
+
+from craft import services
+from craft.db import db_sync_to_async
+
+from .wsclient import open_socket, receive_until, session_cookie
+
+REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+WRITER = """
+import django, sys, uuid
+django.setup()
+from craft.eventlog import append_events
+session_id = uuid.UUID(sys.argv[1])
+for batch in range(5):
+    append_events(session_id, [("agent_message_chunk", {"n": batch * 2 + i}) for i in range(2)])
+"""
+
+
+@pytest.fixture
+def redis_layer(settings):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+def write_from_another_process(session_id) -> None:
+    db = django_settings.DATABASES["default"]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": REDIS_URL,
+    }
+    subprocess.run(
+        [sys.executable, "-c", WRITER, str(session_id)],
+        env=env, cwd=django_settings.BASE_DIR, check=True, timeout=60,
+    )  # fmt: skip
+
+
+async def test_events_stored_by_another_process_arrive_live(redis_layer, owner):
+    session = await db_sync_to_async(services.open_session)(owner)
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    assert await comm.receive_nothing(0.2)
+    await db_sync_to_async(write_from_another_process, thread_sensitive=False)(session.pk)
+    frames = await receive_until(comm, lambda f: f.get("seq") == 10)
+    assert [f["seq"] for f in frames] == list(range(1, 11))
+    assert [f["data"]["n"] for f in frames] == list(range(10))
+    await comm.disconnect()

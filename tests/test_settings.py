@@ -1,0 +1,90 @@
+"""Settings come from the environment; bad values stop the process with the variable's name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+
+SHOW = """
+import craft.settings as s
+print(s.DATABASES["default"]["ENGINE"], s.CHANNEL_LAYERS["default"]["BACKEND"])
+print(s.CRAFT_SANDBOX_BACKEND, s.CRAFT_AGENT_COMMAND)
+"""
+
+
+def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
+    """Import the real settings module in a fresh interpreter with `env` added."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRAFT_"))}
+    clean.pop("DATABASE_URL", None)
+    clean.pop("REDIS_URL", None)
+    return subprocess.run(
+        [sys.executable, "-c", SHOW],
+        env={**clean, **env},
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("DJANGO_DEBUG", "maybe", "DJANGO_DEBUG must be a boolean"),
+        (
+            "CRAFT_SANDBOX_BACKEND",
+            "docker",
+            "CRAFT_SANDBOX_BACKEND must be one of kubernetes, local",
+        ),
+        (
+            "CRAFT_AGENT_COMMAND",
+            "agent 'unclosed",
+            "CRAFT_AGENT_COMMAND is not a valid command line",
+        ),
+        ("CRAFT_AGENT_START_TIMEOUT", "soon", "CRAFT_AGENT_START_TIMEOUT must be a number"),
+        ("CRAFT_K8S_RUN_AS_USER", "0", "CRAFT_K8S_RUN_AS_USER must be at least 1"),
+        ("CRAFT_K8S_IMAGE_PULL_POLICY", "Sometimes", "CRAFT_K8S_IMAGE_PULL_POLICY must be one of"),
+    ],
+)
+def test_a_bad_value_fails_at_start_naming_the_variable(name, value, message):
+    result = load_settings(**{"DJANGO_DEBUG": "1", name: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert message in result.stderr
+
+
+def test_production_needs_a_secret_key():
+    result = load_settings()
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) must be set" in result.stderr
+
+
+def test_secrets_can_come_from_files(tmp_path):
+    key = tmp_path / "secret"
+    key.write_text("from-a-file\n")
+    script = "import craft.settings as s; print(s.SECRET_KEY)"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRAFT_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**clean, "DJANGO_SECRET_KEY_FILE": str(key)},
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.stdout.strip() == "from-a-file"
+
+
+def test_the_embedded_defaults_need_nothing_installed():
+    result = load_settings(DJANGO_DEBUG="1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        "django.db.backends.sqlite3",
+        "channels.layers.InMemoryChannelLayer",
+        "local",
+        "['craft-demo-agent']",
+    ]
