@@ -235,7 +235,8 @@ class SessionRunner:
             loop.call_soon_threadsafe(items.put_nowait, item)
 
         try:
-            connection.prompt(text, sink)
+            # Writing the prompt can block (a full pipe, a slow exec websocket): not on the loop.
+            await asyncio.to_thread(connection.prompt, text, sink)
             while True:
                 batch = [await items.get()]
                 # Batch what has piled up, but never past the end of the turn: anything after

@@ -36,7 +36,11 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
-from websocket import ABNF, WebSocketConnectionClosedException, WebSocketTimeoutException
+from websocket import (
+    ABNF,
+    WebSocketException,
+    WebSocketTimeoutException,
+)
 
 from .base import Health, Progress, SandboxError
 
@@ -180,7 +184,7 @@ class ExecProcess:
             raise OSError("exec connection is closed")
         try:
             self._ws.send(bytes([STDIN]) + data, opcode=ABNF.OPCODE_BINARY)
-        except (WebSocketConnectionClosedException, OSError) as exc:
+        except (WebSocketException, OSError) as exc:
             raise OSError(f"exec connection failed: {exc}") from exc
 
     def readline(self) -> bytes:
@@ -200,7 +204,7 @@ class ExecProcess:
         if self.protocol == V5_PROTOCOL and not self._done.is_set():
             try:
                 self._ws.send(bytes([CLOSE, STDIN]), opcode=ABNF.OPCODE_BINARY)
-            except (WebSocketConnectionClosedException, OSError):
+            except (WebSocketException, OSError):
                 pass
 
     def terminate(self, timeout: float = 5.0) -> None:
@@ -243,8 +247,8 @@ class ExecProcess:
                     return
                 if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data:
                     self._on_frame(bytes(frame.data))
-        except (WebSocketConnectionClosedException, OSError, ValueError):
-            pass  # the connection went away; what was read stays
+        except (WebSocketException, OSError, ValueError):
+            pass  # the connection went away or broke; what was read stays
         finally:
             self._finish()
 
