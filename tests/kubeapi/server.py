@@ -34,9 +34,10 @@ What is NOT modelled (say it plainly so nobody relies on it):
 * Set-based label selectors (`in`, `notin`) are rejected with 400.
 * No TTY: `tty=true` merges stderr into stdout but no terminal is allocated and resize frames
   are ignored. The base64 exec subprotocols are not offered.
-* Only argv elements that are `/workspace` or start with `/workspace/` are mapped to the pod's
-  folder; paths inside a shell script (`sh -c "cd /workspace"`), in environment variables or
-  glued to an option (`--dir=/workspace`) are passed through unchanged.
+* Only argv elements that are `/workspace` or start with `/workspace/`, and JSON strings in
+  stdin that start with `/workspace` (how an ACP agent learns its `cwd`; `map_stdin_paths`),
+  are mapped to the pod's folder; paths inside a shell script (`sh -c "cd /workspace"`), in
+  environment variables or glued to an option (`--dir=/workspace`) are passed through.
 * The workspace folder outlives the pod, like a persistent volume mounted at `/workspace`.
 * When the exec client goes away, the command's process group is killed at once; a real
   kubelet may leave the command running. Background processes that a finished command left
