@@ -14,12 +14,11 @@ normal), parses them in wire order and routes them:
 It is deliberately thread-based rather than asyncio-based: the same connection is used from
 Channels consumers (one event loop), from sync views and admin actions (worker threads) and
 from the Kubernetes exec transport (a blocking websocket). Sinks are called on the reader
-thread and must not block; `aiter_turn()` bridges a turn onto an event loop.
+thread and must not block; an event loop takes items with `loop.call_soon_threadsafe`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
@@ -27,7 +26,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -489,19 +488,3 @@ class AgentConnection:
         for future in pending:
             if not future.done():
                 future.set_exception(AgentError(reason))
-
-
-async def aiter_turn(connection: AgentConnection, text: str) -> AsyncIterator[TurnItem]:
-    """Run a turn from an event loop and yield its items in wire order."""
-    loop = asyncio.get_running_loop()
-    items: asyncio.Queue[TurnItem] = asyncio.Queue()
-
-    def sink(item: TurnItem) -> None:
-        loop.call_soon_threadsafe(items.put_nowait, item)
-
-    connection.prompt(text, sink)
-    while True:
-        item = await items.get()
-        yield item
-        if isinstance(item, TurnEnd | TurnFailed):
-            return

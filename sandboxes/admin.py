@@ -11,6 +11,7 @@ from django.utils.timesince import timesince
 from craft.models import Session
 
 from . import services
+from .backends import get_backend
 from .models import Sandbox
 
 
@@ -54,6 +55,7 @@ class SandboxAdmin(admin.ModelAdmin):
         "last_activity_at",
         "terminated_at",
         "live_connections",
+        "health",
     ]
     inlines = [SessionInline]
     actions = ["terminate", "stop_idle_connections"]
@@ -81,7 +83,18 @@ class SandboxAdmin(admin.ModelAdmin):
 
     @admin.display(description="age", ordering="created_at")
     def age(self, sandbox: Sandbox) -> str:
-        return timesince(sandbox.created_at, timezone.now())
+        return timesince(timezone.now() - sandbox.age(), timezone.now())
+
+    @admin.display(description="health")
+    def health(self, sandbox: Sandbox) -> str:
+        """Ask the backend now (the folder exists, the pod is ready); shown on the detail page."""
+        if sandbox.status != Sandbox.Status.RUNNING:
+            return f"not checked ({sandbox.status})"
+        try:
+            health = get_backend(sandbox.backend).health(sandbox)
+        except Exception as exc:
+            return f"check failed: {exc}"
+        return f"{'ok' if health.ok else 'unhealthy'}: {health.detail}"
 
     @admin.action(description="Terminate selected sandboxes", permissions=["change"])
     def terminate(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:

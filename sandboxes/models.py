@@ -15,9 +15,6 @@ class SandboxQuerySet(models.QuerySet["Sandbox"]):
         """Return sandboxes that hold (or are getting) resources: not terminated."""
         return self.exclude(status=Sandbox.Status.TERMINATED)
 
-    def running(self) -> "SandboxQuerySet":
-        return self.filter(status=Sandbox.Status.RUNNING)
-
     def owned_by(self, user: User | AnonymousUser) -> "SandboxQuerySet":
         return self.filter(owner=user)
 
@@ -73,7 +70,3 @@ class Sandbox(models.Model):
 
     def age(self, now: datetime | None = None) -> timedelta:
         return (now or timezone.now()) - self.created_at
-
-    def is_idle(self, now: datetime, idle_for: timedelta) -> bool:
-        """Return whether nothing happened in this sandbox for `idle_for`."""
-        return now - self.last_activity_at >= idle_for

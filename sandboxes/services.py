@@ -158,10 +158,6 @@ def connect_agent(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
     return connection
 
 
-def stop_session_connection(sandbox: Sandbox, session_id: UUID) -> bool:
-    return agent_connections.stop_session(sandbox.pk, session_id)
-
-
 def stop_idle_connections(sandbox: Sandbox | None = None, idle_seconds: float = 0.0) -> int:
     """Stop agent connections without a running turn (of one sandbox, or all)."""
     return agent_connections.stop_idle(sandbox.pk if sandbox else None, idle_seconds)

@@ -90,3 +90,9 @@ def test_events_are_read_only_in_the_admin(client, staff, owner):
     assert response.status_code == 200
     assert "agent_message_chunk" in response.content.decode()
     assert 'name="events-0-kind"' not in response.content.decode()
+
+
+def test_a_sandbox_page_shows_the_backends_health_check(client, staff, busy_sandbox):
+    client.force_login(staff)
+    page = client.get(reverse("admin:sandboxes_sandbox_change", args=[busy_sandbox.pk]))
+    assert "ok: folder present" in page.content.decode()
