@@ -61,6 +61,15 @@ def staff(db):
     return get_user_model().objects.create_superuser("stella", password=PASSWORD)
 
 
+def free_port() -> int:
+    """Return a TCP port on loopback that is free right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_concurrently(func, count: int, timeout: float = 30) -> list:
     """Call `func()` from `count` threads released together; return results (raise errors)."""
     import threading

@@ -12,7 +12,6 @@ import http.cookiejar
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,13 +22,9 @@ import pytest
 import websocket
 from django.conf import settings
 
+from .conftest import free_port
+
 ROOT = Path(settings.BASE_DIR)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -68,7 +63,7 @@ def test_make_runs_configuration_serves_a_two_prompt_conversation(embedded_env, 
     manage(embedded_env, "migrate", "--noinput")
     manage(embedded_env, "collectstatic", "--noinput", "-v", "0")
     password = re.search(r"with password (\S+)", manage(embedded_env, "ensure_admin")).group(1)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
          "craft.asgi:application"],

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from playwright.async_api import async_playwright
 
 from craft.db import db_sync_to_async
 
+from ..conftest import free_port
 from ..craft.wsclient import session_cookie
 
 CHROMIUM = os.environ.get("CRAFT_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -41,12 +41,6 @@ def screenshot_path(name: str) -> Path:
     folder = OUTPUT / "screenshots"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / name
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LiveServer:
@@ -71,7 +65,7 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
     """Serve the app with daphne, as `make run` does, against the test database."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
-    port = _free_port()
+    port = free_port()
     db = settings.DATABASES["default"]
     env = {
         **os.environ,
