@@ -8,6 +8,7 @@ at start with an error that names the variable. Secrets may also come from `NAME
 """
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -90,6 +91,31 @@ def env_argv(name: str, default: list[str]) -> list[str]:
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} is not a valid command line: {exc}") from None
     return argv
+
+
+def env_agent_env(name: str) -> dict[str, str | None]:
+    """Return `NAME` and `NAME=value` entries of a comma-separated variable.
+
+    `NAME` means "copy NAME from the server's environment when the agent starts" (None here);
+    `NAME=value` sets it (a value cannot contain a comma). The server's own variables are
+    refused, loudly, so that a typo cannot leak a secret to agents, and so are the variables
+    that Craft points inside the sandbox.
+    """
+    server_only = re.compile(r"DJANGO_.*|CRAFT_.*|DATABASE_URL(_FILE)?|REDIS_URL(_FILE)?")
+    entries: dict[str, str | None] = {}
+    for item in os.environ.get(name, "").split(","):
+        key, has_value, value = item.strip().partition("=")
+        key = key.strip()
+        if not key and not has_value:
+            continue
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ImproperlyConfigured(f"{name}: {key!r} is not a variable name")
+        if server_only.fullmatch(key):
+            raise ImproperlyConfigured(f"{name} must not pass {key}: it belongs to the server")
+        if key in ("HOME", "TMPDIR", "USER", "LOGNAME"):
+            raise ImproperlyConfigured(f"{name} cannot set {key}: Craft points it into the sandbox")
+        entries[key] = value if has_value else None
+    return entries
 
 
 def env_choice(name: str, default: str, choices: set[str]) -> str:
@@ -222,6 +248,12 @@ CRAFT_SANDBOX_BACKENDS = {
 CRAFT_SANDBOX_BACKEND = env_choice("CRAFT_SANDBOX_BACKEND", "local", set(CRAFT_SANDBOX_BACKENDS))
 CRAFT_AGENT_COMMAND = env_argv("CRAFT_AGENT_COMMAND", ["craft-demo-agent"])
 CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes")))
+# What agents get besides Craft's minimal environment (see sandboxes/backends/containment.py).
+CRAFT_AGENT_ENV = env_agent_env("CRAFT_AGENT_ENV")
+# Local sandboxes run as users of their own: "auto" when the server is root, "on", "off".
+CRAFT_SANDBOX_UIDS = env_choice("CRAFT_SANDBOX_UIDS", "auto", {"auto", "on", "off"})
+CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimum=1000)
+CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=1)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 # Seconds an agent may take to end a cancelled turn before it is stopped.

@@ -5,7 +5,7 @@ prompt picks the scenario; every scenario ends with one chunk `after <word>` and
 test can tell that nothing after the bad item was lost.
 
   env                    one chunk: the agent's whole environment as a JSON object
-  whoami                 one chunk: {"uid", "gid", "groups", "cwd", "home"} as JSON
+  whoami                 one chunk: {"uid", "gid", "groups", "pid", "cwd", "home"} as JSON
   probe <target>...      one chunk: {target: result} as JSON, where a target is a path (read a
                          file or list a folder), `write:<path>`, `list:<path>`, `read:<path>` or
                          `kill:<pid>` (signal 0), and a result is "ok", "denied", "missing" or
@@ -132,6 +132,7 @@ def run(word: str, args: list[str], text: str) -> None:
                     "uid": os.getuid(),
                     "gid": os.getgid(),
                     "groups": os.getgroups(),
+                    "pid": os.getpid(),
                     "cwd": os.getcwd(),
                     "home": os.path.expanduser("~"),
                 }
