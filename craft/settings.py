@@ -276,6 +276,24 @@ CRAFT_K8S_READY_TIMEOUT = env_float("CRAFT_K8S_READY_TIMEOUT", 180.0, minimum=1.
 CRAFT_K8S_POLL_INTERVAL = env_float("CRAFT_K8S_POLL_INTERVAL", 0.5, minimum=0.05)
 CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT", 20.0, minimum=1.0)
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
+# Addresses sandbox pods may not reach (their NetworkPolicy): private, shared, link-local (cloud
+# metadata) and loopback ranges, where the cluster's pods, services and API server live. Add a
+# Kubernetes API endpoint with a public address here.
+CRAFT_K8S_EGRESS_BLOCKED = env_list(
+    "CRAFT_K8S_EGRESS_BLOCKED",
+    [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "169.254.0.0/16",
+        "127.0.0.0/8",
+        "0.0.0.0/8",
+        "fc00::/7",
+        "fe80::/10",
+        "::1/128",
+    ],
+)
 
 # Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
 # in production: they let anyone signed in disturb the service.
