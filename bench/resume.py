@@ -62,7 +62,7 @@ def time_resume(url: str, cookie: str, session_id: str, events: int) -> float:
     ws = websocket.create_connection(
         f"{url.replace('http', 'ws')}/ws/sessions/{session_id}/",
         header=[f"Cookie: {cookie}"],
-        origin="http://127.0.0.1",
+        origin=url,  # the app's own origin: scheme, host and port
         timeout=30,
     )
     try:
