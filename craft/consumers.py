@@ -101,6 +101,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
         except ValueError:
             await self.send_error("bad_json", "the frame is not valid JSON")
             return
+        except RecursionError:
+            await self.send_error("bad_json", "the frame is nested too deeply")
+            return
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             await self.send_error("bad_frame", "a frame is a JSON object with a string 'type'")
             return
