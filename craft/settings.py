@@ -155,6 +155,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Outside the rest, so that it sees every error Django makes under /api/ (see the module).
+    "craft.api_errors.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -229,6 +231,7 @@ WHITENOISE_USE_FINDERS = True
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SESSION_COOKIE_HTTPONLY = True
+CSRF_FAILURE_VIEW = "craft.api_errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 
 LOGGING = {
