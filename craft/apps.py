@@ -7,6 +7,7 @@ class CraftConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import eventlog, live
+        from . import account_sockets, eventlog, live
 
         eventlog.add_listener(live.ring)
+        account_sockets.connect_signals()

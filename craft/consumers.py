@@ -19,6 +19,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from . import services
+from .account_sockets import FollowsAccount
 from .db import db_sync_to_async
 from .eventlog import events_after
 from .live import session_group
@@ -52,7 +53,7 @@ def event_frame(event: Event) -> dict[str, Any]:
     return {"type": "event", "seq": event.seq, "kind": event.kind, "data": event.data}
 
 
-class SessionConsumer(AsyncWebsocketConsumer):
+class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     session_id: UUID
     sent_seq: int | None  # None until the client resumes: no events before that
 
@@ -69,6 +70,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if session is None:
             await self.accept()
             await self.close(code=CLOSE_FORBIDDEN)
+            return
+        # Sign-out, a password change or deactivation closes the socket (4401) from now on.
+        if not await self.follow_account(user):
+            await self.accept()
+            await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.group = session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -89,6 +95,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         # The turn goes on: only `cancel` stops it.
+        await self.unfollow_account()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
