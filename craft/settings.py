@@ -118,6 +118,25 @@ def env_agent_env(name: str) -> dict[str, str | None]:
     return entries
 
 
+def env_proxy_header(name: str) -> tuple[str, str] | None:
+    """Return Django's SECURE_PROXY_SSL_HEADER from `Header-Name=value`, or None when unset.
+
+    `X-Forwarded-Proto=https` means: a request is secure when that header says https. Set it
+    only behind a proxy that always sets (or strips) that header, or clients can forge it.
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    header, _, value = raw.partition("=")
+    header, value = header.strip(), value.strip()
+    if not re.fullmatch(r"[A-Za-z0-9-]+", header) or not value:
+        raise ImproperlyConfigured(
+            f"{name} must look like X-Forwarded-Proto=https (a header, '=', its secure value), "
+            f"got {raw!r}"
+        )
+    return "HTTP_" + header.upper().replace("-", "_"), value
+
+
 def env_choice(name: str, default: str, choices: set[str]) -> str:
     """Return a variable that must be one of `choices`."""
     value = os.environ.get(name, default).strip()
@@ -228,8 +247,18 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 WHITENOISE_USE_FINDERS = True
 
+# HTTPS (see docs/deployment.md). Production defaults assume the site is served over HTTPS
+# only: secure cookies, a redirect of plain HTTP, and HSTS for a year.
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+# Off unless asked: anyone may submit a domain that sends `preload` to the browsers' preload
+# list, and leaving it takes months. check --deploy's reminder (W021) is silenced meanwhile.
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
+SECURE_PROXY_SSL_HEADER = env_proxy_header("DJANGO_SECURE_PROXY_SSL_HEADER")
 SESSION_COOKIE_HTTPONLY = True
 CSRF_FAILURE_VIEW = "craft.api_errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
