@@ -234,6 +234,7 @@ class UidPool:
             uid = self._free_uid(exclude=folder)
             user = SandboxUser(uid, uid)
             chown_tree(folder, user)
+            folder.chmod(0o700)
             logger.info("sandbox folder %s now belongs to uid %d", folder.name, uid)
             return user
 
@@ -283,12 +284,64 @@ def chown_tree(folder: Path, user: SandboxUser) -> None:
             os.chown(os.path.join(parent, name), user.uid, user.gid, follow_symlinks=False)
 
 
-def make_private_folder(folder: Path, user: SandboxUser | None) -> None:
-    """Create `folder` (if missing) with mode 0700, owned by `user` when there is one."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if user is not None:
-        os.chown(folder, user.uid, user.gid, follow_symlinks=False)
-        folder.chmod(0o700)
+# Everything below a sandbox's folder belongs to the sandbox, which may have swapped any of it
+# for a symbolic link (to /etc, to another sandbox) to make the server create, chown, chmod or
+# delete something elsewhere. So the server works below a sandbox's folder only through
+# folder file descriptors opened with O_NOFOLLOW, never by path.
+FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def private_folder(sandbox_folder: Path, parts: tuple[str, ...], user: SandboxUser | None) -> None:
+    """Create `sandbox_folder/parts...`, each 0700 and owned by `user`, following no link.
+
+    Raise SandboxError when one of them is not a folder (a link, a file).
+    """
+    fd = os.open(sandbox_folder, FOLDER)  # in the root-owned sandbox root: the sandbox's own
+    try:
+        for name in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=fd)
+            try:
+                next_fd = os.open(name, FOLDER | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                where = "/".join(parts)
+                raise SandboxError(
+                    f"the sandbox's {where} is not a folder ({exc.strerror})"
+                ) from exc
+            os.close(fd)
+            fd = next_fd
+            if user is not None:
+                os.fchown(fd, user.uid, user.gid)
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def remove_private_folder(sandbox_folder: Path, parts: tuple[str, ...]) -> None:
+    """Remove `sandbox_folder/parts...` and what it holds, following no link (gone is fine)."""
+    try:
+        fd = os.open(sandbox_folder, FOLDER)
+    except FileNotFoundError:
+        return
+    try:
+        for name in parts[:-1]:
+            try:
+                next_fd = os.open(name, FOLDER | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                return  # missing, or a link: nothing of ours to remove there
+            os.close(fd)
+            fd = next_fd
+        name = parts[-1]
+        try:
+            is_folder = stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            return
+        if is_folder:
+            shutil.rmtree(name, dir_fd=fd, ignore_errors=True)  # fd-based: follows no link
+        else:
+            os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def close_server_files(root: Path) -> None:

@@ -213,7 +213,7 @@ class LocalBackend:
             root.mkdir(mode=0o700, parents=True, exist_ok=True)
             user = self._user(sandbox)
             for folder in ("sessions", "home", "tmp"):
-                containment.make_private_folder(root / folder, user)
+                containment.private_folder(root, (folder,), user)
             root.chmod(0o700)
         except OSError as exc:
             raise SandboxError(f"cannot create sandbox folder: {exc}") from exc
@@ -227,15 +227,15 @@ class LocalBackend:
         return str(self._workspace(sandbox, session_id))
 
     def create_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
+        parts = ("sessions", str(UUID(str(session_id))))
         try:
-            containment.make_private_folder(
-                self._workspace(sandbox, session_id), self._user(sandbox)
-            )
+            containment.private_folder(self._root(sandbox), parts, self._user(sandbox))
         except OSError as exc:
             raise SandboxError(f"cannot create session workspace: {exc}") from exc
 
     def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
-        shutil.rmtree(self._workspace(sandbox, session_id), ignore_errors=True)
+        parts = ("sessions", str(UUID(str(session_id))))
+        containment.remove_private_folder(self._root(sandbox), parts)
 
     def start_agent(self, sandbox: Sandbox, session_id: UUID) -> LocalAgentProcess:
         root = self._root(sandbox)
@@ -246,8 +246,11 @@ class LocalBackend:
         if user is not None:
             containment.close_server_files(self.sandbox_root)
         tools = self.tools
-        for folder in ("home", "tmp"):  # sandboxes from before these existed get them now
-            containment.make_private_folder(root / folder, user)
+        # Checked without following links, and created for sandboxes from before they existed.
+        # (Popen's chdir into the workspace would follow a link swapped in after this check,
+        # but gives nothing: the agent's rights on whatever it lands in are checked as its own.)
+        for parts in (("home",), ("tmp",), ("sessions", workspace.name)):
+            containment.private_folder(root, parts, user)
         self._install_tools()
         env = containment.agent_environment(root, tools, user)
         argv = resolve_command(list(settings.CRAFT_AGENT_COMMAND), env["PATH"])

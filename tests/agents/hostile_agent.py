@@ -10,6 +10,9 @@ test can tell that nothing after the bad item was lost.
                          file or list a folder), `write:<path>`, `list:<path>`, `read:<path>` or
                          `kill:<pid>` (signal 0), and a result is "ok", "denied", "missing" or
                          "error: <errno name>"
+  link <path> <target>   replace <path> (a file or folder the agent owns) with a symbolic link
+                         to <target>, to turn the server's own work there against it; one
+                         chunk: "linked" or the error
   surrogate              a chunk and a tool call title holding a lone UTF-16 surrogate
   nul                    a chunk holding a NUL character
   hugekind [n=100000]    an update whose sessionUpdate is n characters long
@@ -108,6 +111,18 @@ def probe_one(target: str) -> str:
     return "ok"
 
 
+def swap_for_link(path: str, target: str) -> str:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rename(path, f"{path}.moved-away")
+        elif os.path.lexists(path):
+            os.unlink(path)
+        os.symlink(target, path)
+    except OSError as exc:
+        return f"error: {exc}"
+    return "linked"
+
+
 def ask_permission(params: object) -> object:
     """Send a permission request and wait for its answer (other lines are ignored meanwhile)."""
     send(
@@ -140,6 +155,8 @@ def run(word: str, args: list[str], text: str) -> None:
         )
     elif word == "probe":
         chunk(json.dumps({target: probe_one(target) for target in args}))
+    elif word == "link":
+        chunk(swap_for_link(*args[:2]))
     elif word == "surrogate":
         chunk("half an emoji: \ud83d")
         update(

@@ -205,6 +205,7 @@ def test_a_sandbox_from_before_sandbox_users_is_adopted(settings, machine, owner
     session = craft_services.open_session(owner, "older")
     folder = Path(session.sandbox.reference)
     (folder / "sessions" / str(session.pk) / "old.txt").write_text("from before")
+    folder.chmod(0o755)  # as earlier versions made it
     assert folder.stat().st_uid == 0
 
     contain(settings, "on")
@@ -212,6 +213,7 @@ def test_a_sandbox_from_before_sandbox_users_is_adopted(settings, machine, owner
     uid = ask(connection, "whoami")["uid"]
     assert uid >= settings.CRAFT_SANDBOX_UID_BASE
     assert {p.stat().st_uid for p in [folder, *folder.rglob("*")]} == {uid}
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
 @needs_root
@@ -226,6 +228,31 @@ def test_an_agent_command_sandbox_users_cannot_run_is_refused_clearly(settings, 
     session = craft_services.open_session(owner, "unrunnable")
     with pytest.raises(SandboxError, match="cannot be run by sandbox users"):
         get_backend().start_agent(session.sandbox, session.pk)
+
+
+@needs_root
+@pytest.mark.parametrize("swapped", ["home", "sessions"])
+def test_a_folder_an_agent_swapped_for_a_link_does_not_turn_the_servers_work_elsewhere(
+    settings, machine, owner, swapped
+):
+    contain(settings, "on")
+    session, agent = open_agent(owner)
+    elsewhere = machine / "elsewhere"  # root's, as /etc would be
+    (elsewhere / str(session.pk)).mkdir(parents=True)
+    elsewhere.chmod(0o755)
+    before = sorted(p.name for p in elsewhere.iterdir()), elsewhere.stat()
+    link = Path(session.sandbox.reference) / swapped
+    assert run_turn(agent, f"link {link} {elsewhere}")[0].data["content"]["text"] == "linked"
+
+    # What the server does in a sandbox's folder: new workspaces, agent starts, removals.
+    with pytest.raises((SandboxError, craft_services.SessionError), match="not a folder"):
+        second = craft_services.open_session(owner, "second")
+        services.connect_agent(second.sandbox, second.pk)
+    services.remove_session_workspace(session.sandbox, session.pk)
+
+    after = sorted(p.name for p in elsewhere.iterdir()), elsewhere.stat()
+    assert after[0] == before[0]
+    assert (after[1].st_uid, after[1].st_mode) == (before[1].st_uid, before[1].st_mode)
 
 
 # --- when sandbox users cannot be had -------------------------------------------------------
