@@ -91,3 +91,25 @@ async def test_session_updates_with_list_params_do_not_end_the_agent(session, co
             pids.append(json.loads(texts[0])["pid"])
     assert pids[0] == pids[1]  # the same agent process lived through it
     await comm.disconnect()
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["listparams", "badresponse", "deep", "malformed", "permission-none", "permission-badparams"],
+)
+async def test_after_a_malformed_agent_message_the_turn_ends_whole_and_replays(
+    session, cookie, hostile, scenario
+):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "bad", "text": scenario})
+    live = await receive_until(comm, is_turn_end)
+    assert live[-1]["data"] == {"stop_reason": "end_turn"}
+    assert chunk_texts(live)[-1] == f"after {scenario}"  # nothing after the bad item is lost
+    await comm.disconnect()
+    # Another browser resumes from the start and sees exactly what the first one saw.
+    comm, hello = await open_socket(session.pk, cookie)
+    assert hello["last_seq"] == live[-1]["seq"]
+    await comm.send_json_to({"type": "resume", "after": 0})
+    assert await receive_until(comm, is_turn_end) == live
+    await comm.disconnect()
