@@ -24,6 +24,7 @@ import fcntl
 import logging
 import os
 import pwd
+import shlex
 import shutil
 import stat
 import sys
@@ -376,23 +377,28 @@ def _restrict(path: Path, mode: int) -> None:
 def install_demo_agent(tools: Path, python: str) -> Path:
     """Install the bundled demo agent as `craft-demo-agent` in `tools`, runnable by all.
 
-    The same file the sandbox image ships (sandboxes/demo_agent.py, standard library only),
-    run by `python` in isolated mode. Rewritten only when it changed; atomically, so another
-    process may be starting it meanwhile.
+    As the sandbox image does: a copy of sandboxes/demo_agent.py (standard library only) and
+    a shell wrapper that runs it with `python` in isolated mode. Files are rewritten only when
+    they changed, and atomically, so another process may be starting the agent meanwhile.
     """
     source = Path(__file__).resolve().parent.parent / "demo_agent.py"
-    content = f"#!{python} -I\n".encode() + source.read_bytes()
-    target = tools / DEMO_AGENT
+    script = tools / "demo_agent.py"
+    wrapper = f'#!/bin/sh\nexec {shlex.quote(python)} -I {shlex.quote(str(script))} "$@"\n'
     tools.mkdir(parents=True, exist_ok=True)
     tools.chmod(0o755)
     tools.parent.chmod(0o755)
+    _install(script, source.read_bytes(), 0o644)
+    return _install(tools / DEMO_AGENT, wrapper.encode(), 0o755)
+
+
+def _install(target: Path, content: bytes, mode: int) -> Path:
     try:
-        if target.read_bytes() == content:
+        if target.read_bytes() == content and stat.S_IMODE(target.stat().st_mode) == mode:
             return target
     except OSError:
         pass
-    staging = tools / f".{DEMO_AGENT}.{os.getpid()}"
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
     staging.write_bytes(content)
-    staging.chmod(0o755)
+    staging.chmod(mode)
     os.replace(staging, target)
     return target

@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -253,6 +255,15 @@ def test_a_folder_an_agent_swapped_for_a_link_does_not_turn_the_servers_work_els
     after = sorted(p.name for p in elsewhere.iterdir()), elsewhere.stat()
     assert after[0] == before[0]
     assert (after[1].st_uid, after[1].st_mode) == (before[1].st_uid, before[1].st_mode)
+
+
+def test_the_installed_demo_agent_runs_from_paths_with_spaces(tmp_path):
+    odd = tmp_path / "a folder with spaces"
+    odd.mkdir()
+    (odd / "python3").symlink_to(sys.executable)
+    wrapper = containment.install_demo_agent(odd / "bin", str(odd / "python3"))
+    result = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == "craft-demo-agent 1.0.0", result.stderr
 
 
 # --- when sandbox users cannot be had -------------------------------------------------------
