@@ -62,8 +62,8 @@ class SandboxUser:
         return f"sandbox-{self.uid}"
 
 
-def agent_environment(sandbox_root: Path, tools: Path, user: SandboxUser | None) -> dict[str, str]:
-    """Return the whole environment of an agent of the sandbox at `sandbox_root`."""
+def agent_environment(sandbox: Path, tools: Path, user: SandboxUser | None) -> dict[str, str]:
+    """Return the whole environment of an agent of the sandbox whose folder is `sandbox`."""
     env = {"LANG": "C.UTF-8", "TERM": "dumb", "SHELL": "/bin/sh"}
     for name, server_value in os.environ.items():
         if name in PASSED_THROUGH or name.startswith("LC_"):
@@ -77,8 +77,8 @@ def agent_environment(sandbox_root: Path, tools: Path, user: SandboxUser | None)
     env["PATH"] = f"{tools}{os.pathsep}{env.get('PATH', SYSTEM_PATH)}"
     login = user.name if user is not None else _server_login()
     env.update(
-        HOME=str(sandbox_root / "home"),
-        TMPDIR=str(sandbox_root / "tmp"),
+        HOME=str(sandbox / "home"),
+        TMPDIR=str(sandbox / "tmp"),
         USER=login,
         LOGNAME=login,
     )
