@@ -40,7 +40,7 @@ def free_port() -> int:
 
 def raise_open_files_limit() -> int:
     """Let this process (and the daphne it starts) hold many sockets; return the new limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
@@ -221,8 +221,8 @@ class Client:
     async def send(self, frame: dict[str, Any]) -> None:
         await self.ws.send_str(json.dumps(frame))
 
-    async def frame(self, timeout: float = 60) -> dict[str, Any]:
-        message = await asyncio.wait_for(self.ws.receive(), timeout)
+    async def frame(self, wait: float = 60) -> dict[str, Any]:
+        message = await asyncio.wait_for(self.ws.receive(), wait)
         if message.data is None or not isinstance(message.data, str):
             raise RuntimeError(f"socket closed: {message}")
         return json.loads(message.data)

@@ -60,7 +60,10 @@ async def run(site: Site, sockets: int = 10_000) -> list[Figure]:
     per_socket = (after - before) / sockets
     return [
         Figure(
-            "idle websocket memory", per_socket, "KiB/socket", f"<= {TARGET_KIB:g} KiB",
+            "idle websocket memory",
+            per_socket,
+            "KiB/socket",
+            f"<= {TARGET_KIB:g} KiB",
             per_socket <= TARGET_KIB and held == sockets,
             f"{held:,} of {sockets:,} held; opened in {opening:.1f} s; "
             f"RSS {before / 1024:.0f} -> {after / 1024:.0f} MiB",

@@ -55,7 +55,10 @@ async def run(site: Site, events: int = 10_000, runs: int = 5) -> list[Figure]:
     ms = median(times) * 1000
     return [
         Figure(
-            f"resume of {events:,} stored events", ms, "ms", f"<= {TARGET_MS:g} ms",
+            f"resume of {events:,} stored events",
+            ms,
+            "ms",
+            f"<= {TARGET_MS:g} ms",
             ms <= TARGET_MS if events == 10_000 else None,
             f"best {min(times) * 1000:.0f} ms, worst {max(times) * 1000:.0f} ms",
         )

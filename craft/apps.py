@@ -5,8 +5,3 @@ class CraftConfig(AppConfig):
     name = "craft"
     verbose_name = "Chat sessions"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self) -> None:
-        from . import eventlog, live
-
-        eventlog.add_listener(live.ring)

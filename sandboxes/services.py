@@ -158,6 +158,11 @@ def connect_agent(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
     return connection
 
 
+def touch_sandbox(sandbox_id: UUID) -> None:
+    """Record that the sandbox is in use now (its idle time starts again)."""
+    Sandbox.objects.filter(pk=sandbox_id).update(last_activity_at=timezone.now())
+
+
 def stop_idle_connections(sandbox: Sandbox | None = None, idle_seconds: float = 0.0) -> int:
     """Stop agent connections without a running turn (of one sandbox, or all)."""
     return agent_connections.stop_idle(sandbox.pk if sandbox else None, idle_seconds)

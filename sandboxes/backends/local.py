@@ -43,6 +43,9 @@ class LocalAgentProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                # Bigger than the default 8 KiB: fewer reads (and GIL hand-overs) per line
+                # of a fast stream. readline still returns each line as soon as it arrives.
+                bufsize=1 << 16,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
