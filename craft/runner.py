@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
-from django.db import close_old_connections
 
 from sandboxes import services as sandbox_services
 from sandboxes.acp import (
@@ -43,6 +42,7 @@ from sandboxes.acp import (
     TurnItem,
     Update,
 )
+from sandboxes.models import Sandbox
 
 from .db import db_sync_to_async
 from .eventlog import writer
@@ -65,15 +65,8 @@ agent_threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="craft-age
 
 
 async def in_agent_thread(func: Callable[..., T], *args: Any) -> T:
-    """Run blocking agent work on `agent_threads`, closing any database connection it used."""
-
-    def call() -> T:
-        try:
-            return func(*args)
-        finally:
-            close_old_connections()
-
-    return await asyncio.get_running_loop().run_in_executor(agent_threads, call)
+    """Run blocking agent work on `agent_threads` (which never touch the database)."""
+    return await asyncio.get_running_loop().run_in_executor(agent_threads, func, *args)
 
 
 class Refused(Exception):
@@ -90,12 +83,21 @@ def _prompt_seen(session_id: UUID, client_id: str) -> bool:
     return Event.objects.filter(session_id=session_id, client_id=client_id).exists()
 
 
-def _connect(session_id: UUID) -> tuple[AgentConnection, UUID]:
+@db_sync_to_async
+def _running_sandbox(session_id: UUID) -> Sandbox:
+    """Return the session's sandbox, checked to be running (raises SandboxUnavailable)."""
     session = Session.objects.select_related("sandbox").get(pk=session_id)
-    connection = sandbox_services.connect_agent(session.sandbox, session.pk)
-    if connection.agent_session_id and connection.agent_session_id != session.agent_session_id:
-        Session.objects.filter(pk=session.pk).update(agent_session_id=connection.agent_session_id)
-    return connection, session.sandbox_id
+    sandbox_services.require_running(session.sandbox)
+    return session.sandbox
+
+
+@db_sync_to_async
+def _record_start(session_id: UUID, sandbox_id: UUID, agent_session_id: str | None) -> None:
+    sandbox_services.touch_sandbox(sandbox_id)
+    if agent_session_id:
+        Session.objects.filter(pk=session_id).exclude(agent_session_id=agent_session_id).update(
+            agent_session_id=agent_session_id
+        )
 
 
 @db_sync_to_async
@@ -309,7 +311,14 @@ class SessionRunner:
                 await db_sync_to_async(sandbox_services.touch_sandbox)(self._sandbox_id)
             return cached
         self.connection = None
-        connection, self._sandbox_id = await in_agent_thread(_connect, self.session_id)
+        # Database work on the database threads, the agent's start on an agent thread: a
+        # start that takes seconds holds no database connection.
+        sandbox = await _running_sandbox(self.session_id)
+        connection = await in_agent_thread(
+            sandbox_services.agent_connection, sandbox, self.session_id
+        )
+        self._sandbox_id = sandbox.pk
+        await _record_start(self.session_id, sandbox.pk, connection.agent_session_id)
         self._active_at = time.monotonic()
         inbox = Inbox(asyncio.get_running_loop(), self._store_late_updates)
         connection.idle_sink = inbox.put
