@@ -8,7 +8,7 @@ PORT ?= 8000
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test lint format venv dev-venv browser migrate clean
+.PHONY: run test bench lint format venv dev-venv browser migrate clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ format: dev-venv
 
 test: dev-venv browser lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The benchmarks of bench/ as one table (SQLite; BENCH_DATABASE_URL=postgres://... for PostgreSQL).
+bench: dev-venv browser
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -21,15 +21,17 @@ from __future__ import annotations
 import functools
 import logging
 from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.auth import get_user
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.contrib.auth import get_user_model, user_logged_out
+from django.contrib.auth import get_user, get_user_model, user_logged_out
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save, pre_save
+
+from .db import readers
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +72,7 @@ class FollowsAccount:
         session = self.scope.get("session")
         self.session_key = session.session_key if session is not None else None
         await self.channel_layer.group_add(self.account_group, self.channel_name)
-        # A fresh read of the session: the handshake's copy would not show a sign-out.
-        store = import_module(settings.SESSION_ENGINE).SessionStore(self.session_key)
-        current = await get_user({**self.scope, "session": store})
+        current = await readers.run(_signed_in_user, self.session_key)
         return bool(current.is_authenticated and current.pk == user.pk)
 
     async def unfollow_account(self) -> None:
@@ -82,6 +82,13 @@ class FollowsAccount:
     async def account_closed(self, message: dict[str, Any]) -> None:
         if message.get("session_key") in (None, self.session_key):
             await self.close(code=CLOSE_SIGNED_OUT)  # type: ignore[attr-defined]
+
+
+def _signed_in_user(session_key: str | None) -> Any:
+    """Return who a browser session is signed in as now, by Django's own checks (a fresh read:
+    the handshake's copy of the session would not show a sign-out)."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    return get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]
 
 
 def _after_commit(user_id: Any, session_key: str | None = None) -> None:

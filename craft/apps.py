@@ -7,7 +7,6 @@ class CraftConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import account_sockets, eventlog, live
+        from . import account_sockets
 
-        eventlog.add_listener(live.ring)
         account_sockets.connect_signals()

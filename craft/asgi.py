@@ -9,17 +9,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "craft.settings")
 # Django must be set up before anything imports models (the routing below does).
 django_application = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from craft.origins import OriginCheck  # noqa: E402
 from craft.routing import websocket_urlpatterns  # noqa: E402
+from craft.wsauth import SessionAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_application,
         # The Origin check (scheme, host and port) is the cross-site websocket hijacking
         # protection: keep it.
-        "websocket": OriginCheck(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": OriginCheck(SessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -1,29 +1,30 @@
 """The session websocket (API v1, see docs/websocket-api.md).
 
 The consumer authenticates, authorises, and hands each frame to the session's runner; it
-never runs a turn itself. Events reach the browser from the database: after `resume` the
-consumer sends every stored event after the client's seq, then whatever the doorbell
-announces, always continuing from the last seq it sent. A consumer handles one message at a
-time, so a doorbell that rings during a replay is handled after it, and finds only the events
-the replay did not already send: no gap, no duplicate.
+never runs a turn itself. Events reach the browser in seq order, each once: after `resume` the
+consumer reads every stored event after the client's seq from the database, then follows the
+session live. The live layer hands it each committed batch with its frames already encoded;
+the consumer sends whatever continues from the last seq it sent, and reads the database again
+whenever it finds a gap. One task (`_pump`) does all the sending, so frames never interleave.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections import deque
 from typing import Any
 from uuid import UUID
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from . import services
+from . import live, services
 from .account_sockets import FollowsAccount
 from .db import db_sync_to_async
-from .eventlog import events_after
-from .live import session_group
-from .models import Event, Session
+from .eventlog import frames_after
+from .models import Session
 from .runner import Refused, runners
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ logger = logging.getLogger(__name__)
 # Close codes (4000-4999 are for applications).
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
-REPLAY_PAGE = 500
+REPLAY_PAGE = 2000
+# While sending a long run of frames, let the event loop (and other sockets) in this often.
+YIELD_EVERY = 256
 
 
 @db_sync_to_async
@@ -40,27 +43,22 @@ def _owned_session(user: Any, session_id: UUID) -> Session | None:
 
 
 @db_sync_to_async
-def _last_seq(session_id: UUID) -> int:
-    return Session.objects.filter(pk=session_id).values_list("last_seq", flat=True).first() or 0
-
-
-@db_sync_to_async
-def _events_after(session_id: UUID, seq: int) -> list[Event]:
-    return events_after(session_id, seq, limit=REPLAY_PAGE)
-
-
-def event_frame(event: Event) -> dict[str, Any]:
-    return {"type": "event", "seq": event.seq, "kind": event.kind, "data": event.data}
+def _frames_after(session_id: UUID, seq: int) -> list[tuple[int, str]]:
+    return frames_after(session_id, seq, limit=REPLAY_PAGE)
 
 
 class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     session_id: UUID
-    sent_seq: int | None  # None until the client resumes: no events before that
+    sent_seq: int | None = None  # None until the client resumes: no events before that
+    _known_seq = 0  # the highest seq known to be stored
+    _backlog: deque[tuple[int, list[str]]] | None = None  # (first seq, frames) not sent yet
+    _catch_up = False  # read the database after sent_seq before using the backlog
+    _pump: asyncio.Task[None] | None = None
+    _following = False
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
-        self.sent_seq = None
         # Accept first: a close code only reaches the client on an accepted websocket.
         if user is None or not user.is_authenticated:
             await self.accept()
@@ -76,8 +74,10 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        self.group = session_group(self.session_id)
+        self.group = live.session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        live.follow(self.session_id, self)
+        self._following = True
         await self.accept()
         await self.send_json(
             {
@@ -96,6 +96,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         # The turn goes on: only `cancel` stops it.
         await self.unfollow_account()
+        if self._following:
+            live.unfollow(self.session_id, self)
+            self._following = False
+        if self._pump is not None:
+            self._pump.cancel()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -146,8 +151,14 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         after = frame.get("after", 0)
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise Refused("bad_frame", "resume needs 'after': a non-negative integer")
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
+            self._pump = None
         self.sent_seq = after
-        await self.send_new_events()
+        self._backlog = None
+        self._catch_up = True
+        self._start_pump()
 
     handlers = {
         "prompt": handle_prompt,
@@ -156,29 +167,73 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         "resume": handle_resume,
     }
 
-    # --- channel layer messages -------------------------------------------------------------
+    # --- live events --------------------------------------------------------------------------
+
+    def deliver(self, first_seq: int, last_seq: int, frames: list[str] | None) -> None:
+        """Take a committed batch (from the live layer, on the event loop) and send it."""
+        if self.sent_seq is None or last_seq <= self.sent_seq:
+            return
+        self._known_seq = max(self._known_seq, last_seq)
+        if frames is None:
+            self._catch_up = True
+        else:
+            if self._backlog is None:
+                self._backlog = deque()
+            self._backlog.append((first_seq, frames))
+        self._start_pump()
 
     async def events_available(self, message: dict[str, Any]) -> None:
-        if self.sent_seq is not None and message["last_seq"] > self.sent_seq:
-            await self.send_new_events()
+        """Another process stored events (the channel-layer doorbell): read them."""
+        if message.get("origin") != live.PROCESS_ID:
+            self.deliver(message["last_seq"], message["last_seq"], None)
 
     async def test_drop(self, message: dict[str, Any]) -> None:
         """Close the socket as a network failure would (test hook, see craft.testhooks)."""
         if settings.CRAFT_TEST_HOOKS:
             await self.close(code=4000)
 
-    # --- helpers ----------------------------------------------------------------------------
+    def _start_pump(self) -> None:
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.get_running_loop().create_task(self._send_pending())
 
-    async def send_new_events(self) -> None:
-        """Send every stored event after `sent_seq`, in order, advancing `sent_seq`."""
+    async def _send_pending(self) -> None:
+        """Send every event after `sent_seq` that is known to be stored, in order."""
         assert self.sent_seq is not None
         while True:
-            events = await _events_after(self.session_id, self.sent_seq)
-            for event in events:
-                await self.send_json(event_frame(event))
-                self.sent_seq = event.seq
-            if len(events) < REPLAY_PAGE:
+            if self._catch_up:
+                self._catch_up = False
+                rows = await _frames_after(self.session_id, self.sent_seq)
+                await self._send_frames(rows)
+                if len(rows) == REPLAY_PAGE:
+                    self._catch_up = True
+                elif not rows and not self._backlog:
+                    self._known_seq = self.sent_seq  # nothing more is stored (session gone)
+                continue
+            backlog = self._backlog
+            while backlog and backlog[0][0] + len(backlog[0][1]) - 1 <= self.sent_seq:
+                backlog.popleft()
+            if not backlog:
+                if self.sent_seq < self._known_seq:
+                    self._catch_up = True
+                    continue
                 return
+            first, frames = backlog[0]
+            if first > self.sent_seq + 1:
+                self._catch_up = True  # a gap: the database has what is missing
+                continue
+            backlog.popleft()
+            skip = self.sent_seq + 1 - first
+            await self._send_frames([(first + i, frames[i]) for i in range(skip, len(frames))])
+
+    async def _send_frames(self, rows: list[tuple[int, str]]) -> None:
+        send = self.base_send
+        for count, (seq, frame) in enumerate(rows, 1):
+            await send({"type": "websocket.send", "text": frame})
+            self.sent_seq = seq
+            if count % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+
+    # --- helpers ----------------------------------------------------------------------------
 
     async def send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content, ensure_ascii=False))

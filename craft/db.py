@@ -1,36 +1,111 @@
-"""Run ORM work from the event loop without leaking database connections."""
+"""Database work for event-loop code: a few threads that keep their connections open.
+
+Django connections belong to the thread that opened them. asgiref's `sync_to_async` runs
+every call of every consumer on one shared thread and Channels' wrapper closes the connection
+after each call; a connect per call (milliseconds on PostgreSQL) on one thread for the whole
+process is what made storage the bottleneck. Instead, event-loop code awaits
+`db_sync_to_async` functions, which run on `readers`: a fixed set of threads, each holding its
+own connection for as long as it lives (closed only after an error, or by `stop()`). The event
+log's writer is a thread of the same kind (see `craft.eventlog`).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
+import queue
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from channels.db import database_sync_to_async
-from django.db import close_old_connections
+from django.db import connections
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_STOP = object()
 
 
-def db_sync_to_async(func: Callable[..., T] | None = None, *, thread_sensitive: bool = True) -> Any:
-    """Wrap a blocking ORM function so that event-loop code can await it.
+def close_broken_connections() -> None:
+    """Close this thread's connections that an error left unusable (the next call reopens)."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
 
-    Like Channels' `database_sync_to_async`, but the connection cleanup runs inside the call's
-    own context. asgiref runs the function in a copy of the caller's context, and Django keeps
-    connections in context-local storage, so a cleanup outside that copy (which is what
-    `database_sync_to_async` does) can miss the connection the function opened; it then stays
-    open in the caller's context. `thread_sensitive=False` runs the call in a pool thread,
-    for work that can take long (starting an agent) and must not hold Django's sync thread.
+
+class DatabaseThreads:
+    """A fixed set of threads that run blocking database calls, keeping their connections.
+
+    Started on first use; `stop()` closes their connections and ends them (the next call
+    starts them again).
     """
 
-    def wrap(inner: Callable[..., T]) -> Any:
-        @functools.wraps(inner)
-        def closing(*args: Any, **kwargs: Any) -> T:
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                close_old_connections()
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
-        return database_sync_to_async(closing, thread_sensitive=thread_sensitive)
+    def submit(self, func: Callable[..., T], *args: Any) -> Future[T]:
+        future: Future[T] = Future()
+        self._ensure_started()
+        self._jobs.put((future, func, args))
+        return future
 
-    return wrap(func) if func is not None else wrap
+    async def run(self, func: Callable[..., T], *args: Any) -> T:
+        return await asyncio.wrap_future(self.submit(func, *args))
+
+    def stop(self) -> None:
+        """Close the threads' connections and end them; wait until they are gone."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._jobs.put(_STOP)
+        for thread in threads:
+            thread.join(10)
+
+    def _ensure_started(self) -> None:
+        if len(self._threads) == self.size:
+            return
+        with self._lock:
+            while len(self._threads) < self.size:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+
+    def _work(self) -> None:
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is _STOP:
+                    return
+                future, func, args = job
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    result = func(*args)
+                except BaseException as exc:
+                    close_broken_connections()
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+        finally:
+            connections.close_all()
+
+
+readers = DatabaseThreads("craft-db", 4)
+
+
+def db_sync_to_async(func: Callable[..., T]) -> Callable[..., Any]:
+    """Wrap a blocking ORM function so that event-loop code can await it (on `readers`)."""
+
+    @functools.wraps(func)
+    async def call(*args: Any, **kwargs: Any) -> T:
+        return await readers.run(functools.partial(func, *args, **kwargs))
+
+    return call

@@ -2,70 +2,308 @@
 
 Seq numbers come from `Session.last_seq`, bumped with an UPDATE before the rows are inserted:
 the UPDATE takes the row's write lock (PostgreSQL) or the database write lock (SQLite), so two
-writers on one session are serialised and can never hand out the same number. Listeners are
-told only after commit (`on_commit`), and the notice carries only the seq range: the database,
-not the channel layer, is the record.
+writers on one session are serialised and can never hand out the same number. Listeners hear
+about events only after commit, and the database, not the channel layer, is the record.
+
+Two ways in:
+
+* `append_events` stores in the caller's thread and transaction (views, commands, tests).
+* `writer.append` is how event-loop code stores: one thread per process commits whatever every
+  session has queued, in one transaction per batch (a group commit). A session's events are
+  queued in the order they happened, so seqs follow that order. After commit the writer hands
+  each batch's frames, already encoded, to the live layer, which sends them to this process's
+  sockets without reading them back.
+
+Rows are written with one prepared INSERT per batch rather than through model instances: this
+is the hot path of every streamed token. Values go through `craft.normalise` first, so every
+stored event can be replayed and rendered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Sequence
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache, partial
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
+from . import live
+from .db import close_broken_connections
 from .models import Event, Session
+from .normalise import encode_event, event_frame, event_json
 
 logger = logging.getLogger(__name__)
 
-# Called after commit with (session id, last stored seq). Set by the live layer.
-_listeners: list[Callable[[UUID, int], None]] = []
+# A batch stops growing at this many events, so one commit never holds everyone for long.
+BATCH_EVENTS = 2_000
 
 
-def add_listener(listener: Callable[[UUID, int], None]) -> None:
-    if listener not in _listeners:
-        _listeners.append(listener)
+@dataclass(slots=True)
+class Stored:
+    """What one append stored: seqs `first_seq`..`last_seq` and their websocket frames."""
+
+    first_seq: int
+    last_seq: int
+    frames: list[str]
 
 
-def append_events(session_id: UUID, events: Sequence[tuple[str, dict[str, Any]]]) -> list[Event]:
-    """Store events for a session in order, with consecutive seq numbers, in one transaction.
+def _encode(events: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    return [pair for kind, data in events for pair in encode_event(kind, data)]
 
-    Returns the stored events. Listeners hear about them after the transaction commits.
-    """
-    if not events:
-        return []
-    now = timezone.now()
-    with transaction.atomic():
-        updated = Session.objects.filter(pk=session_id).update(
-            last_seq=F("last_seq") + len(events), updated_at=now
+
+# Rows per INSERT statement on SQLite: one statement for many rows is about twice as fast as
+# one per row (each row would also release and retake the GIL). PostgreSQL gets COPY instead:
+# Django's client-side binding would re-parse a long multi-row statement on every call.
+INSERT_ROWS = 100
+_COLUMNS = "(session_id, seq, kind, data, client_id, created_at)"
+
+
+@lru_cache(maxsize=128)
+def _insert_sql(rows: int) -> str:
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
+    return f"INSERT INTO {Event._meta.db_table} {_COLUMNS} VALUES {values}"
+
+
+def _insert_rows(cursor: Any, rows: list[tuple[Any, ...]]) -> None:
+    if connection.vendor == "postgresql":
+        with cursor.cursor.copy(f"COPY {Event._meta.db_table} {_COLUMNS} FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        return
+    for start in range(0, len(rows), INSERT_ROWS):
+        chunk = rows[start : start + INSERT_ROWS]
+        cursor.execute(_insert_sql(len(chunk)), [v for row in chunk for v in row])
+
+
+def _insert(
+    session_id: UUID, encoded: list[tuple[str, str]], client_id: str | None, now: datetime
+) -> Stored:
+    """Number and insert encoded events of one session; the caller holds a transaction."""
+    pk = Session._meta.pk.get_db_prep_value(session_id, connection)
+    created = Event._meta.get_field("created_at").get_db_prep_value(now, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Session._meta.db_table} SET last_seq = last_seq + %s, updated_at = %s "
+            "WHERE id = %s RETURNING last_seq",
+            [len(encoded), created, pk],
         )
-        if updated != 1:
+        row = cursor.fetchone()
+        if row is None:
             raise Session.DoesNotExist(f"session {session_id} does not exist")
-        last = Session.objects.filter(pk=session_id).values_list("last_seq", flat=True).get()
-        first = last - len(events) + 1
+        last = int(row[0])
+        first = last - len(encoded) + 1
         rows = [
-            Event(session_id=session_id, seq=first + i, kind=kind, data=data, created_at=now)
-            for i, (kind, data) in enumerate(events)
+            (pk, first + i, kind, text, client_id if i == 0 else None, created)
+            for i, (kind, text) in enumerate(encoded)
         ]
-        Event.objects.bulk_create(rows)
-        transaction.on_commit(lambda: _notify(session_id, last))
-    return rows
+        _insert_rows(cursor, rows)
+    frames = [event_frame(first + i, kind, text) for i, (kind, text) in enumerate(encoded)]
+    return Stored(first, last, frames)
 
 
-def append_event(session_id: UUID, kind: str, data: dict[str, Any]) -> Event:
-    return append_events(session_id, [(kind, data)])[0]
+def _prompt_stored(session_id: UUID, client_id: str) -> bool:
+    return Event.objects.filter(session_id=session_id, client_id=client_id).exists()
 
 
-def _notify(session_id: UUID, last_seq: int) -> None:
-    for listener in _listeners:
+def append_events(
+    session_id: UUID,
+    events: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    client_id: str | None = None,
+) -> Stored | None:
+    """Store events for a session in order, with consecutive seqs, in the caller's thread.
+
+    With `client_id` (a prompt), return None and store nothing if the session already has an
+    event with that id. Listeners hear about the events after the transaction commits.
+    """
+    encoded = _encode(events)
+    if not encoded:
+        return None
+    with transaction.atomic():
+        if client_id is not None and _prompt_stored(session_id, client_id):
+            return None
+        stored = _insert(session_id, encoded, client_id, timezone.now())
+        transaction.on_commit(
+            lambda: live.publish([(session_id, stored.first_seq, stored.last_seq, stored.frames)])
+        )
+    return stored
+
+
+def append_event(session_id: UUID, kind: str, data: dict[str, Any]) -> Stored | None:
+    return append_events(session_id, [(kind, data)])
+
+
+# --- the writer: group commits for event-loop code -----------------------------------------
+
+
+@dataclass(slots=True)
+class _Job:
+    session_id: UUID
+    events: Sequence[tuple[str, dict[str, Any]]]
+    client_id: str | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Stored | None]
+
+
+_STOP = object()
+
+
+class EventWriter:
+    """The process's event writer: one thread, one transaction per batch of queued appends."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    async def append(
+        self,
+        session_id: UUID,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        client_id: str | None = None,
+    ) -> Stored | None:
+        """Store events for a session and wait until they are committed; see append_events."""
+        return await self.submit(session_id, events, client_id=client_id)
+
+    def submit(
+        self,
+        session_id: UUID,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        client_id: str | None = None,
+    ) -> asyncio.Future[Stored | None]:
+        """Queue events for a session; the future resolves on this loop after commit.
+
+        Appends of one session are committed in the order they were submitted, so a caller
+        may submit the next batch before the previous one is committed.
+        """
+        loop = asyncio.get_running_loop()
+        live.hub()  # this loop hears about the commit (and rings other processes) first-hand
+        future: asyncio.Future[Stored | None] = loop.create_future()
+        if self._thread is None:
+            self._start()
+        self._queue.put(_Job(session_id, events, client_id, loop, future))
+        return future
+
+    def stop(self) -> None:
+        """Commit what is queued, close the connection, end the thread."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join(30)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="craft-event-writer", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        from django.db import connections
+
         try:
-            listener(session_id, last_seq)
+            while True:
+                job = self._queue.get()
+                if job is _STOP:
+                    return
+                jobs, stop = [job], False
+                size = len(job.events)
+                while size < BATCH_EVENTS:
+                    try:
+                        job = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is _STOP:
+                        stop = True
+                        break
+                    jobs.append(job)
+                    size += len(job.events)
+                self._commit(jobs)
+                if stop:
+                    return
+        finally:
+            connections.close_all()
+
+    def _commit(self, jobs: list[_Job]) -> None:
+        """Store a batch in one transaction; if it fails, store each job on its own."""
+        outcomes: list[tuple[_Job, Stored | None, BaseException | None]]
+        try:
+            outcomes = [(job, stored, None) for job, stored in self._store(jobs)]
         except Exception:
-            logger.exception("event listener failed for session %s", session_id)
+            close_broken_connections()
+            outcomes = []
+            for job in jobs:
+                try:
+                    ((_, stored),) = self._store([job])
+                except Exception as exc:
+                    logger.warning("storing events of session %s failed: %s", job.session_id, exc)
+                    close_broken_connections()
+                    outcomes.append((job, None, exc))
+                else:
+                    outcomes.append((job, stored, None))
+        self._finish(outcomes)
+
+    def _store(self, jobs: list[_Job]) -> list[tuple[_Job, Stored | None]]:
+        now = timezone.now()
+        # Sessions in a fixed order (a stable sort keeps each session's own order), so that
+        # two processes' writers always lock session rows in the same order.
+        encoded = sorted(((job, _encode(job.events)) for job in jobs), key=_session_key)
+        results: list[tuple[_Job, Stored | None]] = []
+        with transaction.atomic():
+            for job, events in encoded:
+                if not events or (
+                    job.client_id is not None and _prompt_stored(job.session_id, job.client_id)
+                ):
+                    results.append((job, None))
+                else:
+                    results.append((job, _insert(job.session_id, events, job.client_id, now)))
+        return results
+
+    def _finish(self, outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:
+        """Deliver what was stored and resolve the callers' futures, one wake-up per loop."""
+        notices: list[live.Notice] = [
+            (job.session_id, stored.first_seq, stored.last_seq, stored.frames)
+            for job, stored, _ in outcomes
+            if stored is not None
+        ]
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for outcome in outcomes:
+            by_loop.setdefault(outcome[0].loop, []).append(outcome)
+        live.publish(notices, {loop: partial(_settle, items) for loop, items in by_loop.items()})
+
+
+def _settle(outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:
+    for job, stored, exc in outcomes:
+        if job.future.done():
+            continue  # its caller gave up waiting (cancelled)
+        if exc is not None:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(stored)
+
+
+def _session_key(pair: tuple[_Job, Any]) -> str:
+    return str(pair[0].session_id)
+
+
+writer = EventWriter()
+
+
+# --- reading ---------------------------------------------------------------------------------
 
 
 def events_after(session_id: UUID, seq: int, limit: int | None = None) -> list[Event]:
@@ -73,3 +311,24 @@ def events_after(session_id: UUID, seq: int, limit: int | None = None) -> list[E
     if limit is not None:
         queryset = queryset[:limit]
     return list(queryset)
+
+
+def frames_after(session_id: UUID, seq: int, limit: int) -> list[tuple[int, str]]:
+    """Return (seq, websocket frame) of stored events after `seq`, built from the stored JSON
+    text without decoding it."""
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gt=seq)
+        .order_by("seq")
+        .values_list("seq", "kind", Cast("data", TextField()))[:limit]
+    )
+    return [(seq, event_frame(seq, kind, text)) for seq, kind, text in rows]
+
+
+def events_json_after(session_id: UUID, seq: int, limit: int) -> list[str]:
+    """Return stored events after `seq` as HTTP API JSON objects, from the stored JSON text."""
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gt=seq)
+        .order_by("seq")
+        .values_list("seq", "kind", Cast("data", TextField()), "created_at")[:limit]
+    )
+    return [event_json(seq, kind, text, created.isoformat()) for seq, kind, text, created in rows]

@@ -1,34 +1,173 @@
-"""The doorbell: after events commit, tell every listening consumer of that session.
+"""Live delivery: after events commit, every socket that follows their session hears of them.
 
-The message carries only the highest stored seq. Consumers read the events themselves from the
-database, so a dropped or coalesced doorbell loses nothing: the next one (or a resume) brings
-everything after the last seq the consumer sent.
+Inside a process, delivery is direct and from memory: the event log hands each committed
+batch (seq range plus the encoded frames) to the `LiveHub` of every event loop, which passes it
+to the sockets that follow that session. Nothing is dropped and nothing is read back, and a
+socket that finds a gap (it missed a notice, or the notice came without frames) reads the
+database from its last seq: the log stays the record.
+
+Other processes hear a doorbell on the channel layer (Redis): `events.available` with the last
+seq and this process's id, and read the events from the database themselves. With the
+in-memory channel layer there are no other processes, so no doorbell is rung.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
 from uuid import UUID
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 logger = logging.getLogger(__name__)
+
+# Who rang a doorbell: a process ignores its own, which it has already delivered from memory.
+PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+Notice = tuple[UUID, int, int, list[str] | None]  # session, first seq, last seq, frames
 
 
 def session_group(session_id: UUID) -> str:
     return f"session.{UUID(str(session_id)).hex}"
 
 
-def ring(session_id: UUID, last_seq: int) -> None:
-    """Announce that events up to `last_seq` are stored (called after commit, in any thread)."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
+class Follower(Protocol):
+    """A socket that follows a session (see craft.consumers.SessionConsumer)."""
+
+    def deliver(self, first_seq: int, last_seq: int, frames: list[str] | None) -> None: ...
+
+
+class LiveHub:
+    """The followers of each session on one event loop; used on that loop only."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.followers: dict[UUID, set[Follower]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def deliver(self, notices: list[Notice]) -> None:
+        for session_id, first, last, frames in notices:
+            for follower in tuple(self.followers.get(session_id, ())):
+                try:
+                    follower.deliver(first, last, frames)
+                except Exception:
+                    logger.exception("delivering events of session %s failed", session_id)
+
+    def ring(self, notices: list[Notice]) -> None:
+        """Ring the doorbell of other processes (on this loop)."""
+        layer = get_channel_layer()
+        if layer is None or isinstance(layer, InMemoryChannelLayer):
+            return
+        last: dict[UUID, int] = {}
+        for session_id, _, last_seq, _ in notices:
+            last[session_id] = max(last_seq, last.get(session_id, 0))
+        for session_id, last_seq in last.items():
+            task = self.loop.create_task(_ring(layer, session_id, last_seq))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+
+async def _ring(layer: Any, session_id: UUID, last_seq: int) -> None:
     try:
-        async_to_sync(layer.group_send)(
-            session_group(session_id), {"type": "events.available", "last_seq": last_seq}
+        await layer.group_send(
+            session_group(session_id),
+            {"type": "events.available", "last_seq": last_seq, "origin": PROCESS_ID},
         )
     except Exception:
-        # The log is already committed; listeners catch up on the next doorbell or resume.
+        # The log is committed; other processes catch up on their next doorbell or resume.
         logger.exception("doorbell for session %s failed", session_id)
+
+
+_hubs: dict[asyncio.AbstractEventLoop, LiveHub] = {}
+_hubs_lock = threading.Lock()
+
+
+def hub() -> LiveHub:
+    """Return the hub of the running event loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        with _hubs_lock:
+            for closed in [other for other in _hubs if other.is_closed()]:
+                del _hubs[closed]
+            found = _hubs.setdefault(loop, LiveHub(loop))
+    return found
+
+
+def follow(session_id: UUID, follower: Follower) -> None:
+    hub().followers.setdefault(session_id, set()).add(follower)
+
+
+def unfollow(session_id: UUID, follower: Follower) -> None:
+    followers = hub().followers.get(session_id)
+    if followers is not None:
+        followers.discard(follower)
+        if not followers:
+            del hub().followers[session_id]
+
+
+def publish(
+    notices: list[Notice], settle: dict[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
+) -> None:
+    """Tell every follower of these sessions that events were committed (from any thread).
+
+    `settle` maps event loops to a callback to run there right after delivery (the event
+    writer resolves its callers' futures this way): one cross-thread wake-up per loop and
+    commit, not one per future and one per delivery.
+    """
+    settle = dict(settle or {})
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
+    rung = not notices
+    for loop, each in list(_hubs.items()):
+        if loop.is_closed():
+            continue
+        after = settle.pop(loop, None)
+        if loop is current:
+            _on_loop(each, notices, not rung, after)
+        else:
+            loop.call_soon_threadsafe(_on_loop, each, notices, not rung, after)
+        rung = True
+    for loop, after in settle.items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(after)
+    if rung:
+        return
+    if current is not None:
+        hub().ring(notices)
+    else:
+        _ring_from_thread(notices)
+
+
+def _on_loop(
+    each: LiveHub, notices: list[Notice], ring: bool, after: Callable[[], None] | None
+) -> None:
+    each.deliver(notices)
+    if ring:
+        each.ring(notices)
+    if after is not None:
+        after()
+
+
+def _ring_from_thread(notices: list[Notice]) -> None:
+    """Ring other processes from a thread without an event loop (commands, sync callers)."""
+    layer = get_channel_layer()
+    if layer is None or isinstance(layer, InMemoryChannelLayer):
+        return
+    for session_id, _, last_seq, _ in notices:
+        try:
+            async_to_sync(layer.group_send)(
+                session_group(session_id),
+                {"type": "events.available", "last_seq": last_seq, "origin": PROCESS_ID},
+            )
+        except Exception:
+            logger.exception("doorbell for session %s failed", session_id)

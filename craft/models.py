@@ -5,6 +5,7 @@ import uuid
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from sandboxes.models import Sandbox
@@ -51,10 +52,18 @@ class EventQuerySet(models.QuerySet["Event"]):
 class Event(models.Model):
     """One thing that happened in a session, numbered in order (the session's record)."""
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: the unique (session, seq) index serves every lookup by session, and
+    # one index less is less work for every stored token.
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="events", db_index=False
+    )
     seq = models.PositiveBigIntegerField()
     kind = models.CharField(max_length=64)
     data = models.JSONField(default=dict)
+    # The client's id of a prompt (`user_message` events only): a resent prompt is found by
+    # this index, and the constraint refuses to store it twice.
+    # NULL, not "": every other event has none, and NULLs stay out of the unique index.
+    client_id = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = EventQuerySet.as_manager()
@@ -62,7 +71,12 @@ class Event(models.Model):
     class Meta:
         ordering = ["session", "seq"]
         constraints = [
-            models.UniqueConstraint(fields=["session", "seq"], name="event_seq_unique_per_session")
+            models.UniqueConstraint(fields=["session", "seq"], name="event_seq_unique_per_session"),
+            models.UniqueConstraint(
+                fields=["session", "client_id"],
+                condition=Q(client_id__isnull=False),
+                name="event_client_id_unique_per_session",
+            ),
         ]
 
     def __str__(self) -> str:

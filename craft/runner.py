@@ -2,8 +2,15 @@
 
 A runner runs each turn as a background task on the event loop, never inside a consumer's
 `receive`, so a browser that leaves does not stop the turn and `cancel` is always heard. It
-persists every item of the turn in wire order (batching what has piled up into one
-transaction) and the event log rings the doorbell after each commit.
+stores every item of the turn in wire order through the event log's writer, which batches
+whatever has piled up into one transaction and hands the frames to live sockets after commit.
+
+Where the work runs: the agent's reader thread parses its output and drops items into the
+runner's `Inbox`, waking the event loop once per batch rather than once per item. Starting an
+agent (spawn, `initialize`, `session/new`: up to tens of seconds on Kubernetes) and every write
+to an agent run on `agent_threads`, never on the database threads, so a slow agent never
+delays another session's storage. A follow-up prompt reuses the runner's live connection
+without touching the database or the connection cache.
 
 One turn at a time per session: a prompt that arrives while a turn runs is refused with the
 error code `turn_running` (the page disables its Send button meanwhile); queueing would make a
@@ -15,8 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
@@ -28,17 +39,34 @@ from sandboxes.acp import (
     PermissionRequest,
     TurnEnd,
     TurnFailed,
+    TurnItem,
     Update,
 )
+from sandboxes.models import Sandbox
 
 from .db import db_sync_to_async
-from .eventlog import append_events
+from .eventlog import writer
 from .models import Event, Session
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 MAX_PROMPT_CHARS = 100_000
-BATCH_LIMIT = 200
+BATCH_LIMIT = 500
+STORES_IN_FLIGHT = 4
+DEFAULT_TITLE = "New session"
+TITLE_CHARS = 80
+# A sandbox's activity time is written at most this often (it feeds idle reaping, not the UI).
+ACTIVITY_EVERY = 60.0
+
+# Agent starts and agent writes: blocking, possibly slow, never on the database threads.
+agent_threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="craft-agent")
+
+
+async def in_agent_thread(func: Callable[..., T], *args: Any) -> T:
+    """Run blocking agent work on `agent_threads` (which never touch the database)."""
+    return await asyncio.get_running_loop().run_in_executor(agent_threads, func, *args)
 
 
 class Refused(Exception):
@@ -51,28 +79,106 @@ class Refused(Exception):
 
 
 @db_sync_to_async
-def _store(session_id: UUID, events: list[tuple[str, dict[str, Any]]]) -> None:
-    append_events(session_id, events)
-
-
-@db_sync_to_async
 def _prompt_seen(session_id: UUID, client_id: str) -> bool:
-    return Event.objects.filter(
-        session_id=session_id, kind="user_message", data__id=client_id
-    ).exists()
+    return Event.objects.filter(session_id=session_id, client_id=client_id).exists()
 
 
 @db_sync_to_async
-def _connect(session_id: UUID) -> AgentConnection:
+def _running_sandbox(session_id: UUID) -> Sandbox:
+    """Return the session's sandbox, checked to be running (raises SandboxUnavailable)."""
     session = Session.objects.select_related("sandbox").get(pk=session_id)
-    connection = sandbox_services.connect_agent(session.sandbox, session.pk)
-    if connection.agent_session_id and connection.agent_session_id != session.agent_session_id:
-        Session.objects.filter(pk=session.pk).update(agent_session_id=connection.agent_session_id)
-    return connection
+    sandbox_services.require_running(session.sandbox)
+    return session.sandbox
+
+
+@db_sync_to_async
+def _record_start(session_id: UUID, sandbox_id: UUID, agent_session_id: str | None) -> None:
+    sandbox_services.touch_sandbox(sandbox_id)
+    if agent_session_id:
+        Session.objects.filter(pk=session_id).exclude(agent_session_id=agent_session_id).update(
+            agent_session_id=agent_session_id
+        )
+
+
+@db_sync_to_async
+def _take_title(session_id: UUID, text: str) -> str | None:
+    """Name a session after its first prompt unless it already has a name; return the name."""
+    title = " ".join(text.split())
+    if len(title) > TITLE_CHARS:
+        title = title[: TITLE_CHARS - 1].rstrip() + "…"
+    if not title:
+        return None
+    updated = Session.objects.filter(pk=session_id, title=DEFAULT_TITLE).update(title=title)
+    return title if updated else None
 
 
 def _ends(item: Any) -> bool:
     return isinstance(item, TurnEnd | TurnFailed)
+
+
+class Inbox:
+    """Items from an agent's reader thread, taken on the event loop in batches.
+
+    `put` may be called from any thread. It wakes the event loop only when the taker is
+    asleep, waiting for items: while the taker is busy storing a batch, the next one simply
+    piles up, so a fast stream costs a cross-thread wake-up per pause, not per item. Items
+    that arrive while nobody takes (updates after the prompt response) go to `on_idle`.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_idle: Callable[[], None]) -> None:
+        self._loop = loop
+        self._items: deque[TurnItem] = deque()
+        self._asleep = True  # nobody is taking: put() must wake the loop
+        self._woken = False  # a wake-up is on its way
+        self._waiter: asyncio.Future[None] | None = None
+        self._taking = 0
+        self._on_idle = on_idle
+
+    def put(self, item: TurnItem) -> None:
+        self._items.append(item)
+        if self._asleep and not self._woken:
+            self._woken = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._woken = False
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        elif not self._taking and self._items:
+            self._on_idle()
+
+    def __enter__(self) -> Inbox:
+        self._taking += 1
+        self._asleep = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._taking -= 1
+        if not self._taking:
+            self._asleep = True
+            if self._items:
+                self._on_idle()  # items that came after the taker's last look
+
+    async def take(self, limit: int) -> list[TurnItem]:
+        """Wait for items; return up to `limit` of them, never past the end of a turn."""
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            self._asleep = True
+            try:
+                if not self._items:  # put() may have missed that we were about to sleep
+                    await self._waiter
+            finally:
+                self._asleep = not self._taking
+                self._waiter = None
+        return self.take_nowait(limit)
+
+    def take_nowait(self, limit: int) -> list[TurnItem]:
+        batch: list[TurnItem] = []
+        while self._items and len(batch) < limit:
+            batch.append(self._items.popleft())
+            if _ends(batch[-1]):
+                break
+        return batch
 
 
 @dataclass
@@ -86,13 +192,15 @@ class SessionRunner:
     def __init__(self, session_id: UUID) -> None:
         self.session_id = session_id
         self.connection: AgentConnection | None = None
+        self._sandbox_id: UUID | None = None
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._pending: dict[str, _Pending] = {}
         self._cancel_requested = False
-        # The running turn's queue of items; late updates join it while it is being stored.
-        self._items: asyncio.Queue[Any] | None = None
-        self._late_stores: set[asyncio.Task[None]] = set()  # keeps them from being collected
+        self._inbox: Inbox | None = None
+        self._late: asyncio.Task[None] | None = None  # storing updates that came after a turn
+        self._titled = False
+        self._active_at = 0.0
 
     @property
     def running(self) -> bool:
@@ -107,17 +215,31 @@ class SessionRunner:
                 "prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters"
             )
         async with self._lock:
-            if await _prompt_seen(self.session_id, client_id):
-                return False
             if self.running:
+                if await _prompt_seen(self.session_id, client_id):
+                    return False  # a resend of the prompt that started this turn
                 raise Refused("turn_running", "the agent is still working on the previous prompt")
-            await _store(self.session_id, [("user_message", {"id": client_id, "text": text})])
+            if self._late is not None:
+                await asyncio.gather(self._late, return_exceptions=True)
+            stored = await writer.append(
+                self.session_id, [("user_message", {"id": client_id, "text": text})],
+                client_id=client_id,
+            )  # fmt: skip
+            if stored is None:
+                return False
             self._cancel_requested = False
-            # A fresh context: the turn must not inherit the consumer's thread-sensitive
-            # context, which ends (and shuts its executor down) when the browser leaves.
+            # A fresh context: the turn must not inherit the consumer's context, which ends
+            # when the browser leaves.
             self._task = asyncio.get_running_loop().create_task(
                 self._run_turn(text), context=contextvars.Context()
             )
+        if not self._titled:
+            self._titled = True
+            title = await _take_title(self.session_id, text)
+            if title is not None:
+                await writer.append(
+                    self.session_id, [("session_title", {"title": title, "source": "prompt"})]
+                )
         return True
 
     async def cancel(self) -> None:
@@ -128,18 +250,19 @@ class SessionRunner:
         answered = list(self._pending)
         self._pending.clear()
         if answered:
-            await _store(
+            await writer.append(
                 self.session_id,
                 [
                     ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
                     for rid in answered
                 ],
             )
-        if self.connection is not None:
-            await asyncio.to_thread(self.connection.cancel)
+        connection = self.connection
+        if connection is not None:
+            await in_agent_thread(connection.cancel)
             task = self._task
             asyncio.get_running_loop().create_task(
-                self._stop_if_still_running(task, self.connection), context=contextvars.Context()
+                self._stop_if_still_running(task, connection), context=contextvars.Context()
             )
 
     async def _stop_if_still_running(
@@ -158,30 +281,56 @@ class SessionRunner:
             logger.warning(
                 "session %s: agent ignored cancel for %s s; stopping it", self.session_id, grace
             )
-            await asyncio.to_thread(connection.stop)
+            await in_agent_thread(connection.stop)
 
     async def answer_permission(self, request_id: str, option_id: str) -> None:
         """Answer the agent's permission request with one of its options."""
         pending = self._pending.get(request_id)
-        if pending is None or self.connection is None:
+        connection = self.connection
+        if pending is None or connection is None:
             raise Refused("unknown_request", "that permission request is not open")
         if option_id not in pending.options:
             raise Refused("invalid_option", f"{option_id!r} is not an option of that request")
         del self._pending[request_id]
         # Stored before the agent hears it, so the log never shows the agent acting on an
         # answer that comes later in the log.
-        await _store(
+        await writer.append(
             self.session_id,
             [("permission_answer", {"request": request_id, "option": option_id})],
         )
-        await asyncio.to_thread(self.connection.answer_permission, request_id, option_id)
+        await in_agent_thread(connection.answer_permission, request_id, option_id)
+
+    # --- the turn ---------------------------------------------------------------------------
+
+    async def _connection(self) -> AgentConnection:
+        """Return the session's live agent connection: this runner's, or the cache's."""
+        cached = self.connection
+        if cached is not None and cached.is_running:
+            if time.monotonic() - self._active_at > ACTIVITY_EVERY and self._sandbox_id:
+                self._active_at = time.monotonic()
+                await db_sync_to_async(sandbox_services.touch_sandbox)(self._sandbox_id)
+            return cached
+        self.connection = None
+        # Database work on the database threads, the agent's start on an agent thread: a
+        # start that takes seconds holds no database connection.
+        sandbox = await _running_sandbox(self.session_id)
+        connection = await in_agent_thread(
+            sandbox_services.agent_connection, sandbox, self.session_id
+        )
+        self._sandbox_id = sandbox.pk
+        await _record_start(self.session_id, sandbox.pk, connection.agent_session_id)
+        self._active_at = time.monotonic()
+        inbox = Inbox(asyncio.get_running_loop(), self._store_late_updates)
+        connection.idle_sink = inbox.put
+        self._inbox = inbox
+        self.connection = connection
+        return connection
 
     async def _run_turn(self, text: str) -> None:
         """Run one turn to its end; whatever happens, the log gets exactly one turn_end."""
-        self.connection = None  # until this turn has its own (usually the cached one)
         try:
             try:
-                self.connection = await _connect(self.session_id)
+                connection = await self._connection()
             except Exception as exc:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
                 await self._end([("agent_error", {"message": str(exc)})], "error")
@@ -189,8 +338,7 @@ class SessionRunner:
             if self._cancel_requested:
                 await self._end([], "cancelled")
                 return
-            self._keep_late_updates(self.connection)
-            await self._stream(self.connection, text)
+            await self._stream(connection, text)
         except AgentError as exc:
             # The agent went away between the cache handing it out and the prompt.
             await self._end([("agent_error", {"message": str(exc)})], "error")
@@ -205,57 +353,54 @@ class SessionRunner:
         finally:
             self._pending.clear()
 
-    def _keep_late_updates(self, connection: AgentConnection) -> None:
-        """Store updates that arrive outside a turn (some agents send them after the prompt
-        response), in arrival order: while the turn's stream is still being stored they join
-        its queue, afterwards each is stored on its own, after everything before it."""
-        loop = asyncio.get_running_loop()
-
-        def on_late(item: Any) -> None:  # on the event loop
-            if not isinstance(item, Update):
-                return
-            if self._items is not None:
-                self._items.put_nowait(item)
-            else:
-                task = loop.create_task(_store(self.session_id, [(item.kind, item.data)]))
-                self._late_stores.add(task)
-                task.add_done_callback(self._late_stores.discard)
-
-        def idle_sink(item: Any) -> None:  # on the connection's reader thread
-            loop.call_soon_threadsafe(on_late, item)
-
-        connection.idle_sink = idle_sink
-
     async def _stream(self, connection: AgentConnection, text: str) -> None:
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[Any] = asyncio.Queue()
-        self._items = items
-
-        def sink(item: Any) -> None:
-            loop.call_soon_threadsafe(items.put_nowait, item)
-
+        inbox = self._inbox
+        assert inbox is not None
+        # Batches are handed to the writer without waiting for each commit (it commits them
+        # in order), so the next batch is gathered while the last one is written; at most
+        # STORES_IN_FLIGHT wait, which bounds what a fast agent can pile up in memory.
+        in_flight: deque[asyncio.Future[Any]] = deque()
         try:
-            # Writing the prompt can block (a full pipe, a slow exec websocket): not on the loop.
-            await asyncio.to_thread(connection.prompt, text, sink)
-            while True:
-                batch = [await items.get()]
-                # Batch what has piled up, but never past the end of the turn: anything after
-                # it is a late update and belongs after the turn_end event.
-                while not items.empty() and len(batch) < BATCH_LIMIT and not _ends(batch[-1]):
-                    batch.append(items.get_nowait())
-                events, final = self._events_of(batch)
-                if final is not None:
-                    await self._end(events, final)
-                    break
-                await _store(self.session_id, events)
-            # Updates that came after the prompt response while the end was being stored.
-            while not items.empty():
-                late, _ = self._events_of([items.get_nowait()])
-                await _store(self.session_id, late)
+            with inbox:
+                # Writing the prompt can block (a full pipe, a slow exec websocket): not here.
+                await in_agent_thread(connection.prompt, text, inbox.put)
+                while True:
+                    events, final = self._events_of(await inbox.take(BATCH_LIMIT))
+                    if final is not None:
+                        await self._end(events, final)
+                        break
+                    in_flight.append(writer.submit(self.session_id, events))
+                    if len(in_flight) >= STORES_IN_FLIGHT:
+                        await in_flight.popleft()
+                # Updates that came after the prompt response while the end was stored.
+                while late := inbox.take_nowait(BATCH_LIMIT):
+                    in_flight.append(writer.submit(self.session_id, self._events_of(late)[0]))
         finally:
-            self._items = None
+            for stored in await asyncio.gather(*in_flight, return_exceptions=True):
+                if isinstance(stored, BaseException):
+                    raise stored
 
-    def _events_of(self, batch: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+    def _store_late_updates(self) -> None:
+        """Store updates that arrive outside a turn, in arrival order, after what came before."""
+        if self._late is not None and not self._late.done():
+            return  # the running task takes them too
+        self._late = asyncio.get_running_loop().create_task(self._drain_late())
+
+    async def _drain_late(self) -> None:
+        inbox = self._inbox
+        if inbox is None:
+            return
+        with inbox:
+            while batch := inbox.take_nowait(BATCH_LIMIT):
+                events = [(item.kind, item.data) for item in batch if isinstance(item, Update)]
+                try:
+                    await writer.append(self.session_id, events)
+                except Exception:
+                    logger.exception("session %s: storing late updates failed", self.session_id)
+
+    def _events_of(
+        self, batch: list[TurnItem]
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         """Turn items into events; return them and the stop reason if the turn ended."""
         events: list[tuple[str, dict[str, Any]]] = []
         final: str | None = None
@@ -285,7 +430,7 @@ class SessionRunner:
 
     async def _end(self, events: list[tuple[str, dict[str, Any]]], stop_reason: str) -> None:
         self._pending.clear()
-        await _store(self.session_id, [*events, ("turn_end", {"stop_reason": stop_reason})])
+        await writer.append(self.session_id, [*events, ("turn_end", {"stop_reason": stop_reason})])
 
 
 class RunnerRegistry:

@@ -207,15 +207,29 @@ TEMPLATES = [
 VAR_DIR = Path(env_str("CRAFT_VAR_DIR", str(BASE_DIR / "var")))
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'craft.sqlite3'}"),
-        conn_max_age=0,
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'craft.sqlite3'}"), conn_max_age=0
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Agent turns write events from worker threads while pages read: wait for the write lock
-    # instead of failing at once with "database is locked".
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
-    DATABASES["default"]["OPTIONS"]["init_command"] = "PRAGMA journal_mode=WAL;"
+    DATABASES["default"]["OPTIONS"] = {
+        # Writers wait for the write lock instead of failing at once with "database is
+        # locked"; IMMEDIATE takes it when a transaction starts, so a transaction that read
+        # first never fails when it then writes.
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        # WAL lets pages read while the event writer writes; synchronous=NORMAL is safe with
+        # WAL (a crash of the server loses nothing; a power cut can lose the last commits).
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Request threads come and go (one per request under ASGI), so persistent connections
+    # would leak: a pool hands connections back instead. The event writer and the database
+    # threads of craft.db hold one each for as long as they live.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 2,
+        "max_size": env_int("CRAFT_DB_POOL_SIZE", 20, minimum=8),
+        "timeout": 20,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +80,11 @@ class TurnInProgress(AgentError):
 # --- What a turn yields, in wire order ----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Update:
-    """A `session/update` as the agent sent it; `kind` is its `sessionUpdate`."""
+class Update(NamedTuple):
+    """A `session/update` as the agent sent it; `kind` is its `sessionUpdate`.
+
+    A tuple rather than a dataclass: one is made for every streamed token.
+    """
 
     kind: str
     data: dict[str, Any]
@@ -399,7 +401,9 @@ class AgentConnection:
 
     def _handle_line(self, line: bytes) -> None:
         try:
-            message = json.loads(line)
+            # ACP is UTF-8; a bad byte spoils one character, not the line. Decoding here
+            # spares json.loads its encoding detection on every line.
+            message = json.loads(line.decode("utf-8", "replace"))
         except (ValueError, RecursionError):
             # Some agents (and npx wrappers) print banners on stdout: skip, never crash. JSON
             # nested too deep for the parser is skipped the same way.

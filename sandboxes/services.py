@@ -118,7 +118,8 @@ def terminate_sandbox(sandbox: Sandbox) -> Sandbox:
     return sandbox
 
 
-def _require_running(sandbox: Sandbox) -> None:
+def require_running(sandbox: Sandbox) -> None:
+    """Raise SandboxUnavailable unless the sandbox is running now (read from the database)."""
     status = Sandbox.objects.filter(pk=sandbox.pk).values_list("status", flat=True).first()
     if status != Sandbox.Status.RUNNING:
         raise SandboxUnavailable(f"sandbox is {status or 'gone'}")
@@ -126,7 +127,7 @@ def _require_running(sandbox: Sandbox) -> None:
 
 def create_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
     """Create the session's workspace folder in the sandbox."""
-    _require_running(sandbox)
+    require_running(sandbox)
     get_backend(sandbox.backend).create_workspace(sandbox, session_id)
 
 
@@ -142,8 +143,20 @@ def connect_agent(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
 
     The first call starts the agent in the session's workspace and opens its ACP session;
     later calls return the same connection while its process lives, or a new one if it died.
+    Raises SandboxUnavailable unless the sandbox is running.
     """
-    _require_running(sandbox)
+    require_running(sandbox)
+    connection = agent_connection(sandbox, session_id)
+    touch_sandbox(sandbox.pk)
+    return connection
+
+
+def agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
+    """Like `connect_agent`, for a sandbox the caller has just seen running.
+
+    It does no database work: it can block for an agent's start (seconds on Kubernetes)
+    without holding a database connection.
+    """
     backend = get_backend(sandbox.backend)
 
     def start() -> AgentConnection:
@@ -153,9 +166,12 @@ def connect_agent(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
         logger.info("started agent %s for session %s", process.ident, session_id)
         return connection
 
-    connection = agent_connections.get_or_start(sandbox.pk, session_id, start)
-    Sandbox.objects.filter(pk=sandbox.pk).update(last_activity_at=timezone.now())
-    return connection
+    return agent_connections.get_or_start(sandbox.pk, session_id, start)
+
+
+def touch_sandbox(sandbox_id: UUID) -> None:
+    """Record that the sandbox is in use now (its idle time starts again)."""
+    Sandbox.objects.filter(pk=sandbox_id).update(last_activity_at=timezone.now())
 
 
 def stop_idle_connections(sandbox: Sandbox | None = None, idle_seconds: float = 0.0) -> int:

@@ -40,10 +40,15 @@ def stop_agents(request) -> Iterator[None]:
         return
     from channels.layers import channel_layers
 
+    from craft.db import readers
+    from craft.eventlog import writer
     from craft.runner import runners
 
     runners.clear()
     channel_layers.backends.clear()
+    # Their threads hold database connections: close them before the test database goes.
+    writer.stop()
+    readers.stop()
 
 
 @pytest.fixture

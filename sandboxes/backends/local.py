@@ -63,6 +63,9 @@ class LocalAgentProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                # Bigger than the default 8 KiB: fewer reads (and GIL hand-overs) per line
+                # of a fast stream. readline still returns each line as soon as it arrives.
+                bufsize=1 << 16,
                 **as_user,
             )
         except OSError as exc:

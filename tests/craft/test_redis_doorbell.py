@@ -7,6 +7,7 @@ the events from the shared database.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -66,7 +67,7 @@ async def test_events_stored_by_another_process_arrive_live(redis_layer, owner):
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     await comm.send_json_to({"type": "resume", "after": 0})
     assert await comm.receive_nothing(0.2)
-    await db_sync_to_async(write_from_another_process, thread_sensitive=False)(session.pk)
+    await asyncio.to_thread(write_from_another_process, session.pk)
     frames = await receive_until(comm, lambda f: f.get("seq") == 10)
     assert [f["seq"] for f in frames] == list(range(1, 11))
     assert [f["data"]["n"] for f in frames] == list(range(10))

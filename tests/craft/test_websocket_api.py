@@ -96,7 +96,7 @@ async def test_events_committed_during_a_replay_arrive_exactly_once(session, coo
 
     async def write_more():
         for batch in range(10):
-            store = db_sync_to_async(store_events, thread_sensitive=False)
+            store = db_sync_to_async(store_events)
             await store(session, 5, 1000 + batch * 5)
             await asyncio.sleep(0)
 

@@ -1,0 +1,311 @@
+"""What every benchmark needs: a throwaway site, a daphne server, signed-in websocket clients.
+
+A `Site` is a private database (SQLite in a temporary folder by default; with
+`BENCH_DATABASE_URL=postgres://user@host:port/name` a fresh PostgreSQL database created beside
+`name` and dropped afterwards), a sandbox root, and the environment daphne runs with. The
+benchmark process sets Django up against the same database to create users and sessions.
+Clients are aiohttp websockets, whose frame parser is compiled: the client must not be what
+limits a rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def raise_open_files_limit() -> int:
+    """Let this process (and the daphne it starts) hold many sockets; return the new limit."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Return the p-th percentile (0-100) by nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+@dataclass
+class Figure:
+    """One row of the benchmark table."""
+
+    name: str
+    value: float
+    unit: str
+    target: str
+    held: bool | None  # None: informational, no target
+    detail: str = ""
+
+
+class Site:
+    """A private database, sandbox root and server environment for one benchmark run."""
+
+    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="craft-bench-"))
+        (self.workdir / "static").mkdir()  # STATIC_ROOT; WhiteNoise warns when it is missing
+        self._pg_admin: str | None = None
+        self._pg_name: str | None = None
+        url = os.environ.get("BENCH_DATABASE_URL")
+        if url:
+            server, _, name = url.rpartition("/")
+            self._pg_admin = f"{server}/{name or 'postgres'}"
+            self._pg_name = f"craft_bench_{uuid.uuid4().hex[:10]}"
+            self._psql(f"CREATE DATABASE {self._pg_name}")
+            url = f"{server}/{self._pg_name}"
+        else:
+            url = f"sqlite:///{self.workdir / 'bench.sqlite3'}"
+        self.database = url.split(":", 1)[0].replace("postgres", "postgresql")
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "craft.settings",
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": "bench-only-secret",
+            "DJANGO_SECURE_COOKIES": "0",
+            "DATABASE_URL": url,
+            "CRAFT_VAR_DIR": str(self.workdir),
+            "CRAFT_SANDBOX_ROOT": str(self.workdir / "sandboxes"),
+            "CRAFT_LOG_LEVEL": "WARNING",
+            # The venv's scripts (craft-demo-agent, daphne) must be found by subprocesses.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            **(extra_env or {}),
+        }
+
+    def _psql(self, sql: str) -> None:
+        import psycopg
+
+        assert self._pg_admin is not None
+        with psycopg.connect(self._pg_admin, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def setup_django(self) -> None:
+        """Point this process's Django at the site's database and migrate it."""
+        os.environ.update(self.env)
+        # Set-up queries run in this process's event loop before anything is timed; the
+        # server (another process) never sees this switch.
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+        if self._pg_name is not None:
+            self._psql(f"DROP DATABASE IF EXISTS {self._pg_name} WITH (FORCE)")
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # --- data (sync Django; call before the server starts or from a thread) -------------
+
+    def user(self, name: str) -> tuple[Any, str]:
+        """Create a user; return it and a signed-in session cookie."""
+        from django.contrib.auth import get_user_model
+
+        from tests.craft.wsclient import session_cookie
+
+        user = get_user_model().objects.create_user(name, password="bench-password-unused")
+        return user, session_cookie(user)
+
+    def session(self, user: Any, title: str = "bench") -> str:
+        from craft.services import open_session
+
+        return str(open_session(user, title).pk)
+
+    # --- the server ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def serve(self, *daphne_args: str) -> Iterator[Server]:
+        port = free_port()
+        log = (self.workdir / f"daphne-{port}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", *daphne_args, "-b", "127.0.0.1", "-p", str(port),
+             "craft.asgi:application"],
+            env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/accounts/login/", timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    raise RuntimeError(f"daphne did not start; see {log.name}") from None
+                time.sleep(0.05)
+        try:
+            yield Server(url, process)
+        finally:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+
+    def rss_kib(self) -> int:
+        """Return daphne's resident memory in KiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+
+class Client:
+    """One signed-in websocket on one session, with the frames it received and when."""
+
+    def __init__(self, http: Any, ws: Any, hello: dict[str, Any]) -> None:
+        self.http = http
+        self.ws = ws
+        self.hello = hello
+
+    @classmethod
+    async def open(cls, server: Server, cookie: str, session_id: str) -> Client:
+        import aiohttp
+
+        # The server's own origin: the Origin check compares scheme, host and port.
+        http = aiohttp.ClientSession(headers={"Cookie": cookie, "Origin": server.url})
+        ws = await http.ws_connect(
+            f"{server.url.replace('http', 'ws')}/ws/sessions/{session_id}/",
+            max_msg_size=0,
+            autoping=False,
+        )
+        hello = json.loads((await ws.receive()).data)
+        assert hello["type"] == "hello", hello
+        return cls(http, ws, hello)
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.ws.send_str(json.dumps(frame))
+
+    async def frame(self, wait: float = 60) -> dict[str, Any]:
+        message = await asyncio.wait_for(self.ws.receive(), wait)
+        if message.data is None or not isinstance(message.data, str):
+            raise RuntimeError(f"socket closed: {message}")
+        return json.loads(message.data)
+
+    async def prompt(self, text: str) -> float:
+        """Send a prompt, wait for its turn_end; return the seconds it took."""
+        started = time.perf_counter()
+        await self.send({"type": "prompt", "id": uuid.uuid4().hex, "text": text})
+        while True:
+            frame = await self.frame()
+            if frame["type"] == "error":
+                raise RuntimeError(f"prompt refused: {frame}")
+            if frame.get("kind") == "turn_end":
+                if frame["data"].get("stop_reason") != "end_turn":
+                    raise RuntimeError(f"turn ended badly: {frame}")
+                return time.perf_counter() - started
+
+    async def stream(self, text: str) -> tuple[float, int]:
+        """Prompt and count the frames until `turn_end`; return (seconds, frames).
+
+        Frames are not parsed (the server builds them, so the turn's end is recognisable by
+        its text): a parsing client would be what limits the rate.
+        """
+        started = time.perf_counter()
+        await self.send({"type": "prompt", "id": uuid.uuid4().hex, "text": text})
+        frames = 0
+        while True:
+            message = await asyncio.wait_for(self.ws.receive(), 60)
+            data = message.data
+            if not isinstance(data, str):
+                raise RuntimeError(f"socket closed: {message}")
+            frames += 1
+            if '"kind":"turn_end"' in data or '"type":"error"' in data:
+                if '"stop_reason":"end_turn"' not in data:
+                    raise RuntimeError(f"turn ended badly: {data[:300]}")
+                return time.perf_counter() - started, frames
+
+    async def close(self) -> None:
+        await self.ws.close()
+        await self.http.close()
+
+
+class DirectAgent:
+    """The demo agent driven directly over its stdio: the floor every figure is held to."""
+
+    def __init__(self, cwd: Path) -> None:
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [shutil.which("craft-demo-agent") or "craft-demo-agent"],
+            cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self._ids = iter(range(1 << 30))
+        self.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        created, _ = self.request("session/new", {"cwd": str(cwd), "mcpServers": []})
+        self.session_id = created["sessionId"]
+
+    def request(self, method: str, params: dict[str, Any]) -> tuple[Any, int]:
+        """Send a request, read until its response; return (result, updates seen)."""
+        request_id = next(self._ids)
+        line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(line.encode() + b"\n")
+        self.process.stdin.flush()
+        updates = 0
+        while True:
+            message = json.loads(self.process.stdout.readline())
+            if message.get("id") == request_id and "method" not in message:
+                return message["result"], updates
+            updates += 1
+
+    def prompt(self, text: str) -> tuple[float, int]:
+        started = time.perf_counter()
+        _, updates = self.request(
+            "session/prompt",
+            {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]},
+        )
+        return time.perf_counter() - started, updates
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()

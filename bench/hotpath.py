@@ -1,0 +1,248 @@
+"""The hot path: follow-ups, streams, many sessions and cold starts, each against its floor.
+
+Every figure is measured through daphne over real websockets, side by side in one run with the
+same demo agent driven directly over its stdio (the floor):
+
+* follow-up: a cached agent answers `count 1` (one chunk); prompt sent -> `turn_end` received,
+  minus the same prompt sent to the agent directly. Samples are interleaved.
+* uncached / cached: the first prompt of a fresh session (spawn, initialize, session/new,
+  prompt) over the cached follow-up.
+* stream: one turn of `count 10000`; the agent's own pipe rate over the rate at which the
+  chunks arrive on the websocket.
+* many sessions: 50 warm sessions each streaming `slow 40 0.05` (20 updates/s) at once; the p99
+  of the gaps between a socket's consecutive chunks, and of prompt -> first agent chunk
+  (the agent itself waits 50 ms before it).
+* cold starts: 10 sessions stream `slow` while 20 fresh sessions send their first prompt at
+  once; the p99 gap of the streaming sockets while the agents start, minus their p99 gap
+  before.
+
+    .venv/bin/python -m bench.hotpath [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import time
+import uuid
+from typing import Any
+
+from .harness import Client, DirectAgent, Figure, Server, Site, median, percentile
+
+FOLLOW_UP = "count 1"
+STREAM_CHUNKS = 10_000
+MANY = 50
+COLD = 20
+STREAMERS = 10
+
+
+async def follow_ups(server: Server, agent: DirectAgent, client: Client, rounds: int) -> dict:
+    await client.prompt(FOLLOW_UP)  # the agent starts here; every later prompt reuses it
+    floor, cached = [], []
+    for _ in range(rounds):
+        floor.append(agent.prompt(FOLLOW_UP)[0])
+        cached.append(await client.prompt(FOLLOW_UP))
+    return {"floor": median(floor), "cached": median(cached)}
+
+
+async def uncached(server: Server, cookie: str, sessions: list[str]) -> float:
+    times = []
+    for session_id in sessions:
+        client = await Client.open(server, cookie, session_id)
+        await client.send({"type": "resume", "after": 0})
+        times.append(await client.prompt(FOLLOW_UP))
+        await client.close()
+    return median(times)
+
+
+async def stream(agent: DirectAgent, client: Client, rounds: int) -> dict:
+    raw, craft = [], []
+    for _ in range(rounds):
+        seconds, updates = agent.prompt(f"count {STREAM_CHUNKS}")
+        assert updates == STREAM_CHUNKS, updates
+        raw.append(STREAM_CHUNKS / seconds)
+        seconds, frames = await client.stream(f"count {STREAM_CHUNKS}")
+        assert frames == STREAM_CHUNKS + 2, frames  # with the prompt and the turn's end
+        craft.append(STREAM_CHUNKS / seconds)
+    return {"raw": median(raw), "craft": median(craft)}
+
+
+async def follow(
+    client: Client, text: str, sent_at: float | None = None
+) -> tuple[list[float], list[str]]:
+    """Prompt and collect the arrival times of the turn's agent chunks; return (times, errors)."""
+    sent = sent_at or time.perf_counter()
+    await client.send({"type": "prompt", "id": uuid.uuid4().hex, "text": text})
+    arrivals: list[float] = [sent]
+    errors: list[str] = []
+    try:
+        while True:
+            frame = await client.frame(wait=60)
+            if frame["type"] == "error":
+                errors.append(frame["code"])
+                break
+            kind = frame.get("kind")
+            if kind == "agent_message_chunk":
+                arrivals.append(time.perf_counter())
+            elif kind == "turn_end":
+                if frame["data"].get("stop_reason") != "end_turn":
+                    errors.append(str(frame["data"]))
+                break
+            elif kind == "agent_error":
+                errors.append(frame["data"].get("message", "agent_error"))
+    except Exception as exc:  # a closed socket or a timeout counts as an error
+        errors.append(repr(exc))
+    return arrivals, errors
+
+
+async def open_warm(server: Server, cookie: str, sessions: list[str]) -> list[Client]:
+    clients = await asyncio.gather(*(Client.open(server, cookie, s) for s in sessions))
+    for client in clients:
+        await client.send({"type": "resume", "after": 0})
+    await asyncio.gather(*(c.prompt(FOLLOW_UP) for c in clients))
+    return list(clients)
+
+
+def gaps_of(arrivals: list[float], start: float = 0.0, end: float = float("inf")) -> list[float]:
+    """Return the gaps between consecutive chunks (not the prompt) that end inside a window."""
+    chunks = arrivals[1:]
+    return [b - a for a, b in itertools.pairwise(chunks) if start <= b < end]
+
+
+async def many_sessions(server: Server, cookie: str, sessions: list[str]) -> dict:
+    clients = await open_warm(server, cookie, sessions)
+    results = await asyncio.gather(*(follow(c, "slow 40 0.05") for c in clients))
+    await asyncio.gather(*(c.close() for c in clients))
+    gaps = [g for arrivals, _ in results for g in gaps_of(arrivals)]
+    firsts = [a[1] - a[0] for a, _ in results if len(a) > 1]
+    errors = [e for _, errs in results for e in errs]
+    return {
+        "gap_p99": percentile(gaps, 99),
+        "first_p99": percentile(firsts, 99),
+        "errors": len(errors) + sum(1 for a, _ in results if len(a) != 41),
+    }
+
+
+async def cold_starts(server: Server, cookie: str, streamers: list[str], cold: list[str]) -> dict:
+    clients = await open_warm(server, cookie, streamers)
+    fresh = await asyncio.gather(*(Client.open(server, cookie, s) for s in cold))
+    for client in fresh:
+        await client.send({"type": "resume", "after": 0})
+    streaming = [asyncio.ensure_future(follow(c, "slow 80 0.05")) for c in clients]
+    await asyncio.sleep(1.5)
+    storm_start = time.perf_counter()
+    await asyncio.gather(*(c.prompt(FOLLOW_UP) for c in fresh))
+    storm_end = time.perf_counter()
+    results = await asyncio.gather(*streaming)
+    await asyncio.gather(*(c.close() for c in [*clients, *fresh]))
+    before = [g for a, _ in results for g in gaps_of(a, a[0] + 0.3, storm_start)]
+    during = [g for a, _ in results for g in gaps_of(a, storm_start, storm_end + 0.1)]
+    return {
+        "before_p99": percentile(before, 99),
+        "during_p99": percentile(during, 99),
+        "storm_seconds": storm_end - storm_start,
+        "errors": sum(len(e) for _, e in results),
+    }
+
+
+async def run(site: Site, rounds: int) -> list[Figure]:
+    user, cookie = site.user(f"hot-{uuid.uuid4().hex[:6]}")
+    follow_id = site.session(user)
+    stream_id = site.session(user)
+    fresh = [site.session(user) for _ in range(10)]
+    many = [site.session(user) for _ in range(MANY)]
+    streamers = [site.session(user) for _ in range(STREAMERS)]
+    cold = [site.session(user) for _ in range(COLD)]
+    agent = DirectAgent(site.workdir / "floor")
+    try:
+        with site.serve() as server:
+            client = await Client.open(server, cookie, follow_id)
+            await client.send({"type": "resume", "after": 0})
+            fu = await follow_ups(server, agent, client, rounds)
+            await client.close()
+            cold_first = await uncached(server, cookie, fresh)
+            client = await Client.open(server, cookie, stream_id)
+            await client.send({"type": "resume", "after": 0})
+            await client.prompt(FOLLOW_UP)
+            st = await stream(agent, client, 5)
+            await client.close()
+            ms = await many_sessions(server, cookie, many)
+            cs = await cold_starts(server, cookie, streamers, cold)
+    finally:
+        agent.close()
+    overhead = (fu["cached"] - fu["floor"]) * 1000
+    ratio = cold_first / fu["cached"]
+    slow_down = st["raw"] / st["craft"]
+    added = (cs["during_p99"] - cs["before_p99"]) * 1000
+    pg = site.database == "postgresql"
+    limit = 8.0 if pg else 5.0
+    return [
+        Figure(
+            "cached follow-up minus floor",
+            overhead,
+            "ms",
+            f"<= {limit:g} ms",
+            overhead <= limit,
+            f"cached {fu['cached'] * 1000:.2f} ms, floor {fu['floor'] * 1000:.2f} ms",
+        ),
+        Figure(
+            "uncached / cached",
+            ratio,
+            "x",
+            ">= 8",
+            ratio >= 8,
+            f"uncached {cold_first * 1000:.1f} ms",
+        ),
+        Figure(
+            "10k-chunk stream: pipe rate / websocket rate",
+            slow_down,
+            "x",
+            "<= 4 and >= 25,000 ev/s",
+            slow_down <= 4 and st["craft"] >= 25_000,
+            f"websocket {st['craft']:,.0f} ev/s, pipe {st['raw']:,.0f} ev/s",
+        ),
+        Figure(
+            f"{MANY} sessions x 20 updates/s: gap p99",
+            ms["gap_p99"] * 1000,
+            "ms",
+            "<= 100 ms",
+            ms["gap_p99"] <= 0.1 and ms["errors"] == 0,
+            f"errors {ms['errors']}",
+        ),
+        Figure(
+            f"{MANY} sessions x 20 updates/s: first chunk p99",
+            ms["first_p99"] * 1000,
+            "ms",
+            "<= 300 ms",
+            ms["first_p99"] <= 0.3,
+            "includes the agent's own 50 ms delay",
+        ),
+        Figure(
+            f"{COLD} cold starts: added gap p99",
+            added,
+            "ms",
+            "<= 50 ms",
+            added <= 50,
+            f"gap p99 {cs['before_p99'] * 1000:.0f} -> {cs['during_p99'] * 1000:.0f} ms, "
+            f"starts took {cs['storm_seconds'] * 1000:.0f} ms, errors {cs['errors']}",
+        ),
+    ]
+
+
+def main(argv: Any = None) -> None:
+    from .__main__ import print_table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args(argv)
+    site = Site()
+    try:
+        site.setup_django()
+        print_table(site.database, asyncio.run(run(site, args.rounds)))
+    finally:
+        site.close()
+
+
+if __name__ == "__main__":
+    main()
