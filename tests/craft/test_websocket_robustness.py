@@ -93,10 +93,21 @@ async def test_session_updates_with_list_params_do_not_end_the_agent(session, co
     await comm.disconnect()
 
 
-@pytest.mark.parametrize(
-    "scenario",
-    ["listparams", "badresponse", "deep", "malformed", "permission-none", "permission-badparams"],
-)
+# Malformed protocol messages (the ACP client), and poison text (what craft.normalise cleans).
+BAD_AGENT_SCENARIOS = [
+    "listparams",
+    "badresponse",
+    "deep",
+    "malformed",
+    "permission-none",
+    "permission-badparams",
+    "surrogate",
+    "nul",
+    "hugekind",
+]
+
+
+@pytest.mark.parametrize("scenario", BAD_AGENT_SCENARIOS)
 async def test_after_a_malformed_agent_message_the_turn_ends_whole_and_replays(
     session, cookie, hostile, scenario
 ):
