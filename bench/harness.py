@@ -208,7 +208,8 @@ class Client:
     async def open(cls, server: Server, cookie: str, session_id: str) -> Client:
         import aiohttp
 
-        http = aiohttp.ClientSession(headers={"Cookie": cookie, "Origin": "http://127.0.0.1"})
+        # The server's own origin: the Origin check compares scheme, host and port.
+        http = aiohttp.ClientSession(headers={"Cookie": cookie, "Origin": server.url})
         ws = await http.ws_connect(
             f"{server.url.replace('http', 'ws')}/ws/sessions/{session_id}/",
             max_msg_size=0,

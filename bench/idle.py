@@ -31,7 +31,7 @@ async def run(site: Site, sockets: int = 10_000) -> list[Figure]:
         url = f"{server.url.replace('http', 'ws')}/ws/sessions/{session_id}/"
         connector = aiohttp.TCPConnector(limit=0)
         http = aiohttp.ClientSession(
-            connector=connector, headers={"Cookie": cookie, "Origin": "http://127.0.0.1"}
+            connector=connector, headers={"Cookie": cookie, "Origin": server.url}
         )
         opened: list[Any] = []
         gate = asyncio.Semaphore(64)

@@ -44,7 +44,7 @@ def _json_body(request: SignedInRequest) -> dict[str, Any] | None:
         return {}
     try:
         body = json.loads(request.body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
         return None
     return body if isinstance(body, dict) else None
 

@@ -10,17 +10,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "craft.settings")
 django_application = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from craft.origins import OriginCheck  # noqa: E402
 from craft.routing import websocket_urlpatterns  # noqa: E402
 from craft.wsauth import SessionAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_application,
-        # The Origin check is the cross-site websocket hijacking protection: keep it.
-        "websocket": AllowedHostsOriginValidator(
-            SessionAuthMiddleware(URLRouter(websocket_urlpatterns))
-        ),
+        # The Origin check (scheme, host and port) is the cross-site websocket hijacking
+        # protection: keep it.
+        "websocket": OriginCheck(SessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -21,6 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from . import live, services
+from .account_sockets import FollowsAccount
 from .db import db_sync_to_async
 from .eventlog import frames_after
 from .models import Session
@@ -46,7 +47,7 @@ def _frames_after(session_id: UUID, seq: int) -> list[tuple[int, str]]:
     return frames_after(session_id, seq, limit=REPLAY_PAGE)
 
 
-class SessionConsumer(AsyncWebsocketConsumer):
+class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     session_id: UUID
     sent_seq: int | None = None  # None until the client resumes: no events before that
     _known_seq = 0  # the highest seq known to be stored
@@ -67,6 +68,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if session is None:
             await self.accept()
             await self.close(code=CLOSE_FORBIDDEN)
+            return
+        # Sign-out, a password change or deactivation closes the socket (4401) from now on.
+        if not await self.follow_account(user):
+            await self.accept()
+            await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.group = live.session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -89,6 +95,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         # The turn goes on: only `cancel` stops it.
+        await self.unfollow_account()
         if self._following:
             live.unfollow(self.session_id, self)
             self._following = False
@@ -105,6 +112,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
             frame = json.loads(text_data)
         except ValueError:
             await self.send_error("bad_json", "the frame is not valid JSON")
+            return
+        except RecursionError:
+            await self.send_error("bad_json", "the frame is nested too deeply")
             return
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             await self.send_error("bad_frame", "a frame is a JSON object with a string 'type'")

@@ -8,6 +8,7 @@ at start with an error that names the variable. Secrets may also come from `NAME
 """
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -92,6 +93,50 @@ def env_argv(name: str, default: list[str]) -> list[str]:
     return argv
 
 
+def env_agent_env(name: str) -> dict[str, str | None]:
+    """Return `NAME` and `NAME=value` entries of a comma-separated variable.
+
+    `NAME` means "copy NAME from the server's environment when the agent starts" (None here);
+    `NAME=value` sets it (a value cannot contain a comma). The server's own variables are
+    refused, loudly, so that a typo cannot leak a secret to agents, and so are the variables
+    that Craft points inside the sandbox.
+    """
+    server_only = re.compile(r"DJANGO_.*|CRAFT_.*|DATABASE_URL(_FILE)?|REDIS_URL(_FILE)?")
+    entries: dict[str, str | None] = {}
+    for item in os.environ.get(name, "").split(","):
+        key, has_value, value = item.strip().partition("=")
+        key = key.strip()
+        if not key and not has_value:
+            continue
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ImproperlyConfigured(f"{name}: {key!r} is not a variable name")
+        if server_only.fullmatch(key):
+            raise ImproperlyConfigured(f"{name} must not pass {key}: it belongs to the server")
+        if key in ("HOME", "TMPDIR", "USER", "LOGNAME"):
+            raise ImproperlyConfigured(f"{name} cannot set {key}: Craft points it into the sandbox")
+        entries[key] = value if has_value else None
+    return entries
+
+
+def env_proxy_header(name: str) -> tuple[str, str] | None:
+    """Return Django's SECURE_PROXY_SSL_HEADER from `Header-Name=value`, or None when unset.
+
+    `X-Forwarded-Proto=https` means: a request is secure when that header says https. Set it
+    only behind a proxy that always sets (or strips) that header, or clients can forge it.
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    header, _, value = raw.partition("=")
+    header, value = header.strip(), value.strip()
+    if not re.fullmatch(r"[A-Za-z0-9-]+", header) or not value:
+        raise ImproperlyConfigured(
+            f"{name} must look like X-Forwarded-Proto=https (a header, '=', its secure value), "
+            f"got {raw!r}"
+        )
+    return "HTTP_" + header.upper().replace("-", "_"), value
+
+
 def env_choice(name: str, default: str, choices: set[str]) -> str:
     """Return a variable that must be one of `choices`."""
     value = os.environ.get(name, default).strip()
@@ -129,6 +174,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Outside the rest, so that it sees every error Django makes under /api/ (see the module).
+    "craft.api_errors.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -214,9 +261,20 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 WHITENOISE_USE_FINDERS = True
 
+# HTTPS (see docs/deployment.md). Production defaults assume the site is served over HTTPS
+# only: secure cookies, a redirect of plain HTTP, and HSTS for a year.
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+# Off unless asked: anyone may submit a domain that sends `preload` to the browsers' preload
+# list, and leaving it takes months. check --deploy's reminder (W021) is silenced meanwhile.
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
+SECURE_PROXY_SSL_HEADER = env_proxy_header("DJANGO_SECURE_PROXY_SSL_HEADER")
 SESSION_COOKIE_HTTPONLY = True
+CSRF_FAILURE_VIEW = "craft.api_errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 
 LOGGING = {
@@ -236,6 +294,12 @@ CRAFT_SANDBOX_BACKENDS = {
 CRAFT_SANDBOX_BACKEND = env_choice("CRAFT_SANDBOX_BACKEND", "local", set(CRAFT_SANDBOX_BACKENDS))
 CRAFT_AGENT_COMMAND = env_argv("CRAFT_AGENT_COMMAND", ["craft-demo-agent"])
 CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes")))
+# What agents get besides Craft's minimal environment (see sandboxes/backends/containment.py).
+CRAFT_AGENT_ENV = env_agent_env("CRAFT_AGENT_ENV")
+# Local sandboxes run as users of their own: "auto" when the server is root, "on", "off".
+CRAFT_SANDBOX_UIDS = env_choice("CRAFT_SANDBOX_UIDS", "auto", {"auto", "on", "off"})
+CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimum=1000)
+CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=1)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
@@ -258,6 +322,24 @@ CRAFT_K8S_READY_TIMEOUT = env_float("CRAFT_K8S_READY_TIMEOUT", 180.0, minimum=1.
 CRAFT_K8S_POLL_INTERVAL = env_float("CRAFT_K8S_POLL_INTERVAL", 0.5, minimum=0.05)
 CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT", 20.0, minimum=1.0)
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
+# Addresses sandbox pods may not reach (their NetworkPolicy): private, shared, link-local (cloud
+# metadata) and loopback ranges, where the cluster's pods, services and API server live. Add a
+# Kubernetes API endpoint with a public address here.
+CRAFT_K8S_EGRESS_BLOCKED = env_list(
+    "CRAFT_K8S_EGRESS_BLOCKED",
+    [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "169.254.0.0/16",
+        "127.0.0.0/8",
+        "0.0.0.0/8",
+        "fc00::/7",
+        "fe80::/10",
+        "::1/128",
+    ],
+)
 
 # Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
 # in production: they let anyone signed in disturb the service.

@@ -7,9 +7,13 @@ normal), parses them in wire order and routes them:
 * a response (`id`, no `method`) resolves the request that is waiting for it;
 * `session/update` notifications go to the running turn's sink, in the order they arrived;
 * agent-to-client requests: `session/request_permission` is surfaced to the turn as a
-  `PermissionRequest` and answered through `answer_permission()`; everything else (`fs/*`,
-  `terminal/*`, ...) gets a JSON-RPC "method not found" error, because we advertise no such
-  capability.
+  `PermissionRequest` (its options normalised, see `normalise_options`) and answered through
+  `answer_permission()`; everything else (`fs/*`, `terminal/*`, ...) gets a JSON-RPC "method
+  not found" error, because we advertise no such capability.
+
+A message of an unforeseen shape (list params, odd ids, JSON nested too deep to parse) is
+logged and skipped: it costs itself, never the reader thread, and an agent's request is always
+answered.
 
 It is deliberately thread-based rather than asyncio-based: the same connection is used from
 Channels consumers (one event loop), from sync views and admin actions (worker threads) and
@@ -39,6 +43,7 @@ CLIENT_INFO = {"name": "craft", "title": "Craft", "version": "0.1.0"}
 
 # JSON-RPC error codes used when we answer the agent.
 METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
 
 
 class AgentProcess(Protocol):
@@ -124,7 +129,38 @@ class _Turn:
 class _PendingPermission:
     jsonrpc_id: Any
     turn: _Turn
-    options: list[dict[str, Any]] = field(default_factory=list)
+    # Each offered option id as Craft shows it (a string) -> the id exactly as the agent sent it.
+    option_ids: dict[str, Any] = field(default_factory=dict)
+
+
+def normalise_options(raw: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Return the usable options of a permission request, and their ids as the agent sent them.
+
+    ACP says an option is an object with a string `optionId`, `name` and `kind`; agents have
+    sent numbers, nulls and objects instead. Options that are not objects, or have no id, are
+    dropped; other ids become strings (JSON text for non-strings), the first of two equal ids
+    wins, and `name` and `kind` become strings. The agent is answered with its own id.
+    """
+    options: list[dict[str, Any]] = []
+    original_ids: dict[str, Any] = {}
+    for option in raw if isinstance(raw, list) else []:
+        if not isinstance(option, dict) or option.get("optionId") is None:
+            continue
+        original = option["optionId"]
+        option_id = original if isinstance(original, str) else json.dumps(original)
+        if option_id in original_ids:
+            continue
+        original_ids[option_id] = original
+        name, kind = option.get("name"), option.get("kind")
+        options.append(
+            {
+                **option,
+                "optionId": option_id,
+                "name": name if isinstance(name, str) else option_id,
+                "kind": kind if isinstance(kind, str) else "",
+            }
+        )
+    return options, original_ids
 
 
 class AgentConnection:
@@ -178,7 +214,7 @@ class AgentConnection:
                 "session/new", {"cwd": self.cwd, "mcpServers": []}, timeout=timeout
             )
             self.agent_session_id = str(created["sessionId"])
-        except (AgentError, KeyError, TypeError) as exc:
+        except (AgentError, KeyError, TypeError, AttributeError) as exc:
             self.stop()
             raise AgentError(f"agent did not start: {exc}") from exc
 
@@ -297,15 +333,14 @@ class AgentConnection:
             pending = self._permissions.pop(request_id, None)
         if pending is None:
             return False
-        valid = {opt.get("optionId") for opt in pending.options}
-        if option_id is not None and option_id not in valid:
+        if option_id is not None and option_id not in pending.option_ids:
             with self._lock:
                 self._permissions[request_id] = pending
             raise ValueError(f"unknown option {option_id!r} for permission request")
         outcome: dict[str, Any] = (
             {"outcome": "cancelled"}
             if option_id is None
-            else {"outcome": "selected", "optionId": option_id}
+            else {"outcome": "selected", "optionId": pending.option_ids[option_id]}
         )
         try:
             self._write(
@@ -369,40 +404,54 @@ class AgentConnection:
             # ACP is UTF-8; a bad byte spoils one character, not the line. Decoding here
             # spares json.loads its encoding detection on every line.
             message = json.loads(line.decode("utf-8", "replace"))
-        except ValueError:
-            # Some agents (and npx wrappers) print banners on stdout: skip, never crash.
+        except (ValueError, RecursionError):
+            # Some agents (and npx wrappers) print banners on stdout: skip, never crash. JSON
+            # nested too deep for the parser is skipped the same way.
             logger.warning("agent %s wrote a non-JSON line: %.200r", self.process.ident, line)
             return
         if not isinstance(message, dict):
             logger.warning("agent %s wrote a non-object line: %.200r", self.process.ident, line)
             return
-        if "method" in message:
-            if "id" in message:
-                self._handle_agent_request(message)
-            else:
-                self._handle_notification(message)
-        elif "id" in message:
-            self._handle_response(message)
+        try:
+            if "method" in message:
+                if "id" in message:
+                    self._handle_agent_request(message)
+                else:
+                    self._handle_notification(message)
+            elif "id" in message:
+                self._handle_response(message)
+        except AgentError:
+            pass  # an answer could not be written: the agent is gone, and EOF ends this loop
+        except Exception:
+            # A message of a shape nobody foresaw must cost that message, not the connection:
+            # the reader thread is the only one that hears the agent.
+            logger.exception("agent %s sent a message Craft cannot handle", self.process.ident)
 
     def _handle_response(self, message: dict[str, Any]) -> None:
-        with self._lock:
-            future = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+        response_id = message["id"]
+        future = None
+        if type(response_id) is int:  # our ids are ints; a list or object would not even hash
+            with self._lock:
+                future = self._pending.pop(response_id, None)
         if future is None:
-            logger.warning("agent %s answered unknown id %r", self.process.ident, message["id"])
+            logger.warning("agent %s answered unknown id %.100r", self.process.ident, response_id)
             return
         if "error" in message:
-            error = message["error"] or {}
-            future.set_exception(
-                AgentError(f"{error.get('message', 'error')} (code {error.get('code')})")
-            )
+            error = message["error"]
+            if isinstance(error, dict):
+                text = f"{error.get('message', 'error')} (code {error.get('code')})"
+            else:
+                text = f"error {error!r:.200}"
+            future.set_exception(AgentError(text))
         else:
             future.set_result(message.get("result"))
 
     def _handle_notification(self, message: dict[str, Any]) -> None:
         if message.get("method") != "session/update":
-            logger.debug("agent %s sent %s", self.process.ident, message.get("method"))
+            logger.debug("agent %s sent %.100r", self.process.ident, message.get("method"))
             return
-        update = (message.get("params") or {}).get("update")
+        params = message.get("params")
+        update = params.get("update") if isinstance(params, dict) else None
         if not isinstance(update, dict):
             logger.warning("agent %s sent a session/update without update", self.process.ident)
             return
@@ -412,39 +461,58 @@ class AgentConnection:
     def _handle_agent_request(self, message: dict[str, Any]) -> None:
         method = message["method"]
         if method == "session/request_permission":
-            params = message.get("params") or {}
-            request_id = uuid.uuid4().hex
-            with self._lock:
-                turn = self._turn
-                if turn is not None and not turn.cancelled:
-                    options = list(params.get("options") or [])
-                    self._permissions[request_id] = _PendingPermission(
-                        jsonrpc_id=message["id"], turn=turn, options=options
-                    )
-            if turn is None or turn.cancelled:
-                # Nobody can answer outside a turn, and a cancelled turn answers "cancelled".
-                self._write(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": message["id"],
-                        "result": {"outcome": {"outcome": "cancelled"}},
-                    }
-                )
-                return
-            self._deliver(
-                PermissionRequest(
-                    request_id=request_id,
-                    tool_call=dict(params.get("toolCall") or {}),
-                    options=options,
-                )
-            )
+            self._handle_permission_request(message)
             return
         self._write(
             {
                 "jsonrpc": "2.0",
                 "id": message["id"],
-                "error": {"code": METHOD_NOT_FOUND, "message": f"{method} is not supported"},
+                "error": {"code": METHOD_NOT_FOUND, "message": f"{method!r:.100} is not supported"},
             }
+        )
+
+    def _handle_permission_request(self, message: dict[str, Any]) -> None:
+        """Surface a permission request to the turn; whatever its shape, the agent hears back."""
+        params = message.get("params")
+        if not isinstance(params, dict):
+            self._write(
+                {
+                    "jsonrpc": "2.0",
+                    "id": message["id"],
+                    "error": {"code": INVALID_PARAMS, "message": "params must be an object"},
+                }
+            )
+            return
+        options, option_ids = normalise_options(params.get("options"))
+        tool_call = params.get("toolCall")
+        request_id = uuid.uuid4().hex
+        with self._lock:
+            turn = self._turn
+            answerable = turn is not None and not turn.cancelled and bool(options)
+            if answerable:
+                assert turn is not None
+                self._permissions[request_id] = _PendingPermission(
+                    jsonrpc_id=message["id"], turn=turn, option_ids=option_ids
+                )
+        if not answerable:
+            # Nobody can answer outside a turn, a cancelled turn answers "cancelled", and a
+            # request without one usable option cannot be answered otherwise.
+            if not options:
+                logger.warning("agent %s asked permission without options", self.process.ident)
+            self._write(
+                {
+                    "jsonrpc": "2.0",
+                    "id": message["id"],
+                    "result": {"outcome": {"outcome": "cancelled"}},
+                }
+            )
+            return
+        self._deliver(
+            PermissionRequest(
+                request_id=request_id,
+                tool_call=dict(tool_call) if isinstance(tool_call, dict) else {},
+                options=options,
+            )
         )
 
     def _deliver(self, item: TurnItem) -> None:

@@ -21,10 +21,12 @@ runs inside sandbox container images and through Kubernetes pod exec.
 from __future__ import annotations
 
 import argparse
+import errno
 import itertools
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import traceback
@@ -489,6 +491,80 @@ def resolve_inside(cwd: Path, relative: str) -> Path:
     return path
 
 
+def open_inside(cwd: Path, relative: str, flags: int, *, make_parents: bool = False) -> int:
+    """Open `relative` under cwd without following a symbolic link anywhere; return the fd.
+
+    Checking a path and then opening it by name is a race: a folder on the way can be swapped
+    for a link to elsewhere in between (the write waits for a person's permission, which makes
+    the window wide). So every folder is opened relative to the one before it with O_NOFOLLOW,
+    and the file itself too: what is opened is what lies inside cwd at that moment, or nothing.
+    A link anywhere on the way raises PathRefused; `make_parents` creates missing folders.
+    """
+    parts = Path(relative).parts
+    if not parts or os.path.isabs(relative) or ".." in parts:
+        raise PathRefused(f"Refused: {relative} is not a path inside the working directory.")
+    folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in parts[:-1]:
+            if make_parents:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass  # a folder, a file or a link: the open below tells them apart
+            try:
+                next_fd = os.open(name, folder_flags, dir_fd=fd)
+            except OSError as exc:
+                raise _refusal(relative, exc, name, fd) from exc
+            os.close(fd)
+            fd = next_fd
+        try:
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        except OSError as exc:
+            raise _refusal(relative, exc, parts[-1], fd) from exc
+    finally:
+        os.close(fd)
+
+
+def _refusal(relative: str, exc: OSError, name: str, dir_fd: int) -> Exception:
+    """Return PathRefused if `name` is a link (O_NOFOLLOW fails with ELOOP, or with ENOTDIR
+    when O_DIRECTORY is asked too), else the error itself."""
+    try:
+        is_link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        is_link = False
+    if is_link or exc.errno == errno.ELOOP:
+        return PathRefused(f"Refused: {relative} goes through a symbolic link.")
+    return exc
+
+
+def read_inside(cwd: Path, relative: str) -> str:
+    """Return the text of `relative` in cwd, read without following a symbolic link."""
+    fd = open_inside(cwd, relative, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, encoding="utf-8", errors="replace") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PathRefused(f"Refused: {relative} is not a regular file.")
+        return handle.read()
+
+
+def write_inside(cwd: Path, relative: str, content: str) -> None:
+    """Write `relative` in cwd (creating folders) without following a symbolic link.
+
+    A file with other hard links is refused too: writing it would change a file elsewhere.
+    """
+    # O_NONBLOCK: a FIFO planted under the name fails at once instead of hanging the turn.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK
+    fd = open_inside(cwd, relative, flags, make_parents=True)
+    with open(fd, "w", encoding="utf-8") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise PathRefused(f"Refused: {relative} is not a regular file.")
+        if info.st_nlink > 1:
+            raise PathRefused(f"Refused: {relative} has other hard links.")
+        handle.truncate(0)
+        handle.write(content)
+
+
 def text_content(text: str) -> dict[str, Any]:
     """Return a tool call content item holding plain text."""
     return {"type": "content", "content": {"type": "text", "text": text}}
@@ -517,7 +593,8 @@ def write_file(turn: Turn, relative: str, content: str) -> bool:
     title = f"Write {relative}"
     try:
         path = resolve_inside(turn.cwd, relative)
-    except PathRefused as exc:
+        old_text = read_inside(turn.cwd, relative) if path.is_file() else None
+    except (PathRefused, OSError) as exc:
         turn.update(
             {
                 "sessionUpdate": "tool_call",
@@ -532,7 +609,6 @@ def write_file(turn: Turn, relative: str, content: str) -> bool:
         turn.chunk(f"Did not write {relative}.")
         return False
 
-    old_text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
     diff = {"type": "diff", "path": str(path), "oldText": old_text, "newText": content}
     tool_call = {
         "toolCallId": tool_call_id,
@@ -559,9 +635,9 @@ def write_file(turn: Turn, relative: str, content: str) -> bool:
 
     turn.tool_call_update(tool_call_id, status="in_progress")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content, encoding="utf-8")
-    except OSError as exc:
+        # Not `path`: what it named when it was checked may have been swapped for a link since.
+        write_inside(turn.cwd, relative, content)
+    except (PathRefused, OSError) as exc:
         turn.tool_call_update(tool_call_id, status="failed", content=[text_content(str(exc))])
         turn.chunk(f"Did not write {relative}.")
         return False
@@ -589,9 +665,11 @@ def read_file(turn: Turn, relative: str) -> str | None:
         return None
     turn.update({**tool_call, "locations": [{"path": str(path)}]})
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_inside(turn.cwd, relative)
     except FileNotFoundError:
         problem = f"No such file: {relative}"
+    except PathRefused as exc:
+        problem = str(exc)
     except OSError as exc:
         problem = f"Cannot read {relative}: {exc.strerror or exc}"
     else:

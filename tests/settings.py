@@ -6,6 +6,11 @@ from pathlib import Path
 
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-used-anywhere-else")
 os.environ.setdefault("DJANGO_SECURE_COOKIES", "0")
+# Tests (and the daphne the browser tests start) speak plain HTTP on loopback.
+os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
+# Test agents run from the checkout with the virtualenv's Python, which sandbox users may not be
+# able to run (pyenv under /root, say): the containment tests turn sandbox users on themselves.
+os.environ.setdefault("CRAFT_SANDBOX_UIDS", "off")
 # The suite runs on PostgreSQL: several tests are about concurrent writers and a second
 # process (daphne) sharing the database. CRAFT_TEST_DATABASE_URL points it elsewhere.
 os.environ.setdefault(

@@ -57,6 +57,7 @@ def test_the_role_grants_exactly_what_the_kubernetes_backend_calls():
         ("services", "create"),
         ("services", "delete"),
         ("events", "list"),
+        ("networkpolicies", "create"),
     }
     assert role["metadata"]["namespace"] == settings.CRAFT_K8S_NAMESPACE
 

@@ -18,6 +18,7 @@ Only this module imports the kubernetes client.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import json
 import logging
 import os
@@ -66,6 +67,10 @@ FATAL_WAITING_REASONS = {
 # Run the agent in its workspace without building a shell string from data: the script is a
 # constant, the workspace and the agent's argv are its positional arguments.
 CD_AND_EXEC = 'cd "$1" && shift && exec "$@"'
+
+# One policy per sandbox namespace, for every sandbox pod in it.
+NETWORK_POLICY = "craft-sandbox-isolation"
+SANDBOX_LABEL = {"app.kubernetes.io/name": "craft-sandbox"}
 
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 V5_PROTOCOL = "v5.channel.k8s.io"
@@ -358,6 +363,8 @@ class KubernetesBackend:
         # The REST client. Never pass it (or an API object built on it) to stream(): #928.
         self.rest_client = rest_client or k8s.ApiClient(self.configuration)
         self.core = k8s.CoreV1Api(self.rest_client)
+        self.networking = k8s.NetworkingV1Api(self.rest_client)
+        self._policy_namespaces: set[str] = set()  # where this process saw the policy exist
         # One fresh ApiClient per exec, so that no two streams ever share one either.
         self._exec_api_client = exec_api_client or (lambda: k8s.ApiClient(self.configuration))
 
@@ -369,6 +376,8 @@ class KubernetesBackend:
 
     def provision(self, sandbox: Sandbox, progress: Progress) -> str:
         name = pod_name(sandbox)
+        # Before the pod: a sandbox must never run without its network policy.
+        self._ensure_network_policy()
         progress("creating pod")
         self._create_or_adopt_pod(sandbox)
         self._create_or_adopt_service(sandbox)
@@ -385,6 +394,20 @@ class KubernetesBackend:
             existing = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
             if existing.metadata.deletion_timestamp is not None:
                 raise SandboxError("the previous pod of this sandbox is still terminating") from exc
+
+    def _ensure_network_policy(self) -> None:
+        """Create the namespace's sandbox NetworkPolicy unless it exists (409: adopt it)."""
+        namespace = self.namespace
+        if namespace in self._policy_namespaces:
+            return
+        try:
+            self.networking.create_namespaced_network_policy(
+                namespace, self.network_policy_manifest()
+            )
+        except ApiException as exc:
+            if not _is_status(exc, 409):
+                raise SandboxError(f"cannot create the network policy: {_reason(exc)}") from exc
+        self._policy_namespaces.add(namespace)
 
     def _create_or_adopt_service(self, sandbox: Sandbox) -> None:
         try:
@@ -499,7 +522,7 @@ class KubernetesBackend:
 
     def labels(self, sandbox: Sandbox) -> dict[str, str]:
         return {
-            "app.kubernetes.io/name": "craft-sandbox",
+            **SANDBOX_LABEL,
             "app.kubernetes.io/managed-by": "craft",
             "craft.dev/sandbox": str(sandbox.id),
             "craft.dev/owner": str(sandbox.owner_id),
@@ -550,6 +573,47 @@ class KubernetesBackend:
                         "name": "workspace",
                         "emptyDir": {"sizeLimit": settings.CRAFT_K8S_WORKSPACE_SIZE},
                     }
+                ],
+            },
+        }
+
+    def network_policy_manifest(self) -> dict[str, Any]:
+        """Return the NetworkPolicy of every sandbox pod in the namespace.
+
+        No ingress at all (exec reaches a pod through the kubelet, not the pod network). Egress
+        to the cluster's DNS, and to every address except CRAFT_K8S_EGRESS_BLOCKED: the private
+        ranges where pods, services, nodes and the Kubernetes API live, and link-local cloud
+        metadata. Agents may still reach the internet (their model providers).
+        """
+        blocked = [ipaddress.ip_network(cidr) for cidr in settings.CRAFT_K8S_EGRESS_BLOCKED]
+        allowed = []
+        for everything in (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")):
+            excepted = [str(net) for net in blocked if net.version == everything.version]
+            allowed.append({"ipBlock": {"cidr": str(everything), "except": excepted}})
+        cluster_dns = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": NETWORK_POLICY,
+                "labels": {"app.kubernetes.io/managed-by": "craft"},
+            },
+            "spec": {
+                "podSelector": {"matchLabels": SANDBOX_LABEL},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [],
+                "egress": [
+                    {
+                        "to": [cluster_dns],
+                        "ports": [
+                            {"protocol": "UDP", "port": 53},
+                            {"protocol": "TCP", "port": 53},
+                        ],
+                    },
+                    {"to": allowed},
                 ],
             },
         }

@@ -1,8 +1,10 @@
 """The local backend: a sandbox is a folder on this machine, agents are subprocesses.
 
-It needs nothing installed and is the embedded default. It isolates sessions by folder only,
-not by user or kernel namespace: fit for one person's laptop or a trusted team, not for
-strangers' code (use the kubernetes backend for that).
+It needs nothing installed and is the embedded default. Every agent gets an explicit, minimal
+environment (never the server's), and, when the server runs as root, a user of its own per
+sandbox (see `containment`). It does not isolate the network, the machine's world-readable
+files or its CPU and memory: fit for a laptop or a team, while the kubernetes backend is the
+one for strangers' code. The README says exactly what is and is not isolated.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.conf import settings
 
+from . import containment
 from .base import Health, Progress, SandboxError
+from .containment import SandboxUser
 
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
@@ -31,14 +35,30 @@ agent_stderr = logging.getLogger("craft.agent.stderr")
 
 
 class LocalAgentProcess:
-    """An agent running as a child process; its stderr goes to the log."""
+    """An agent running as a child process; its stderr goes to the log.
 
-    def __init__(self, argv: list[str], cwd: Path) -> None:
+    The backend always passes `env` (the agent's whole environment) and, with sandbox users,
+    `user`: the process then runs as that uid and gid with no supplementary groups and a
+    umask of 077. Without `env` the child inherits this process's environment (tests only).
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: Path,
+        *,
+        env: dict[str, str] | None = None,
+        user: SandboxUser | None = None,
+    ) -> None:
+        as_user: dict[str, Any] = {}
+        if user is not None:
+            as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": 0o077}
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
             self._popen = subprocess.Popen(
                 argv,
                 cwd=cwd,
+                env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -46,6 +66,7 @@ class LocalAgentProcess:
                 # Bigger than the default 8 KiB: fewer reads (and GIL hand-overs) per line
                 # of a fast stream. readline still returns each line as soon as it arrives.
                 bufsize=1 << 16,
+                **as_user,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
@@ -121,68 +142,143 @@ class LocalAgentProcess:
             pass  # closed by terminate()
 
 
-def resolve_command(argv: list[str]) -> list[str]:
-    """Find argv[0] on PATH or beside this Python (a virtualenv's bin is often not on PATH)."""
+def resolve_command(argv: list[str], path: str | None = None) -> list[str]:
+    """Find argv[0] on `path`, by default this process's PATH and the folder of this Python
+    (a virtualenv's bin is often not on PATH)."""
     if not argv:
         raise SandboxError("CRAFT_AGENT_COMMAND is empty")
     program = argv[0]
     if os.sep in program:
         return argv
-    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    found = shutil.which(program, path=search)
+    if path is None:
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    found = shutil.which(program, path=path)
     if found is None:
-        raise SandboxError(f"agent command {program!r} not found on PATH")
+        raise SandboxError(f"agent command {program!r} not found on the agents' PATH ({path})")
     return [found, *argv[1:]]
 
 
 class LocalBackend:
-    """Sandboxes as folders under `CRAFT_SANDBOX_ROOT`, agents as subprocesses."""
+    """Sandboxes as folders under `CRAFT_SANDBOX_ROOT`, agents as subprocesses.
+
+    With sandbox users (`CRAFT_SANDBOX_UIDS`), a sandbox's folder, its `home`, `tmp` and
+    session workspaces belong to the sandbox's own uid with mode 0700, and its agents run as
+    that uid. `<root>/.craft/bin` holds the bundled demo agent, first on every agent's PATH.
+    """
 
     name = "local"
+
+    def __init__(self) -> None:
+        self.uids = containment.sandbox_uids_enabled(self.sandbox_root)
+        self._tools_lock = threading.Lock()
+        self._tools_installed: set[Path] = set()
+        if self.uids:
+            pool = self.pool
+            last = pool.first + pool.count - 1
+            logger.info(
+                "local sandboxes run as users of their own (uids %d to %d)", pool.first, last
+            )
+
+    # The root is read from settings each time: provisioned sandboxes keep their folder (their
+    # reference), new ones go wherever the setting says now.
+    @property
+    def sandbox_root(self) -> Path:
+        return Path(settings.CRAFT_SANDBOX_ROOT)
+
+    @property
+    def pool(self) -> containment.UidPool:
+        return containment.UidPool(self.sandbox_root)
+
+    @property
+    def tools(self) -> Path:
+        return self.sandbox_root / containment.CRAFT_DIR / "bin"
 
     def _root(self, sandbox: Sandbox) -> Path:
         # Once provisioned, the reference is the folder: a later change of the root setting
         # must not orphan existing sandboxes.
         if sandbox.reference:
             return Path(sandbox.reference)
-        return Path(settings.CRAFT_SANDBOX_ROOT) / str(sandbox.id)
+        return self.sandbox_root / str(sandbox.id)
 
     def _workspace(self, sandbox: Sandbox, session_id: UUID) -> Path:
         # session_id is a UUID, so the path cannot escape the sandbox folder.
         return self._root(sandbox) / "sessions" / str(UUID(str(session_id)))
 
+    def _user(self, sandbox: Sandbox) -> SandboxUser | None:
+        return self.pool.assign(self._root(sandbox)) if self.uids else None
+
     def provision(self, sandbox: Sandbox, progress: Progress) -> str:
         root = self._root(sandbox)
         progress("creating sandbox folder")
         try:
-            (root / "sessions").mkdir(parents=True, exist_ok=True)
+            if self.uids:
+                containment.close_server_files(self.sandbox_root)
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            user = self._user(sandbox)
+            for folder in ("sessions", "home", "tmp"):
+                containment.private_folder(root, (folder,), user)
+            root.chmod(0o700)
         except OSError as exc:
             raise SandboxError(f"cannot create sandbox folder: {exc}") from exc
         return str(root)
 
     def terminate(self, sandbox: Sandbox) -> None:
+        # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(self._root(sandbox), ignore_errors=True)
 
     def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
         return str(self._workspace(sandbox, session_id))
 
     def create_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
+        parts = ("sessions", str(UUID(str(session_id))))
         try:
-            self._workspace(sandbox, session_id).mkdir(parents=True, exist_ok=True)
+            containment.private_folder(self._root(sandbox), parts, self._user(sandbox))
         except OSError as exc:
             raise SandboxError(f"cannot create session workspace: {exc}") from exc
 
     def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
-        shutil.rmtree(self._workspace(sandbox, session_id), ignore_errors=True)
+        parts = ("sessions", str(UUID(str(session_id))))
+        containment.remove_private_folder(self._root(sandbox), parts)
 
     def start_agent(self, sandbox: Sandbox, session_id: UUID) -> LocalAgentProcess:
+        root = self._root(sandbox)
         workspace = self._workspace(sandbox, session_id)
         if not workspace.is_dir():
             raise SandboxError("session workspace does not exist")
-        return LocalAgentProcess(resolve_command(list(settings.CRAFT_AGENT_COMMAND)), workspace)
+        user = self._user(sandbox)
+        if user is not None:
+            containment.close_server_files(self.sandbox_root)
+        tools = self.tools
+        # Checked without following links, and created for sandboxes from before they existed.
+        # (Popen's chdir into the workspace would follow a link swapped in after this check,
+        # but gives nothing: the agent's rights on whatever it lands in are checked as its own.)
+        for parts in (("home",), ("tmp",), ("sessions", workspace.name)):
+            containment.private_folder(root, parts, user)
+        self._install_tools()
+        env = containment.agent_environment(root, tools, user)
+        argv = resolve_command(list(settings.CRAFT_AGENT_COMMAND), env["PATH"])
+        if user is not None and not containment.others_can_run(argv[0]):
+            raise SandboxError(
+                f"the agent command {argv[0]} cannot be run by sandbox users: install it where "
+                "every user can run it (e.g. /usr/local/bin), or set CRAFT_SANDBOX_UIDS=off"
+            )
+        return LocalAgentProcess(argv, workspace, env=env, user=user)
+
+    def _install_tools(self) -> None:
+        tools = self.tools
+        with self._tools_lock:
+            if tools not in self._tools_installed:
+                containment.install_demo_agent(tools, containment.sandbox_python(self.uids))
+                self._tools_installed.add(tools)
 
     def health(self, sandbox: Sandbox) -> Health:
         root = self._root(sandbox)
-        if root.is_dir():
-            return Health(True, "folder present")
-        return Health(False, "sandbox folder is missing")
+        if not root.is_dir():
+            return Health(False, "sandbox folder is missing")
+        if self.uids:
+            try:
+                user = self.pool.user_of(root)
+            except SandboxError as exc:
+                return Health(False, str(exc))
+            return Health(True, f"folder present, runs as uid {user.uid}")
+        return Health(True, "folder present")

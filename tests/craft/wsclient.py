@@ -12,6 +12,7 @@ from django.contrib.sessions.backends.db import SessionStore
 from craft.asgi import application
 
 ORIGIN = "http://localhost"
+HOST = "localhost"  # the handshake's Host header: ORIGIN is then the app's own origin
 
 
 def session_cookie(user: Any) -> str:
@@ -25,7 +26,7 @@ def session_cookie(user: Any) -> str:
 
 
 def communicator(session_id: Any, cookie: str | None, origin: str | None = ORIGIN):
-    headers = []
+    headers = [(b"host", HOST.encode())]
     if origin is not None:
         headers.append((b"origin", origin.encode()))
     if cookie is not None:

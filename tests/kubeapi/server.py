@@ -14,6 +14,8 @@ What is modelled:
   pull failures, unschedulable pods, pods that never become Ready and slow deletion.
 * Services: create / get / list / delete / watch, with a cluster IP assigned on creation.
 * Events: list and watch, with field selectors such as `involvedObject.name=x`.
+* NetworkPolicies (`networking.k8s.io/v1`): create and get, stored as sent. Nothing enforces
+  them: exec'd commands reach whatever this machine reaches.
 * Errors: every failure is a `Status` object with the code and reason a real server uses.
 * Exec: subprotocol negotiation, the empty priming frame, stdout/stderr streaming in frames of
   bounded size, stdin (text or binary frames), the v5 CLOSE signal that half-closes stdin, the
@@ -365,6 +367,7 @@ class Cluster:
         self.pods: dict[tuple[str, str], PodEntry] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
+        self.network_policies: dict[tuple[str, str], dict[str, Any]] = {}
         # Called with (namespace, pod) when a pod is deleted and when it is finally gone, so
         # the server can stop the pod's processes.
         self.on_pod_deleted: Callable[[str, str], None] = lambda namespace, name: None
@@ -826,6 +829,27 @@ class Cluster:
 
     def list_services(self, namespace: str | None) -> list[dict[str, Any]]:
         return [s for (ns, _), s in sorted(self.services.items()) if namespace in (None, ns)]
+
+    # -- network policies (stored, not enforced) -----------------------------------------------
+
+    def create_network_policy(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = self._resolve_name("NetworkPolicy", namespace, body)
+        if (namespace, name) in self.network_policies:
+            raise already_exists("networkpolicies.networking.k8s.io", name)
+        policy = {
+            "kind": "NetworkPolicy",
+            "apiVersion": "networking.k8s.io/v1",
+            "metadata": self._new_metadata(namespace, body.get("metadata") or {}, name),
+            "spec": body.get("spec") or {},
+        }
+        self.network_policies[(namespace, name)] = policy
+        return policy
+
+    def get_network_policy(self, namespace: str, name: str) -> dict[str, Any]:
+        policy = self.network_policies.get((namespace, name))
+        if policy is None:
+            raise not_found("networkpolicies.networking.k8s.io", name)
+        return policy
 
     def namespaces(self) -> list[str]:
         seen = {"default", "kube-system", "kube-public", "kube-node-lease"}
@@ -1473,6 +1497,9 @@ class KubeTestServer:
         app.router.add_delete(ns + "/services/{name}", self._delete_service)
         app.router.add_get("/api/v1/events", self._list_events)
         app.router.add_get(ns + "/events", self._list_events)
+        policies = "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
+        app.router.add_post(policies, self._create_network_policy)
+        app.router.add_get(policies + "/{name}", self._get_network_policy)
 
     @web.middleware
     async def _middleware(
@@ -1743,6 +1770,20 @@ class KubeTestServer:
             request.match_info["namespace"], request.match_info["name"]
         )
         return web.json_response(service)
+
+    # -- network policies -----------------------------------------------------------------------
+
+    async def _create_network_policy(self, request: web.Request) -> web.Response:
+        body = await self._read_body(request)
+        policy = self.cluster.create_network_policy(request.match_info["namespace"], body)
+        return web.json_response(policy, status=201)
+
+    async def _get_network_policy(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            self.cluster.get_network_policy(
+                request.match_info["namespace"], request.match_info["name"]
+            )
+        )
 
     # -- events -------------------------------------------------------------------------------
 

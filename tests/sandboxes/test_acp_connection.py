@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +170,77 @@ def test_stop_ends_the_process(agent):
 def test_a_program_that_is_not_an_agent_fails_to_start(tmp_path):
     with pytest.raises(AgentError):
         start_demo_agent(tmp_path / "ws", ["python3", "-c", "print('hello')"])
+
+
+# --- A hostile agent: malformed messages cost themselves, never the connection -------------
+
+HOSTILE = [sys.executable, str(Path(__file__).parent.parent / "agents" / "hostile_agent.py")]
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    connection = start_demo_agent(tmp_path / "ws", HOSTILE)
+    yield connection
+    connection.stop()
+
+
+def last_text(items):
+    chunks = [i for i in items if isinstance(i, Update) and i.kind == "agent_message_chunk"]
+    return chunks[-1].data["content"]["text"]
+
+
+def assert_survived(connection, items, word):
+    """The turn ended normally, its last chunk arrived, and the agent still answers."""
+    assert ending(items) == TurnEnd("end_turn")
+    assert last_text(items) == f"after {word}"
+    assert connection.is_running
+    assert reply_text(run_turn(connection, "ping")) == "hostile: pingafter ping"
+
+
+@pytest.mark.parametrize("word", ["listparams", "badresponse", "deep", "malformed"])
+def test_malformed_agent_messages_do_not_stop_the_reader(hostile, word, caplog):
+    items = run_turn(hostile, word)
+    assert_survived(hostile, items, word)
+    assert "agent exited" not in caplog.text
+
+
+def test_updates_that_are_objects_are_delivered_whatever_their_kind(hostile):
+    items = run_turn(hostile, "malformed")
+    kinds = [item.kind for item in items if isinstance(item, Update)]
+    # The five non-objects are skipped; the objects arrive, with their kind as a string.
+    assert kinds[:6] == [
+        "unknown",
+        "7",
+        "['plan']",
+        "plan",
+        "agent_message_chunk",
+        "tool_call_update",
+    ]
+
+
+def test_permission_options_with_odd_ids_become_strings_and_the_agent_hears_its_own_id(hostile):
+    items = []
+    for item in hostile.iter_prompt("permission", timeout=15):
+        items.append(item)
+        if isinstance(item, PermissionRequest):
+            request = item
+            assert [o["optionId"] for o in item.options] == ["1", '{"x": 1}', "ok"]
+            assert [o["name"] for o in item.options] == ["One", '{"x": 1}', "OK"]
+            assert hostile.answer_permission(item.request_id, "1")
+    assert request.tool_call == {"toolCallId": "p1"}
+    answer = json.loads(reply_text(items).removeprefix("answer: ").removesuffix("after permission"))
+    assert answer == {"outcome": {"optionId": 1, "outcome": "selected"}}
+    assert_survived(hostile, items, "permission")
+
+
+def test_a_permission_request_without_usable_options_is_answered_cancelled(hostile):
+    items = run_turn(hostile, "permission-none")
+    assert not any(isinstance(item, PermissionRequest) for item in items)
+    assert reply_text(items).startswith('answer: {"outcome": {"outcome": "cancelled"}}')
+    assert_survived(hostile, items, "permission-none")
+
+
+def test_a_permission_request_with_list_params_gets_an_error_answer(hostile):
+    items = run_turn(hostile, "permission-badparams")
+    assert '"code": -32602' in reply_text(items)
+    assert_survived(hostile, items, "permission-badparams")

@@ -575,3 +575,80 @@ def test_second_prompt_while_running_is_refused(agent: AgentProcess) -> None:
     messages, response = agent.collect(first)
     assert texts(messages) == ["chunk 1 ", "chunk 2 ", "chunk 3 "]
     assert response["result"]["stopReason"] == "end_turn"
+
+
+def final_tool_update(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """Return the status and text of the last tool_call_update."""
+    (*_, last) = [u for u in updates(messages) if u["sessionUpdate"] == "tool_call_update"]
+    return last["status"], last["content"][0]["content"]["text"]
+
+
+@pytest.fixture
+def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder outside the agent's working directory, holding one file."""
+    folder = tmp_path_factory.mktemp("outside")
+    (folder / "target.txt").write_text("original")
+    return folder
+
+
+# What is in the workspace before the prompt, and what the write path is swapped for while the
+# agent waits for permission (after it has checked the path).
+SWAPS = {
+    "a folder on the way": ("sub/x.txt", "sub", "outside"),
+    "a folder created later": ("new/x.txt", None, "outside"),
+    "the file itself": ("x.txt", "x.txt", "outside/target.txt"),
+}
+
+
+@pytest.mark.parametrize("swap", SWAPS, ids=list(SWAPS))
+def test_a_link_swapped_in_after_the_check_does_not_lead_the_write_outside(
+    agent: AgentProcess, outside: Path, swap: str
+) -> None:
+    relative, existing, link_target = SWAPS[swap]
+    swapped = agent.cwd / relative.split("/")[0]
+    if existing == "sub":
+        swapped.mkdir()
+    elif existing:
+        swapped.write_text("inside")
+    session_id = start_session(agent)
+    request_id = prompt(agent, session_id, f"write {relative} pwned")
+    _, permission = answer_permission_later(agent)
+    if swapped.is_dir():
+        swapped.rename(agent.cwd / "moved-away")
+    elif swapped.exists():
+        swapped.unlink()
+    swapped.symlink_to(outside / link_target.removeprefix("outside").lstrip("/"))
+    agent.reply(permission["id"], {"outcome": {"outcome": "selected", "optionId": "allow"}})
+    messages, response = agent.collect(request_id)
+    status, text = final_tool_update(messages)
+    assert (status, text) == ("failed", f"Refused: {relative} goes through a symbolic link.")
+    assert texts(messages) == [f"Did not write {relative}."]
+    assert response["result"]["stopReason"] == "end_turn"
+    assert sorted(p.name for p in outside.iterdir()) == ["target.txt"]
+    assert (outside / "target.txt").read_text() == "original"
+
+
+def answer_permission_later(agent: AgentProcess) -> tuple[list, dict]:
+    """Read up to the permission request and return it unanswered."""
+    before = []
+    while (message := agent.read()).get("method") != "session/request_permission":
+        before.append(message)
+    return before, message
+
+
+def test_a_file_with_another_hard_link_is_not_written(agent: AgentProcess, outside: Path) -> None:
+    os.link(outside / "target.txt", agent.cwd / "linked.txt")
+    session_id = start_session(agent)
+    request_id = prompt(agent, session_id, "write linked.txt pwned")
+    answer_permission(agent, "allow")
+    messages, _ = agent.collect(request_id)
+    assert final_tool_update(messages) == ("failed", "Refused: linked.txt has other hard links.")
+    assert (outside / "target.txt").read_text() == "original"
+
+
+def test_reading_through_a_link_is_refused(agent: AgentProcess, outside: Path) -> None:
+    (agent.cwd / "inner").symlink_to(outside)
+    messages, _ = run_prompt(agent, "read inner/target.txt")
+    status, text = final_tool_update(messages)
+    assert status == "failed" and text.startswith("Refused: inner/target.txt")
+    assert "original" not in json.dumps(messages)

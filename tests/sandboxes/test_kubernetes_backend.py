@@ -21,7 +21,7 @@ from craft import services as craft_services
 from sandboxes import services
 from sandboxes.acp import AgentConnection, Update
 from sandboxes.backends import SandboxError
-from sandboxes.backends.kubernetes import KubernetesBackend, pod_name
+from sandboxes.backends.kubernetes import NETWORK_POLICY, KubernetesBackend, pod_name
 from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 
@@ -77,6 +77,46 @@ def test_provisioning_creates_a_locked_down_pod_and_a_service(sandbox, kube, set
     assert service.spec.selector == {"craft.dev/sandbox": str(sandbox.id)}
 
 
+def test_sandbox_pods_get_a_network_policy_before_they_exist(sandbox, kube, settings):
+    api = kubernetes.NetworkingV1Api(kubernetes.ApiClient(kube.configuration()))
+    policy = api.read_namespaced_network_policy(NETWORK_POLICY, NAMESPACE)
+    pod = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration())).read_namespaced_pod(
+        pod_name(sandbox), NAMESPACE
+    )
+    selector = policy.spec.pod_selector.match_labels
+    assert selector.items() <= pod.metadata.labels.items()
+    assert policy.spec.policy_types == ["Ingress", "Egress"]
+    assert not policy.spec.ingress  # nothing may connect to a sandbox
+    dns, everything = policy.spec.egress
+    assert [p.port for p in dns.ports] == [53, 53]
+    assert dns.to[0].pod_selector.match_labels == {"k8s-app": "kube-dns"}
+    v4, v6 = (peer.ip_block for peer in everything.to)
+    assert v4.cidr == "0.0.0.0/0"
+    # Pods, services, the API server (kubernetes.default is 10.96.0.1 here) and cloud metadata.
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(v4._except)
+    assert v6.cidr == "::/0" and "fc00::/7" in v6._except
+    writes = [path for method, path in kube.requests if method == "POST"]
+    assert writes.index(f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies") < (
+        writes.index(f"/api/v1/namespaces/{NAMESPACE}/pods")
+    )
+
+
+def test_the_network_policy_is_shared_and_adopted(kube_backend, kube, owner, stranger):
+    services.provision_sandbox(owner)
+    KubernetesBackend(kube.configuration())._ensure_network_policy()  # another process: a 409
+    services.provision_sandbox(stranger)
+    assert list(kube.cluster.network_policies) == [(NAMESPACE, NETWORK_POLICY)]
+
+
+def test_a_sandbox_does_not_start_without_its_network_policy(kube_backend, kube, owner):
+    kube.rest_failures = 1
+    failed = services.provision_sandbox(owner)
+    assert failed.status == Sandbox.Status.FAILED
+    assert "cannot create the network policy" in failed.error
+    assert not kube.cluster.pods
+    assert services.provision_sandbox(owner).status == Sandbox.Status.RUNNING
+
+
 def test_provisioning_is_idempotent(kube_backend, kube, owner):
     sandbox = services.provision_sandbox(owner)
     # A second provision of the same sandbox meets 409s and adopts what exists.
@@ -125,6 +165,7 @@ def test_a_pod_that_never_gets_ready_times_out(kube_backend, kube, owner, settin
 
 
 def test_rest_errors_while_provisioning_fail_clearly_and_can_be_retried(kube_backend, kube, owner):
+    kube_backend._ensure_network_policy()  # so that the failure hits the pod
     kube.rest_failures = 1
     failed = services.provision_sandbox(owner)
     assert failed.status == Sandbox.Status.FAILED

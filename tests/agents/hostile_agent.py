@@ -1,0 +1,230 @@
+"""An ACP agent that attacks its host: it leaks, probes and sends what a careful agent never would.
+
+Standard library only (it runs as a sandbox's own user, under any python3). The first word of a
+prompt picks the scenario; every scenario ends with one chunk `after <word>` and `end_turn`, so a
+test can tell that nothing after the bad item was lost.
+
+  env                    one chunk: the agent's whole environment as a JSON object
+  whoami                 one chunk: {"uid", "gid", "groups", "pid", "cwd", "home"} as JSON
+  probe <target>...      one chunk: {target: result} as JSON, where a target is a path (read a
+                         file or list a folder), `write:<path>`, `list:<path>`, `read:<path>` or
+                         `kill:<pid>` (signal 0), and a result is "ok", "denied", "missing" or
+                         "error: <errno name>"
+  link <path> <target>   replace <path> (a file or folder the agent owns) with a symbolic link
+                         to <target>, to turn the server's own work there against it; one
+                         chunk: "linked" or the error
+  surrogate              a chunk and a tool call title holding a lone UTF-16 surrogate
+  nul                    a chunk holding a NUL character
+  hugekind [n=100000]    an update whose sessionUpdate is n characters long
+  deep [n=100000]        an update nested n lists deep (a RecursionError for naive parsers)
+  malformed              updates that are not objects, lack or mistype sessionUpdate, a plan
+                         whose entries is a number, content of the wrong types
+  listparams             session/update notifications whose params are a list, a string, null,
+                         or whose update is a list
+  badresponse            responses with ids that are lists or objects, and a string error
+  permission             a permission request whose options have non-string optionIds (a number,
+                         null, an object) beside one good option; the chunk before `after`
+                         reports the answer: `answer: <result or error as JSON>`
+  permission-none        a permission request without one usable option; reports the answer
+  permission-badparams   a permission request whose params are a list; reports the answer
+  anything else          the chunk `hostile: <prompt>`
+"""
+
+import errno
+import json
+import os
+import sys
+
+SESSION = "hostile"
+MALFORMED_UPDATES = [
+    ["a", "list"],
+    "a string",
+    42,
+    None,
+    {},
+    {"sessionUpdate": 7},
+    {"sessionUpdate": ["plan"]},
+    {"sessionUpdate": "plan", "entries": 5},
+    {"sessionUpdate": "agent_message_chunk", "content": 3},
+    {"sessionUpdate": "tool_call_update", "toolCallId": 9, "content": "x"},
+]
+ODD_PARAMS = [
+    [{"update": {"sessionUpdate": "agent_message_chunk"}}],
+    "params",
+    None,
+    {"sessionId": SESSION, "update": ["agent_message_chunk"]},
+]
+ODD_OPTIONS = [
+    {"optionId": 1, "name": "One", "kind": "allow_once"},
+    {"optionId": None},
+    "not an object",
+    {"optionId": {"x": 1}, "name": 5},
+    {"optionId": "ok", "name": "OK", "kind": "allow_once"},
+]
+
+
+def send_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def send(message: object) -> None:
+    # ensure_ascii (the default) writes a lone surrogate as the escape \\udXXX: valid JSON.
+    send_line(json.dumps(message))
+
+
+def update(update: object) -> None:
+    send(
+        {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": SESSION, "update": update},
+        }
+    )
+
+
+def chunk(text: str) -> None:
+    update({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+
+
+def probe_one(target: str) -> str:
+    verb, _, rest = target.partition(":")
+    if verb not in ("read", "list", "write", "kill") or not rest:
+        verb, rest = ("list" if os.path.isdir(target) else "read"), target
+    try:
+        if verb == "list":
+            os.listdir(rest)
+        elif verb == "read":
+            with open(rest, "rb") as handle:
+                handle.read(16)
+        elif verb == "write":
+            with open(rest, "ab") as handle:
+                handle.write(b"written by a hostile agent\n")
+        else:
+            os.kill(int(rest), 0)
+    except PermissionError:
+        return "denied"
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"error: {errno.errorcode.get(exc.errno or 0, str(exc))}"
+    return "ok"
+
+
+def swap_for_link(path: str, target: str) -> str:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rename(path, f"{path}.moved-away")
+        elif os.path.lexists(path):
+            os.unlink(path)
+        os.symlink(target, path)
+    except OSError as exc:
+        return f"error: {exc}"
+    return "linked"
+
+
+def ask_permission(params: object) -> object:
+    """Send a permission request and wait for its answer (other lines are ignored meanwhile)."""
+    send(
+        {"jsonrpc": "2.0", "id": "perm-1", "method": "session/request_permission", "params": params}
+    )
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("id") == "perm-1" and "method" not in message:
+            return message.get("result", {"error": message.get("error")})
+        if message.get("method") == "session/cancel":
+            return {"cancel": "received"}
+    return {"eof": True}
+
+
+def run(word: str, args: list[str], text: str) -> None:
+    if word == "env":
+        chunk(json.dumps(dict(os.environ), sort_keys=True))
+    elif word == "whoami":
+        chunk(
+            json.dumps(
+                {
+                    "uid": os.getuid(),
+                    "gid": os.getgid(),
+                    "groups": os.getgroups(),
+                    "pid": os.getpid(),
+                    "cwd": os.getcwd(),
+                    "home": os.path.expanduser("~"),
+                }
+            )
+        )
+    elif word == "probe":
+        chunk(json.dumps({target: probe_one(target) for target in args}))
+    elif word == "link":
+        chunk(swap_for_link(*args[:2]))
+    elif word == "surrogate":
+        chunk("half an emoji: \ud83d")
+        update(
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": "s1",
+                "title": "lone \udc00",
+                "status": "pending",
+            }
+        )
+    elif word == "nul":
+        chunk("before\x00after")
+    elif word == "hugekind":
+        update({"sessionUpdate": "k" * int(args[0] if args else 100_000)})
+    elif word == "deep":
+        depth = int(args[0] if args else 100_000)
+        send_line(
+            '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"hostile",'
+            '"update":{"sessionUpdate":"agent_message_chunk","content":'
+            + "[" * depth
+            + "]" * depth
+            + "}}}"
+        )
+    elif word == "malformed":
+        for bad in MALFORMED_UPDATES:
+            update(bad)
+    elif word == "listparams":
+        for params in ODD_PARAMS:
+            send({"jsonrpc": "2.0", "method": "session/update", "params": params})
+    elif word == "badresponse":
+        send({"jsonrpc": "2.0", "id": [1], "result": {}})
+        send({"jsonrpc": "2.0", "id": {"a": 1}, "error": "not an object"})
+        send({"jsonrpc": "2.0", "id": 999, "error": "not an object"})
+    elif word == "permission":
+        params = {"sessionId": SESSION, "toolCall": {"toolCallId": "p1"}, "options": ODD_OPTIONS}
+        answer = ask_permission(params)
+        chunk("answer: " + json.dumps(answer, sort_keys=True))
+    elif word == "permission-none":
+        params = {"sessionId": SESSION, "toolCall": "odd", "options": [{"name": "no id"}, 3]}
+        answer = ask_permission(params)
+        chunk("answer: " + json.dumps(answer, sort_keys=True))
+    elif word == "permission-badparams":
+        chunk("answer: " + json.dumps(ask_permission(["a", "list"]), sort_keys=True))
+    else:
+        chunk(f"hostile: {text}")
+    chunk(f"after {word}")
+
+
+def main() -> None:
+    for line in sys.stdin:
+        message = json.loads(line)
+        method, request_id = message.get("method"), message.get("id")
+        if method == "initialize":
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "result": {"protocolVersion": 1, "agentInfo": {"name": "hostile"}},
+                }
+            )
+        elif method == "session/new":
+            send({"jsonrpc": "2.0", "id": request_id, "result": {"sessionId": SESSION}})
+        elif method == "session/prompt":
+            text = "".join(block.get("text", "") for block in message["params"]["prompt"])
+            words = text.split()
+            run(words[0].lower() if words else "", words[1:], text)
+            send({"jsonrpc": "2.0", "id": request_id, "result": {"stopReason": "end_turn"}})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Open websockets follow the account: sign-out, a password change, deactivation or deletion
+close them with 4401 within a second, and a socket cannot be reopened without signing in."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import time
+
+import pytest
+import websocket
+from asgiref.sync import sync_to_async
+from channels.layers import channel_layers
+from django.conf import settings as django_settings
+from django.test import Client
+
+from craft import services
+
+from ..conftest import PASSWORD
+from ..embedded import embedded_env, serve
+from .test_redis_doorbell import REDIS_URL
+from .wsclient import communicator, open_socket, session_cookie
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+SIGNED_OUT = {"type": "websocket.close", "code": 4401}
+
+
+@pytest.fixture
+def session(owner):
+    return services.open_session(owner, "account")
+
+
+def browser(cookie: str) -> Client:
+    """A test client holding the browser session of `cookie` ("sessionid=...")."""
+    client = Client()
+    client.cookies["sessionid"] = cookie.split("=", 1)[1]
+    return client
+
+
+async def closes_within_a_second(comm) -> float:
+    started = time.monotonic()
+    assert await comm.receive_output(timeout=1) == SIGNED_OUT
+    return time.monotonic() - started
+
+
+async def refused(session_id, cookie) -> bool:
+    comm = communicator(session_id, cookie)
+    connected, _ = await comm.connect()
+    return connected and await comm.receive_output(timeout=5) == SIGNED_OUT
+
+
+async def two_browsers(session, owner):
+    """Sockets of the owner from two browser sessions, A and B."""
+    cookies = [await sync_to_async(session_cookie)(owner) for _ in range(2)]
+    sockets = [(await open_socket(session.pk, cookie))[0] for cookie in cookies]
+    return cookies, sockets
+
+
+async def test_signing_out_closes_that_browser_s_sockets_only(session, owner):
+    (cookie_a, _), (socket_a, socket_b) = await two_browsers(session, owner)
+    response = await sync_to_async(browser(cookie_a).post)("/accounts/logout/")
+    assert response.status_code == 302
+    assert await closes_within_a_second(socket_a) < 1
+    # Browser B is still signed in: its socket goes on.
+    assert await socket_b.receive_nothing(0.3)
+    await socket_b.send_json_to({"type": "resume", "after": 0})
+    await socket_b.send_json_to({"type": "prompt", "id": "b", "text": "still here"})
+    assert (await socket_b.receive_json_from(timeout=5))["kind"] == "user_message"
+    assert await refused(session.pk, cookie_a)
+    await socket_b.disconnect()
+
+
+async def test_a_password_change_closes_every_socket_of_the_user(session, owner, stranger):
+    (cookie_a, cookie_b), (socket_a, socket_b) = await two_browsers(session, owner)
+    theirs = await sync_to_async(services.open_session)(stranger, "theirs")
+    their_socket, _ = await open_socket(theirs.pk, await sync_to_async(session_cookie)(stranger))
+    new = "a new pass phrase 7"
+    change = {"old_password": PASSWORD, "new_password1": new, "new_password2": new}
+    client_a = browser(cookie_a)
+    response = await sync_to_async(client_a.post)("/accounts/password_change/", change)
+    assert response.status_code == 302, response.content[:500]
+    for comm in (socket_a, socket_b):
+        assert await closes_within_a_second(comm) < 1
+    assert await their_socket.receive_nothing(0.3)  # someone else's account
+    # The browser that changed it stays signed in (with a new session key) and reconnects;
+    # the other one is signed out.
+    socket_a, _ = await open_socket(session.pk, f"sessionid={client_a.cookies['sessionid'].value}")
+    assert await refused(session.pk, cookie_b)
+    for comm in (socket_a, their_socket):
+        await comm.disconnect()
+
+
+@pytest.mark.parametrize("end", ["deactivate", "delete"])
+async def test_deactivating_or_deleting_the_user_closes_their_sockets(session, owner, end):
+    cookie = await sync_to_async(session_cookie)(owner)
+    comm, _ = await open_socket(session.pk, cookie)
+
+    def end_account():
+        if end == "deactivate":
+            owner.is_active = False
+            owner.save()
+        else:
+            owner.delete()
+
+    await sync_to_async(end_account)()
+    assert await closes_within_a_second(comm) < 1
+    if end == "deactivate":
+        assert await refused(session.pk, cookie)
+
+
+async def test_saving_the_user_for_other_reasons_keeps_the_sockets(session, owner):
+    comm, _ = await open_socket(session.pk, await sync_to_async(session_cookie)(owner))
+
+    def edit():
+        owner.first_name = "Olivia"
+        owner.save()
+        owner.save(update_fields=["last_login"])
+        owner.is_active = True  # was already
+        owner.save()
+
+    await sync_to_async(edit)()
+    assert await comm.receive_nothing(0.5)
+    await comm.disconnect()
+
+
+async def test_a_sign_out_between_authentication_and_joining_still_closes_it(
+    session, owner, monkeypatch
+):
+    from django.contrib.sessions.models import Session as BrowserSession
+
+    from craft.consumers import SessionConsumer
+
+    follow_account = SessionConsumer.follow_account
+
+    async def signed_out_meanwhile(self, user):
+        # The handshake was authenticated; now the browser signs out, before the socket joins
+        # its user's group, so the sign-out's broadcast cannot reach it.
+        await sync_to_async(BrowserSession.objects.all().delete)()
+        return await follow_account(self, user)
+
+    monkeypatch.setattr(SessionConsumer, "follow_account", signed_out_meanwhile)
+    comm = communicator(session.pk, await sync_to_async(session_cookie)(owner))
+    connected, _ = await comm.connect()
+    assert connected
+    assert await comm.receive_output(timeout=5) == SIGNED_OUT
+
+
+# --- across processes -----------------------------------------------------------------------
+
+
+DEACTIVATE = """
+import django, sys
+django.setup()
+from django.contrib.auth import get_user_model
+user = get_user_model().objects.get(pk=int(sys.argv[1]))
+user.is_active = False
+user.save()
+"""
+
+
+async def test_deactivation_in_another_process_closes_sockets_through_redis(settings, owner):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+    channel_layers.backends.clear()
+    session = await sync_to_async(services.open_session)(owner, "redis")
+    comm, _ = await open_socket(session.pk, await sync_to_async(session_cookie)(owner))
+    db = django_settings.DATABASES["default"]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": REDIS_URL,
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", DEACTIVATE, str(owner.pk), env=env, cwd=django_settings.BASE_DIR
+    )
+    assert await process.wait() == 0
+    assert await comm.receive_output(timeout=1) == SIGNED_OUT
+    channel_layers.backends.clear()
+
+
+async def test_signing_out_through_daphne_closes_the_socket(tmp_path):
+    await asyncio.to_thread(sign_out_through_daphne, tmp_path / "var")
+
+
+def sign_out_through_daphne(var):
+    with serve(embedded_env(var), var) as server:
+        session = server.post_json("/api/sessions/", {"title": "daphne"})
+        ws = server.socket(session["id"])
+        page = server.opener.open(f"{server.url}/", timeout=10).read().decode()
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        started = time.monotonic()
+        logout = f"csrfmiddlewaretoken={token}".encode()
+        server.opener.open(f"{server.url}/accounts/logout/", data=logout, timeout=10)
+        try:
+            opcode, frame = ws.recv_data_frame(control_frame=True)
+        finally:
+            ws.shutdown()
+        assert time.monotonic() - started < 1
+        assert opcode == websocket.ABNF.OPCODE_CLOSE
+        assert int.from_bytes(frame.data[:2], "big") == 4401

@@ -1,0 +1,315 @@
+"""The local backend keeps agents away from the server's secrets and from other sandboxes.
+
+The attacks are real: a hostile ACP agent (tests/agents/hostile_agent.py) prints its
+environment and tries to read, list, write and signal what is not its own. Every probe that
+must be denied with sandbox users on is shown to succeed with them off, so none of these
+tests can pass by probing the wrong thing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from craft import services as craft_services
+from sandboxes import services
+from sandboxes.backends import SandboxError, containment, get_backend
+
+from ..agents import agent_command
+from .agents import run_turn
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need root")
+
+SERVER_SECRETS = {
+    "DJANGO_SECRET_KEY": "server-secret-key-0123456789",
+    "DATABASE_URL": os.environ["DATABASE_URL"],
+    "REDIS_URL": "redis://:redis-password@127.0.0.1:6379/0",
+    "UNLISTED_API_TOKEN": "not-for-agents",
+}
+
+
+@pytest.fixture
+def machine(settings):
+    """A sandbox root and var folder that other users can enter, as on a real server.
+
+    (pytest's own temporary folders are private to root, which would turn sandbox users off.)
+    """
+    place = Path(tempfile.mkdtemp(prefix="craft-containment-"))
+    place.chmod(0o755)
+    settings.VAR_DIR = place / "var"
+    settings.VAR_DIR.mkdir()
+    settings.CRAFT_SANDBOX_ROOT = settings.VAR_DIR / "sandboxes"
+    python = containment.sandbox_python(uids=True)
+    settings.CRAFT_AGENT_COMMAND = agent_command("hostile_agent", place / "agents", python)
+    get_backend.cache_clear()
+    yield place
+    get_backend.cache_clear()
+    shutil.rmtree(place, ignore_errors=True)
+
+
+def contain(settings, uids: str) -> None:
+    settings.CRAFT_SANDBOX_UIDS = uids
+    get_backend.cache_clear()
+
+
+def open_agent(user):
+    """Open a session for `user` and start its (hostile) agent; return (session, connection)."""
+    session = craft_services.open_session(user, "containment")
+    connection = services.connect_agent(session.sandbox, session.pk)
+    return session, connection
+
+
+def ask(connection, text: str):
+    """Run a turn and return the JSON of its first chunk."""
+    items = run_turn(connection, text)
+    return json.loads(items[0].data["content"]["text"])
+
+
+# --- the environment ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("uids", ["off", pytest.param("on", marks=needs_root)])
+def test_an_agent_gets_a_minimal_environment_and_never_the_servers_secrets(
+    settings, machine, monkeypatch, owner, uids
+):
+    contain(settings, uids)
+    for name, value in SERVER_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PROVIDER_API_KEY", "sk-passed-on-purpose")
+    settings.CRAFT_AGENT_ENV = {"PROVIDER_API_KEY": None, "AGENT_MODE": "careful"}
+    session, connection = open_agent(owner)
+    items = run_turn(connection, "env")
+    dump = items[0].data["content"]["text"]
+    env = json.loads(dump)
+
+    for secret in SERVER_SECRETS.values():
+        assert secret not in dump
+    sandbox = Path(session.sandbox.reference)
+    assert env["HOME"] == str(sandbox / "home")
+    assert env["TMPDIR"] == str(sandbox / "tmp")
+    assert env["PATH"].split(":")[0] == str(machine / "var" / "sandboxes" / ".craft" / "bin")
+    assert env["PROVIDER_API_KEY"] == "sk-passed-on-purpose"
+    assert env["AGENT_MODE"] == "careful"
+    allowed = {"PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ"}
+    allowed |= {"TERM", "PROVIDER_API_KEY", "AGENT_MODE"}
+    assert {name for name in env if not name.startswith("LC_")} <= allowed
+
+
+def test_agent_env_names_the_server_keeps_are_refused_at_start():
+    from ..test_settings import load_settings
+
+    for entry, message in [
+        ("DATABASE_URL", "must not pass DATABASE_URL"),
+        ("OK_KEY,DJANGO_SECRET_KEY", "must not pass DJANGO_SECRET_KEY"),
+        ("REDIS_URL_FILE", "must not pass REDIS_URL_FILE"),
+        ("HOME=/root", "cannot set HOME"),
+        ("1BAD", "'1BAD' is not a variable name"),
+    ]:
+        result = load_settings(DJANGO_DEBUG="1", CRAFT_AGENT_ENV=entry)
+        assert result.returncode != 0
+        assert f"CRAFT_AGENT_ENV {message}" in result.stderr or message in result.stderr
+
+
+# --- sandbox users --------------------------------------------------------------------------
+
+
+@needs_root
+def test_each_sandbox_runs_as_a_user_of_its_own_that_owns_its_folder(
+    settings, machine, owner, stranger
+):
+    contain(settings, "on")
+    mine, my_agent = open_agent(owner)
+    theirs, their_agent = open_agent(stranger)
+    me, them = ask(my_agent, "whoami"), ask(their_agent, "whoami")
+
+    assert me["uid"] != them["uid"]
+    for who, session in ((me, mine), (them, theirs)):
+        assert who["uid"] >= settings.CRAFT_SANDBOX_UID_BASE
+        assert (who["uid"], who["gid"], who["groups"]) == (who["uid"], who["uid"], [])
+        folder = Path(session.sandbox.reference)
+        for path in (
+            folder,
+            folder / "home",
+            folder / "tmp",
+            folder / "sessions" / str(session.pk),
+        ):
+            info = path.stat()
+            assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (who["uid"], 0o700), path
+    root = Path(settings.CRAFT_SANDBOX_ROOT)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o711
+    assert stat.S_IMODE(Path(settings.VAR_DIR).stat().st_mode) == 0o711
+
+
+@pytest.mark.parametrize(
+    ("uids", "outcome"), [("off", "ok"), pytest.param("on", "denied", marks=needs_root)]
+)
+def test_an_agent_cannot_reach_another_sandbox_or_the_server(
+    settings, machine, owner, stranger, uids, outcome
+):
+    contain(settings, uids)
+    mine, my_agent = open_agent(owner)
+    victim_pid = ask(my_agent, "whoami")["pid"]
+    victim = Path(mine.sandbox.reference)
+    workspace = victim / "sessions" / str(mine.pk)
+    (workspace / "notes.txt").write_text("the owner's work")
+    (Path(settings.VAR_DIR) / "server-only.txt").write_text("server data")
+    _, attacker = open_agent(stranger)
+
+    attacks = [
+        f"list:{victim}",
+        f"list:{workspace}",
+        f"read:{workspace / 'notes.txt'}",
+        f"write:{workspace / 'planted.txt'}",
+        f"list:{settings.CRAFT_SANDBOX_ROOT}",
+        f"list:{settings.VAR_DIR}",
+        f"read:/proc/{os.getpid()}/environ",
+        f"kill:{os.getpid()}",
+        f"kill:{victim_pid}",
+    ]
+    own = attacker.cwd
+    controls = [f"write:{own}/mine.txt", f"read:{own}/mine.txt", f"list:{own}"]
+    results = ask(attacker, "probe " + " ".join(attacks + controls))
+
+    assert {target: results[target] for target in attacks} == dict.fromkeys(attacks, outcome)
+    assert [results[target] for target in controls] == ["ok", "ok", "ok"]
+    assert (workspace / "planted.txt").exists() is (outcome == "ok")
+    assert my_agent.is_running
+
+
+@needs_root
+def test_the_demo_agent_runs_as_the_sandbox_user_and_its_files_are_its_own(
+    settings, machine, owner
+):
+    contain(settings, "on")
+    settings.CRAFT_AGENT_COMMAND = ["craft-demo-agent"]
+    session, connection = open_agent(owner)
+    items = run_turn(connection, "write notes/todo.txt buy milk", answer="allow")
+    assert items[-1].stop_reason == "end_turn"
+    written = Path(session.sandbox.reference) / "sessions" / str(session.pk) / "notes" / "todo.txt"
+    assert written.read_text() == "buy milk"
+    owner_uid = Path(session.sandbox.reference).stat().st_uid
+    assert written.stat().st_uid == owner_uid != 0
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600  # the agent's umask is 077
+
+
+@needs_root
+def test_a_sandbox_from_before_sandbox_users_is_adopted(settings, machine, owner):
+    contain(settings, "off")
+    session = craft_services.open_session(owner, "older")
+    folder = Path(session.sandbox.reference)
+    (folder / "sessions" / str(session.pk) / "old.txt").write_text("from before")
+    folder.chmod(0o755)  # as earlier versions made it
+    assert folder.stat().st_uid == 0
+
+    contain(settings, "on")
+    connection = services.connect_agent(session.sandbox, session.pk)
+    uid = ask(connection, "whoami")["uid"]
+    assert uid >= settings.CRAFT_SANDBOX_UID_BASE
+    assert {p.stat().st_uid for p in [folder, *folder.rglob("*")]} == {uid}
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+@needs_root
+def test_an_agent_command_sandbox_users_cannot_run_is_refused_clearly(settings, machine, owner):
+    contain(settings, "on")
+    private = machine / "private"
+    private.mkdir(mode=0o700)
+    program = private / "agent"
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    settings.CRAFT_AGENT_COMMAND = [str(program)]
+    session = craft_services.open_session(owner, "unrunnable")
+    with pytest.raises(SandboxError, match="cannot be run by sandbox users"):
+        get_backend().start_agent(session.sandbox, session.pk)
+
+
+@needs_root
+@pytest.mark.parametrize("swapped", ["home", "sessions"])
+def test_a_folder_an_agent_swapped_for_a_link_does_not_turn_the_servers_work_elsewhere(
+    settings, machine, owner, swapped
+):
+    contain(settings, "on")
+    session, agent = open_agent(owner)
+    elsewhere = machine / "elsewhere"  # root's, as /etc would be
+    (elsewhere / str(session.pk)).mkdir(parents=True)
+    elsewhere.chmod(0o755)
+    before = sorted(p.name for p in elsewhere.iterdir()), elsewhere.stat()
+    link = Path(session.sandbox.reference) / swapped
+    assert run_turn(agent, f"link {link} {elsewhere}")[0].data["content"]["text"] == "linked"
+
+    # What the server does in a sandbox's folder: new workspaces, agent starts, removals.
+    with pytest.raises((SandboxError, craft_services.SessionError), match="not a folder"):
+        second = craft_services.open_session(owner, "second")
+        services.connect_agent(second.sandbox, second.pk)
+    services.remove_session_workspace(session.sandbox, session.pk)
+
+    after = sorted(p.name for p in elsewhere.iterdir()), elsewhere.stat()
+    assert after[0] == before[0]
+    assert (after[1].st_uid, after[1].st_mode) == (before[1].st_uid, before[1].st_mode)
+
+
+def test_the_installed_demo_agent_runs_from_paths_with_spaces(tmp_path):
+    odd = tmp_path / "a folder with spaces"
+    odd.mkdir()
+    (odd / "python3").symlink_to(sys.executable)
+    wrapper = containment.install_demo_agent(odd / "bin", str(odd / "python3"))
+    result = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == "craft-demo-agent 1.0.0", result.stderr
+
+
+# --- when sandbox users cannot be had -------------------------------------------------------
+
+
+def test_auto_turns_sandbox_users_off_without_root_and_says_why_once(
+    settings, machine, monkeypatch, caplog
+):
+    settings.CRAFT_SANDBOX_UIDS = "auto"
+    monkeypatch.setattr(containment.os, "geteuid", lambda: 1000)
+    containment._explained.clear()
+    first, second = (
+        containment.sandbox_uids_enabled(machine),
+        containment.sandbox_uids_enabled(machine),
+    )
+    assert (first, second) == (False, False)
+    warnings = [r.message for r in caplog.records if "Sandbox users are off" in r.message]
+    assert len(warnings) == 1
+    assert "runs as uid 1000, not root" in warnings[0]
+
+
+def test_on_without_root_stops_with_a_clear_error(settings, machine, monkeypatch):
+    settings.CRAFT_SANDBOX_UIDS = "on"
+    monkeypatch.setattr(containment.os, "geteuid", lambda: 1000)
+    with pytest.raises(ImproperlyConfigured, match="CRAFT_SANDBOX_UIDS=on, but the server runs"):
+        containment.sandbox_uids_enabled(machine)
+
+
+@needs_root
+def test_auto_turns_sandbox_users_off_when_others_cannot_enter_the_root(settings, tmp_path):
+    # pytest's temporary folders are private (0700): a sandbox user could not reach its folder.
+    settings.CRAFT_SANDBOX_UIDS = "auto"
+    assert not containment.sandbox_uids_enabled(tmp_path / "sandboxes")
+    settings.CRAFT_SANDBOX_UIDS = "on"
+    with pytest.raises(ImproperlyConfigured, match="other users cannot enter"):
+        containment.sandbox_uids_enabled(tmp_path / "sandboxes")
+
+
+def test_manage_py_stops_when_sandbox_users_are_on_but_impossible(settings, machine, monkeypatch):
+    from sandboxes.checks import sandbox_users
+
+    settings.CRAFT_SANDBOX_UIDS = "on"
+    assert (sandbox_users() == []) is (os.geteuid() == 0)
+    monkeypatch.setattr(containment.os, "geteuid", lambda: 1000)
+    (error,) = sandbox_users()
+    assert error.id == "sandboxes.E001"
+    assert "the server runs as uid 1000" in error.msg
+    settings.CRAFT_SANDBOX_UIDS = "auto"
+    assert sandbox_users() == []

@@ -1,0 +1,86 @@
+"""`make run` as root: agents run as sandbox users and cannot read the server's SQLite database.
+
+The server is daphne in another process with the embedded defaults (SQLite under var/, the
+default CRAFT_SANDBOX_UIDS=auto), started from a folder that other users can enter, as a
+checkout on a server would be. A hostile agent probes the server's files; with sandbox users
+off the same probes succeed, which shows they aim at the right files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sandboxes.backends import containment
+
+from .agents import agent_command
+from .embedded import chunks, embedded_env, serve, turn
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need root")
+
+SECRET = "embedded-secret-key-that-agents-must-not-see-0123456789"
+
+
+@pytest.fixture
+def place():
+    folder = Path(tempfile.mkdtemp(prefix="craft-embedded-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("uids", "outcome"), [("auto", "denied"), ("off", "ok")])
+def test_a_hostile_agent_cannot_read_the_database_or_the_servers_environment(place, uids, outcome):
+    python = containment.sandbox_python(uids=True)
+    hostile = shlex.join(agent_command("hostile_agent", place / "agents", python))
+    var = place / "var"
+    env = embedded_env(
+        var, CRAFT_AGENT_COMMAND=hostile, CRAFT_SANDBOX_UIDS=uids, DJANGO_SECRET_KEY=SECRET
+    )
+    with serve(env, var) as server:
+        session = server.post_json("/api/sessions/", {"title": "attack"})
+        ws = server.socket(session["id"])
+        try:
+            whoami = json.loads(chunks(turn(ws, "w", "whoami"))[0])
+            environment = chunks(turn(ws, "e", "env"))[0]
+            targets = [
+                f"read:{var / 'craft.sqlite3'}",
+                f"read:{var / 'admin-password.txt'}",
+                f"list:{var}",
+                f"read:/proc/{server.process.pid}/environ",
+            ]
+            probes = json.loads(chunks(turn(ws, "p", "probe " + " ".join(targets)))[0])
+        finally:
+            ws.close()
+    assert (whoami["uid"] != 0) is (uids == "auto")
+    assert SECRET not in environment
+    assert probes == dict.fromkeys(targets, outcome)
+
+
+def test_the_demo_agent_works_as_a_sandbox_user(place):
+    var = place / "var"
+    with serve(embedded_env(var), var) as server:
+        session = server.post_json("/api/sessions/", {"title": "demo"})
+        ws = server.socket(session["id"])
+        try:
+            ws.send(json.dumps({"type": "prompt", "id": "w", "text": "write hello.txt hi"}))
+            while (frame := json.loads(ws.recv()))["kind"] != "permission_request":
+                pass
+            answer = {"type": "permission", "request": frame["data"]["request"], "option": "allow"}
+            ws.send(json.dumps(answer))
+            while json.loads(ws.recv())["kind"] != "turn_end":
+                pass
+            pids = [chunks(turn(ws, f"p{n}", "pid")) for n in (1, 2)]
+        finally:
+            ws.close()
+    assert pids[0] == pids[1]
+    written = var / "sandboxes" / session["sandbox"] / "sessions" / session["id"] / "hello.txt"
+    assert written.read_text() == "hi"
+    assert written.stat().st_uid >= 1_000_000_000
+    assert (var / "craft.sqlite3").stat().st_mode & 0o077 == 0
