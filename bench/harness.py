@@ -77,6 +77,8 @@ class Site:
 
     def __init__(self, extra_env: dict[str, str] | None = None) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="craft-bench-"))
+        # As a checkout's var/ is: sandbox users (when running as root) can enter it.
+        self.workdir.chmod(0o711)
         (self.workdir / "static").mkdir()  # STATIC_ROOT; WhiteNoise warns when it is missing
         self._pg_admin: str | None = None
         self._pg_name: str | None = None
@@ -96,6 +98,7 @@ class Site:
             "DJANGO_DEBUG": "0",
             "DJANGO_SECRET_KEY": "bench-only-secret",
             "DJANGO_SECURE_COOKIES": "0",
+            "DJANGO_SECURE_SSL_REDIRECT": "0",
             "DATABASE_URL": url,
             "CRAFT_VAR_DIR": str(self.workdir),
             "CRAFT_SANDBOX_ROOT": str(self.workdir / "sandboxes"),

@@ -23,3 +23,7 @@ application = ProtocolTypeRouter(
         "websocket": OriginCheck(SessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )
+
+from craft.lifecycle import install_in_daphne  # noqa: E402
+
+install_in_daphne()

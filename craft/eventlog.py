@@ -37,9 +37,9 @@ from django.db.models import TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from . import live
+from . import live, workers
 from .db import close_broken_connections
-from .models import Event, Session
+from .models import Event, Session, Turn
 from .normalise import encode_event, event_frame, event_json
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,11 @@ def _insert_rows(cursor: Any, rows: list[tuple[Any, ...]]) -> None:
 
 
 def _insert(
-    session_id: UUID, encoded: list[tuple[str, str]], client_id: str | None, now: datetime
+    session_id: UUID,
+    events: Sequence[tuple[str, dict[str, Any]]],
+    encoded: list[tuple[str, str]],
+    client_id: str | None,
+    now: datetime,
 ) -> Stored:
     """Number and insert encoded events of one session; the caller holds a transaction."""
     pk = Session._meta.pk.get_db_prep_value(session_id, connection)
@@ -107,8 +111,53 @@ def _insert(
             for i, (kind, text) in enumerate(encoded)
         ]
         _insert_rows(cursor, rows)
+    if _TURN_KINDS.intersection(kind for kind, _ in events):
+        _follow_turn(session_id, events, first, client_id, now)
     frames = [event_frame(first + i, kind, text) for i, (kind, text) in enumerate(encoded)]
     return Stored(first, last, frames)
+
+
+_TURN_KINDS = {"user_message", "permission_request", "permission_answer", "turn_end"}
+
+
+def _follow_turn(
+    session_id: UUID,
+    events: Sequence[tuple[str, dict[str, Any]]],
+    first_seq: int,
+    client_id: str | None,
+    now: datetime,
+) -> None:
+    """Keep the session's running `Turn` in step with the events stored in this transaction.
+
+    A prompt (a `user_message` with a client id) starts a turn: the constraint of one running
+    turn per session refuses a second (IntegrityError). Permission requests and answers open
+    and close entries of `pending`; `turn_end` ends the turn.
+    """
+    turn = Turn.objects.running().filter(session_id=session_id).first()
+    changed = False
+    for kind, data in events:
+        if kind == "user_message" and client_id is not None:
+            turn = Turn.objects.create(
+                session_id=session_id, prompt_seq=first_seq, worker=workers.me().key,
+                started_at=now,
+            )  # fmt: skip
+            continue
+        if turn is None or kind not in _TURN_KINDS:
+            continue
+        changed = True
+        if kind == "permission_request":
+            options = [str(o.get("optionId")) for o in data.get("options") or []
+                       if isinstance(o, dict)]  # fmt: skip
+            turn.pending[str(data.get("request"))] = options
+        elif kind == "permission_answer":
+            turn.pending.pop(str(data.get("request")), None)
+        elif kind == "turn_end":
+            turn.state = Turn.State.ENDED
+            turn.stop_reason = str(data.get("stop_reason", ""))[:64]
+            turn.ended_at = now
+            turn.pending = {}
+    if turn is not None and changed:
+        turn.save(update_fields=["state", "stop_reason", "ended_at", "pending"])
 
 
 def _prompt_stored(session_id: UUID, client_id: str) -> bool:
@@ -132,7 +181,7 @@ def append_events(
     with transaction.atomic():
         if client_id is not None and _prompt_stored(session_id, client_id):
             return None
-        stored = _insert(session_id, encoded, client_id, timezone.now())
+        stored = _insert(session_id, events, encoded, client_id, timezone.now())
         transaction.on_commit(
             lambda: live.publish([(session_id, stored.first_seq, stored.last_seq, stored.frames)])
         )
@@ -270,7 +319,9 @@ class EventWriter:
                 ):
                     results.append((job, None))
                 else:
-                    results.append((job, _insert(job.session_id, events, job.client_id, now)))
+                    results.append(
+                        (job, _insert(job.session_id, job.events, events, job.client_id, now))
+                    )
         return results
 
     def _finish(self, outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:

@@ -81,3 +81,68 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}#{self.seq} {self.kind}"
+
+
+class Worker(models.Model):
+    """A server process that runs turns; its identity is derived, never configured.
+
+    `id` is "<host>/<pid>/<start>": the process's start time (clock ticks since boot) tells a
+    pid apart from a later process that got the same pid. A worker refreshes `seen_at` while
+    it runs and sets `stopped_at` when it shuts down cleanly.
+    """
+
+    id = models.CharField(primary_key=True, max_length=255)
+    host = models.CharField(max_length=200)
+    boot = models.CharField(max_length=64)  # the host's boot id: pids start over at boot
+    pid = models.PositiveIntegerField()
+    started = models.PositiveBigIntegerField()
+    started_at = models.DateTimeField(default=timezone.now)
+    seen_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class TurnQuerySet(models.QuerySet["Turn"]):
+    def running(self) -> "TurnQuerySet":
+        return self.filter(state=Turn.State.RUNNING)
+
+
+class Turn(models.Model):
+    """One prompt and everything until its `turn_end`: the durable part of a running turn.
+
+    The event log keeps it up to date in the transactions that store the turn's events: a
+    `user_message` with a client id starts it, `permission_request` and `permission_answer`
+    open and close entries of `pending`, `turn_end` ends it. A session has at most one running
+    turn (a constraint, so that two workers can never start two).
+    """
+
+    class State(models.TextChoices):
+        RUNNING = "running"
+        ENDED = "ended"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
+    prompt_seq = models.PositiveBigIntegerField()
+    worker = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
+    stop_reason = models.CharField(max_length=64, blank=True)
+    # Open permission requests: request id -> the option ids the agent offered.
+    pending = models.JSONField(default=dict)
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TurnQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["session", "prompt_seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session"],
+                condition=Q(state="running"),
+                name="one_running_turn_per_session",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}@{self.prompt_seq} {self.state}"

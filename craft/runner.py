@@ -31,11 +31,11 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
+from django.db import IntegrityError
 
 from sandboxes import services as sandbox_services
 from sandboxes.acp import (
     AgentConnection,
-    AgentError,
     PermissionRequest,
     TurnEnd,
     TurnFailed,
@@ -45,8 +45,9 @@ from sandboxes.acp import (
 from sandboxes.models import Sandbox
 
 from .db import db_sync_to_async
-from .eventlog import writer
+from .eventlog import Stored, writer
 from .models import Event, Session
+from .turns import close_turns_of_gone_workers
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ T = TypeVar("T")
 
 MAX_PROMPT_CHARS = 100_000
 BATCH_LIMIT = 500
-STORES_IN_FLIGHT = 4
 DEFAULT_TITLE = "New session"
 TITLE_CHARS = 80
 # A sandbox's activity time is written at most this often (it feeds idle reaping, not the UI).
@@ -186,17 +186,31 @@ class _Pending:
     options: set[str]
 
 
+class StorageFailed(Exception):
+    """Events of a turn could not be stored; `unsaved` holds them, in order."""
+
+    def __init__(self, cause: BaseException, unsaved: list[tuple[str, dict[str, Any]]]) -> None:
+        super().__init__(str(cause))
+        self.unsaved = unsaved
+
+
+STORAGE_FAILED = "Craft could not store the agent's output, so it stopped the agent."
+SHUTTING_DOWN = "The server shut down during this turn."
+
+
 class SessionRunner:
     """Run one session's turns; all methods are called on the event loop."""
 
-    def __init__(self, session_id: UUID) -> None:
+    def __init__(self, session_id: UUID, registry: RunnerRegistry) -> None:
         self.session_id = session_id
+        self.registry = registry
         self.connection: AgentConnection | None = None
         self._sandbox_id: UUID | None = None
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._pending: dict[str, _Pending] = {}
         self._cancel_requested = False
+        self._interrupt: str | None = None  # why Craft cut the running turn short
         self._inbox: Inbox | None = None
         self._late: asyncio.Task[None] | None = None  # storing updates that came after a turn
         self._titled = False
@@ -205,6 +219,10 @@ class SessionRunner:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
 
     async def prompt(self, client_id: str, text: str) -> bool:
         """Store the prompt and start its turn; return False for a repeated client id."""
@@ -215,19 +233,19 @@ class SessionRunner:
                 "prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters"
             )
         async with self._lock:
+            if self.registry.closing:
+                raise Refused("shutting_down", "the server is restarting; send it again soon")
             if self.running:
                 if await _prompt_seen(self.session_id, client_id):
                     return False  # a resend of the prompt that started this turn
                 raise Refused("turn_running", "the agent is still working on the previous prompt")
             if self._late is not None:
                 await asyncio.gather(self._late, return_exceptions=True)
-            stored = await writer.append(
-                self.session_id, [("user_message", {"id": client_id, "text": text})],
-                client_id=client_id,
-            )  # fmt: skip
+            stored = await self._store_prompt(client_id, text)
             if stored is None:
                 return False
             self._cancel_requested = False
+            self._interrupt = None
             # A fresh context: the turn must not inherit the consumer's context, which ends
             # when the browser leaves.
             self._task = asyncio.get_running_loop().create_task(
@@ -242,11 +260,39 @@ class SessionRunner:
                 )
         return True
 
+    async def _store_prompt(self, client_id: str, text: str) -> Stored | None:
+        """Store the user_message, which starts the session's durable turn.
+
+        The database refuses a second running turn (another worker's, or one whose worker
+        is gone and not yet closed: that one is closed here and the prompt stored after it).
+        """
+        event = [("user_message", {"id": client_id, "text": text})]
+        try:
+            return await writer.append(self.session_id, event, client_id=client_id)
+        except IntegrityError:
+            if not await db_sync_to_async(close_turns_of_gone_workers)(self.session_id):
+                raise Refused(
+                    "turn_running", "the agent is still working on the previous prompt"
+                ) from None
+        try:
+            return await writer.append(self.session_id, event, client_id=client_id)
+        except IntegrityError:
+            raise Refused(
+                "turn_running", "the agent is still working on the previous prompt"
+            ) from None
+
     async def cancel(self) -> None:
         """Cancel the running turn; it ends with stop reason `cancelled`."""
         if not self.running:
             raise Refused("not_running", "no turn is running")
         self._cancel_requested = True
+        await self._answer_open_requests_cancelled()
+        # If the agent has no turn yet (it is starting, or the prompt is being written), the
+        # turn checks `_cancel_requested` once the prompt is out: either way the agent hears.
+        if self.connection is not None:
+            await self._send_cancel(self.connection)
+
+    async def _answer_open_requests_cancelled(self) -> None:
         answered = list(self._pending)
         self._pending.clear()
         if answered:
@@ -257,13 +303,13 @@ class SessionRunner:
                     for rid in answered
                 ],
             )
-        connection = self.connection
-        if connection is not None:
-            await in_agent_thread(connection.cancel)
-            task = self._task
-            asyncio.get_running_loop().create_task(
-                self._stop_if_still_running(task, connection), context=contextvars.Context()
-            )
+
+    async def _send_cancel(self, connection: AgentConnection) -> None:
+        await in_agent_thread(connection.cancel)
+        task = self._task
+        asyncio.get_running_loop().create_task(
+            self._stop_if_still_running(task, connection), context=contextvars.Context()
+        )
 
     async def _stop_if_still_running(
         self, task: asyncio.Task[None] | None, connection: AgentConnection
@@ -282,6 +328,18 @@ class SessionRunner:
                 "session %s: agent ignored cancel for %s s; stopping it", self.session_id, grace
             )
             await in_agent_thread(connection.stop)
+
+    async def interrupt(self, why: str) -> None:
+        """Cut the running turn short (the server is shutting down): it ends `interrupted`,
+        saying `why`, with its open permission requests answered `cancelled`. The agent is
+        asked to cancel; the caller stops it."""
+        if not self.running:
+            return
+        self._interrupt = why
+        self._cancel_requested = True
+        connection = self.connection
+        if connection is not None:
+            await in_agent_thread(connection.cancel)
 
     async def answer_permission(self, request_id: str, option_id: str) -> None:
         """Answer the agent's permission request with one of its options."""
@@ -328,57 +386,69 @@ class SessionRunner:
 
     async def _run_turn(self, text: str) -> None:
         """Run one turn to its end; whatever happens, the log gets exactly one turn_end."""
+        ending: list[tuple[str, dict[str, Any]]] = []
         try:
             try:
                 connection = await self._connection()
             except Exception as exc:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
-                await self._end([("agent_error", {"message": str(exc)})], "error")
-                return
-            if self._cancel_requested:
-                await self._end([], "cancelled")
-                return
-            await self._stream(connection, text)
-        except AgentError as exc:
-            # The agent went away between the cache handing it out and the prompt.
-            await self._end([("agent_error", {"message": str(exc)})], "error")
-        except Session.DoesNotExist:
-            logger.info("session %s was deleted during a turn", self.session_id)
+                ending, reason = [("agent_error", {"message": str(exc)})], "error"
+            else:
+                if self._cancel_requested:
+                    ending, reason = [], "cancelled"
+                else:
+                    ending, reason = await self._stream(connection, text)
+        except StorageFailed as failure:
+            logger.exception("session %s: storing the turn failed", self.session_id)
+            await self._drop_connection()
+            # Keep what the agent said before it was stopped: it goes in with the end.
+            drained = self._drain_inbox()
+            ending = [*failure.unsaved, *drained, ("agent_error", {"message": STORAGE_FAILED})]
+            reason = "interrupted"
         except Exception as exc:
             logger.exception("session %s: turn failed", self.session_id)
-            try:
-                await self._end([("agent_error", {"message": f"internal error: {exc}"})], "error")
-            except Exception:
-                logger.exception("session %s: could not record the failed turn", self.session_id)
-        finally:
-            self._pending.clear()
+            await self._drop_connection()
+            ending, reason = [("agent_error", {"message": f"internal error: {exc}"})], "error"
+        if self._interrupt is not None:
+            ending, reason = [*ending, ("agent_error", {"message": self._interrupt})], "interrupted"
+        await self._end(ending, reason)
 
-    async def _stream(self, connection: AgentConnection, text: str) -> None:
+    async def _stream(
+        self, connection: AgentConnection, text: str
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+        """Send the prompt and store the turn's items until its end; return the last events
+        (not stored yet) and the stop reason."""
         inbox = self._inbox
         assert inbox is not None
-        # Batches are handed to the writer without waiting for each commit (it commits them
-        # in order), so the next batch is gathered while the last one is written; at most
-        # STORES_IN_FLIGHT wait, which bounds what a fast agent can pile up in memory.
-        in_flight: deque[asyncio.Future[Any]] = deque()
-        try:
-            with inbox:
-                # Writing the prompt can block (a full pipe, a slow exec websocket): not here.
-                await in_agent_thread(connection.prompt, text, inbox.put)
-                while True:
-                    events, final = self._events_of(await inbox.take(BATCH_LIMIT))
-                    if final is not None:
-                        await self._end(events, final)
-                        break
-                    in_flight.append(writer.submit(self.session_id, events))
-                    if len(in_flight) >= STORES_IN_FLIGHT:
-                        await in_flight.popleft()
-                # Updates that came after the prompt response while the end was stored.
-                while late := inbox.take_nowait(BATCH_LIMIT):
-                    in_flight.append(writer.submit(self.session_id, self._events_of(late)[0]))
-        finally:
-            for stored in await asyncio.gather(*in_flight, return_exceptions=True):
-                if isinstance(stored, BaseException):
-                    raise stored
+        with inbox:
+            # Writing the prompt can block (a full pipe, a slow exec websocket): not here.
+            await in_agent_thread(connection.prompt, text, inbox.put)
+            if self._cancel_requested:  # a cancel that came while the prompt was written
+                await self._send_cancel(connection)
+            while True:
+                events, final = self._events_of(await inbox.take(BATCH_LIMIT))
+                if final is not None:
+                    return events, final
+                try:
+                    await writer.append(self.session_id, events)
+                except Session.DoesNotExist:
+                    raise
+                except Exception as exc:
+                    raise StorageFailed(exc, events) from exc
+
+    async def _drop_connection(self) -> None:
+        """Stop the agent after a failure, so that no half-finished ACP turn outlives it."""
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            await in_agent_thread(connection.stop)
+            await in_agent_thread(connection.wait_closed)
+
+    def _drain_inbox(self) -> list[tuple[str, dict[str, Any]]]:
+        """Take every item left in the inbox (the agent is stopped) as events."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        while self._inbox is not None and (batch := self._inbox.take_nowait(BATCH_LIMIT)):
+            events += self._events_of(batch)[0]
+        return [event for event in events if event[0] != "agent_error"]
 
     def _store_late_updates(self) -> None:
         """Store updates that arrive outside a turn, in arrival order, after what came before."""
@@ -429,8 +499,35 @@ class SessionRunner:
         return events, final
 
     async def _end(self, events: list[tuple[str, dict[str, Any]]], stop_reason: str) -> None:
+        """Store the turn's last events and its `turn_end`, retrying until storage works.
+
+        Open permission requests are answered `cancelled` in the same append. Only a
+        deleted session gives up (its log is gone with it).
+        """
+        answers = [
+            ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
+            for rid in self._pending
+        ]
         self._pending.clear()
-        await writer.append(self.session_id, [*events, ("turn_end", {"stop_reason": stop_reason})])
+        # Craft's own agent_error events come last; the answers go before them.
+        errors = [event for event in events if event[0] == "agent_error"]
+        others = [event for event in events if event[0] != "agent_error"]
+        last = [*others, *answers, *errors, ("turn_end", {"stop_reason": stop_reason})]
+        delay = 0.1
+        while True:
+            try:
+                await writer.append(self.session_id, last)
+                return
+            except Session.DoesNotExist:
+                logger.info("session %s was deleted during a turn", self.session_id)
+                return
+            except Exception:
+                logger.exception(
+                    "session %s: could not store the end of the turn; retrying in %.1f s",
+                    self.session_id, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
 
 class RunnerRegistry:
@@ -438,22 +535,27 @@ class RunnerRegistry:
 
     def __init__(self) -> None:
         self._runners: dict[UUID, SessionRunner] = {}
+        self.closing = False  # shutting down: no new turns
 
     def get(self, session_id: UUID) -> SessionRunner:
         runner = self._runners.get(session_id)
         if runner is None:
-            runner = self._runners[session_id] = SessionRunner(session_id)
+            runner = self._runners[session_id] = SessionRunner(session_id, self)
         return runner
 
     def is_running(self, session_id: UUID) -> bool:
         runner = self._runners.get(session_id)
         return runner is not None and runner.running
 
+    def running(self) -> list[SessionRunner]:
+        return [runner for runner in self._runners.values() if runner.running]
+
     def forget(self, session_id: UUID) -> None:
         self._runners.pop(session_id, None)
 
     def clear(self) -> None:
         self._runners.clear()
+        self.closing = False
 
 
 runners = RunnerRegistry()

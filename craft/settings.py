@@ -304,6 +304,10 @@ CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
+# On SIGTERM/SIGINT, how long running turns may go on before they are cancelled and recorded.
+CRAFT_SHUTDOWN_GRACE_SECONDS = env_float("CRAFT_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.0)
+# A server process not heard from for this long is gone: its running turns are closed.
+CRAFT_WORKER_TIMEOUT_SECONDS = env_float("CRAFT_WORKER_TIMEOUT_SECONDS", 30.0, minimum=5.0)
 
 # The kubernetes backend (see docs/kubernetes.md). The agent command above runs in the pod.
 CRAFT_K8S_KUBECONFIG = env_str("CRAFT_K8S_KUBECONFIG")  # else in-cluster, else KUBECONFIG

@@ -242,6 +242,10 @@ class AgentConnection:
             logger.exception("stopping agent %s failed", self.process.ident)
         self._fail_everything("agent connection stopped")
 
+    def wait_closed(self, timeout: float = 5.0) -> bool:
+        """Wait until everything the agent wrote has been read and delivered; True if so."""
+        return self._reader_done.wait(timeout)
+
     # --- requests ---------------------------------------------------------------------------
 
     def request(self, method: str, params: dict[str, Any], timeout: float | None = None) -> Any:

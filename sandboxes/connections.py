@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
 from .acp import AgentConnection
@@ -106,21 +107,31 @@ class ConnectionCache:
             # Keys with a lock include connections being started right now: waiting for their
             # key lock lets a start finish, so that it is stopped too rather than missed.
             keys = list(self._key_locks)
-        stopped = 0
+        doomed: list[tuple[Key, AgentConnection]] = []
         for key in keys:
-            with self._key_lock(key):
-                with self._lock:
-                    connection = self._connections.get(key)
+            with self._key_lock(key), self._lock:
+                connection = self._connections.get(key)
                 if connection is not None and matches(key, connection):
-                    self._discard(key, connection)
-                    stopped += 1
-        return stopped
+                    del self._connections[key]
+                    doomed.append((key, connection))
+        # Stopping one agent can take seconds (it may ignore the end of its input and need
+        # signals): stop them all at once.
+        if len(doomed) > 1:
+            with ThreadPoolExecutor(min(len(doomed), 32)) as pool:
+                list(pool.map(lambda pair: self._stop(*pair), doomed))
+        elif doomed:
+            self._stop(*doomed[0])
+        return len(doomed)
 
     def _discard(self, key: Key, connection: AgentConnection) -> None:
         """Stop a connection and drop it; the caller holds the key lock."""
         with self._lock:
             if self._connections.get(key) is connection:
                 del self._connections[key]
+        self._stop(key, connection)
+
+    @staticmethod
+    def _stop(key: Key, connection: AgentConnection) -> None:
         try:
             connection.stop()
         except Exception:

@@ -179,5 +179,10 @@ def stop_idle_connections(sandbox: Sandbox | None = None, idle_seconds: float = 
     return agent_connections.stop_idle(sandbox.pk if sandbox else None, idle_seconds)
 
 
+def stop_all_agents() -> int:
+    """Stop every agent connection of this process, all at once; return how many."""
+    return agent_connections.stop_all()
+
+
 def live_connection_count(sandbox_id: UUID | None = None) -> int:
     return agent_connections.count(sandbox_id)

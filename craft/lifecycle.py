@@ -1,0 +1,128 @@
+"""A server process's life: what it does when it starts, while it runs, and when it stops.
+
+`craft.asgi` hooks this into daphne's reactor, so a plain `daphne craft.asgi:application` gets
+all of it:
+
+* **Start**: register this worker and close the turns of workers that are gone (after a crash
+  or SIGKILL, the restarted server closes its predecessor's turns at once, without waiting
+  for anyone to prompt). Then housekeeping runs every few seconds: a heartbeat, and closing the
+  turns of workers that stopped answering.
+* **SIGTERM / SIGINT**: refuse new turns; give running turns `CRAFT_SHUTDOWN_GRACE_SECONDS` to
+  finish; cancel the others and record them as interrupted; stop every agent actively (its
+  process group is killed, or its exec closed: an agent need not exit when its input ends);
+  commit what the event writer holds; mark this worker stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from django.conf import settings
+
+from sandboxes import services as sandbox_services
+
+from . import workers
+from .db import readers
+from .eventlog import writer
+from .runner import SHUTTING_DOWN, runners
+from .turns import close_turns_of_gone_workers
+
+logger = logging.getLogger(__name__)
+
+# After the grace period and the cancel, how long stopped agents' turns may take to be stored.
+RECORD_SECONDS = 10.0
+
+
+def start_worker() -> int:
+    """Register this worker; close the turns of gone workers; return how many were closed."""
+    workers.register()
+    return close_turns_of_gone_workers()
+
+
+def housekeeping_once() -> None:
+    workers.heartbeat()
+    close_turns_of_gone_workers()
+
+
+class Lifecycle:
+    """The start, housekeeping and shutdown of this server process (on its event loop)."""
+
+    def __init__(self) -> None:
+        self.starting: asyncio.Future[None] | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        closed = await readers.run(start_worker)
+        if closed:
+            logger.warning("closed %d turn(s) left by a server that is gone", closed)
+        self._housekeeping = asyncio.get_running_loop().create_task(self._keep_house())
+
+    async def _keep_house(self) -> None:
+        while True:
+            await asyncio.sleep(workers.HEARTBEAT_SECONDS)
+            try:
+                await readers.run(housekeeping_once)
+            except Exception:
+                logger.exception("housekeeping failed")
+
+    async def shutdown(self) -> None:
+        """Stop this worker cleanly; see the module docstring."""
+        runners.closing = True
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        grace = settings.CRAFT_SHUTDOWN_GRACE_SECONDS
+        running = runners.running()
+        if running:
+            logger.info("shutting down: %d turn(s) running; waiting %s s", len(running), grace)
+            await _wait_for(running, grace)
+        still = runners.running()
+        for runner in still:
+            await runner.interrupt(SHUTTING_DOWN)
+        stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
+        await _wait_for(still, RECORD_SECONDS)
+        await asyncio.to_thread(writer.stop)
+        await readers.run(workers.mark_stopped)
+        # The database threads are left to end with the process (joining them here made the
+        # interpreter crash at exit, in CPython 3.11's garbage collection of pending tasks);
+        # the pools are closed so that PostgreSQL sees the connections go.
+        await asyncio.to_thread(_close_connection_pools)
+        logger.info("shut down: %d turn(s) interrupted, %d agent(s) stopped", len(still), stopped)
+
+
+async def _wait_for(running: list[Any], seconds: float) -> None:
+    tasks = [runner.task for runner in running if runner.task is not None]
+    if tasks:
+        await asyncio.wait(tasks, timeout=seconds)
+
+
+def _close_connection_pools() -> None:
+    """Close PostgreSQL connection pools: their threads must not outlive the interpreter."""
+    from django.db import connections
+
+    for connection in connections.all():
+        close_pool = getattr(connection, "close_pool", None)
+        if close_pool is not None:
+            close_pool()
+
+
+lifecycle = Lifecycle()
+
+
+def install_in_daphne() -> None:
+    """Run `lifecycle` inside daphne's reactor, if this process is daphne."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return  # not under daphne (tests, management commands): nothing to hook into
+    from twisted.internet import defer, reactor
+
+    def on_start() -> None:
+        lifecycle.starting = asyncio.ensure_future(lifecycle.start())
+
+    def on_stop() -> defer.Deferred[None]:
+        return defer.Deferred.fromFuture(asyncio.ensure_future(lifecycle.shutdown()))
+
+    reactor.callWhenRunning(on_start)
+    # zope.interface's declaration of this method confuses the type checker.
+    reactor.addSystemEventTrigger("before", "shutdown", on_stop)  # type: ignore[arg-type]

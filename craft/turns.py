@@ -1,0 +1,71 @@
+"""Closing turns that nobody will finish: their worker is gone.
+
+A turn belongs to the worker (server process) that started it. If that worker dies (a crash,
+SIGKILL, a lost host), its turns would stay open for good: no `turn_end`, live permission
+buttons. Any worker closes them, on its start, every few seconds while it runs, and when a
+prompt finds one in its way: for each open permission request a `permission_answer` with
+outcome `cancelled`, then an `agent_error` that says why, then exactly one `turn_end` with stop
+reason `interrupted`. Events stored before never change. The row lock (and the turn's state,
+checked again under it) makes two workers closing one turn at once store it once.
+"""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID
+
+from django.db import transaction
+
+from . import workers
+from .eventlog import append_events
+from .models import Turn, Worker
+
+logger = logging.getLogger(__name__)
+
+RESTARTED = "This turn was interrupted: the server restarted."
+LOST = "This turn was interrupted: the server running it stopped responding."
+
+
+def close_turns_of_gone_workers(session_id: UUID | None = None) -> int:
+    """Close the running turns (of one session, or all) whose worker is gone; return how many."""
+    turns = Turn.objects.running()
+    if session_id is not None:
+        turns = turns.filter(session_id=session_id)
+    candidates = list(turns.values_list("pk", "worker"))
+    if not candidates:
+        return 0
+    known = {w.pk: w for w in Worker.objects.filter(pk__in={w for _, w in candidates})}
+    closed = 0
+    for turn_id, worker_id in candidates:
+        if workers.is_gone(worker_id, known):
+            closed += close_turn(turn_id, worker_id, _why(known.get(worker_id)))
+    return closed
+
+
+def _why(worker: Worker | None) -> str:
+    if worker is None or worker.host != workers.me().host:
+        return LOST
+    return RESTARTED
+
+
+def close_turn(turn_id: int, worker_id: str, why: str) -> bool:
+    """Close one running turn of `worker_id` as interrupted; False if it is not running."""
+    with transaction.atomic():
+        turn = (
+            Turn.objects.select_for_update()
+            .filter(pk=turn_id, state=Turn.State.RUNNING, worker=worker_id)
+            .first()
+        )
+        if turn is None:
+            return False
+        events = [
+            ("permission_answer", {"request": request, "option": None, "outcome": "cancelled"})
+            for request in turn.pending
+        ]
+        events += [
+            ("agent_error", {"message": why}),
+            ("turn_end", {"stop_reason": "interrupted"}),
+        ]
+        append_events(turn.session_id, events)
+    logger.warning("closed turn %s of session %s: %s", turn_id, turn.session_id, why)
+    return True

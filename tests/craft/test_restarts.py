@@ -1,0 +1,145 @@
+"""Every turn ends exactly once, whatever happens to the server: SIGKILL, SIGTERM.
+
+Real daphne processes (started as `daphne craft.asgi:application`), real agents, the real
+PostgreSQL test database shared by the test and the servers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from craft.models import Event, Turn, Worker
+from craft.services import open_session
+from craft.turns import RESTARTED
+
+from ..agents import AGENTS
+from ..server import Daphne, Socket
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def log_of(session) -> list[tuple[int, str, dict]]:
+    return [(e.seq, e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
+
+
+def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited; only its parent has not collected it yet.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def servers(tmp_path):
+    started: list[Daphne] = []
+
+    def make(**env: str) -> Daphne:
+        server = Daphne(tmp_path, **env)
+        started.append(server)
+        return server.start()
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def test_a_killed_server_s_turn_is_closed_once_at_the_next_start(servers, owner):
+    session = open_session(owner, "restart")
+    first = servers()
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "w1", "text": "write a.txt one"})
+    (request,) = [
+        f for f in sock.until(lambda f: f.get("kind") == "permission_request")
+        if f.get("kind") == "permission_request"
+    ]  # fmt: skip
+    before = log_of(session)
+    assert Turn.objects.running().get(session=session).pending == {
+        request["data"]["request"]: ["allow", "reject"]
+    }
+
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    sock.close()
+    second = servers()  # its start closes what the killed server left open
+
+    wait_for(lambda: Event.objects.filter(session=session, kind="turn_end").exists(),
+             what="the interrupted turn's end")  # fmt: skip
+    after = log_of(session)
+    assert after[: len(before)] == before, "events stored before the crash never change"
+    assert [(kind, data) for _, kind, data in after[len(before) :]] == [
+        ("permission_answer",
+         {"request": request["data"]["request"], "option": None, "outcome": "cancelled"}),
+        ("agent_error", {"message": RESTARTED}),
+        ("turn_end", {"stop_reason": "interrupted"}),
+    ]  # fmt: skip
+    assert not Turn.objects.running().filter(session=session).exists()
+
+    # The session goes on, with a new agent, through the new server.
+    sock = Socket(second, owner, session.pk)
+    sock.send({"type": "resume", "after": len(after)})
+    sock.send({"type": "prompt", "id": "w2", "text": "hello again"})
+    frames = sock.until(lambda f: f.get("kind") == "turn_end")
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    assert [f["seq"] for f in frames] == list(range(len(after) + 1, len(after) + len(frames) + 1))
+    sock.close()
+
+
+def test_sigterm_interrupts_a_turn_that_outlasts_the_grace_and_leaves_no_agent(servers, owner):
+    session = open_session(owner, "deaf")
+    server = servers(
+        CRAFT_AGENT_COMMAND=f"{sys.executable} {AGENTS / 'deaf_agent.py'}",
+        CRAFT_SHUTDOWN_GRACE_SECONDS="1",
+    )
+    sock = Socket(server, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "d1", "text": "go"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    pids_file = Path(session.sandbox.reference) / "sessions" / str(session.pk) / "agent-pids"
+    pids = [int(p) for p in wait_for(pids_file.read_text, what="agent pids").split()]
+    assert all(alive(pid) for pid in pids)
+
+    server.signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    sock.close()
+
+    ends = Event.objects.filter(session=session, kind="turn_end")
+    assert [e.data for e in ends] == [{"stop_reason": "interrupted"}]
+    assert Event.objects.filter(
+        session=session, kind="agent_error", data__message="The server shut down during this turn."
+    ).exists()
+    assert [pid for pid in pids if alive(pid)] == [], "the agent and its child are gone"
+    assert Worker.objects.get(pid=server.process.pid).stopped_at is not None
+
+
+def test_sigterm_lets_a_turn_finish_within_the_grace(servers, owner):
+    session = open_session(owner, "graceful")
+    server = servers(CRAFT_SHUTDOWN_GRACE_SECONDS="20")
+    sock = Socket(server, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "g1", "text": "slow 10 0.1"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    server.signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    sock.close()
+    chunks = Event.objects.filter(session=session, kind="agent_message_chunk").count()
+    ends = [e.data for e in Event.objects.filter(session=session, kind="turn_end")]
+    assert (chunks, ends) == (10, [{"stop_reason": "end_turn"}])
