@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 # Close codes (4000-4999 are for applications).
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_DELETED = 4404
 REPLAY_PAGE = 2000
 # While sending a long run of frames, let the event loop (and other sockets) in this often.
 YIELD_EVERY = 256
@@ -127,6 +128,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             await handler(self, frame)
         except Refused as refused:
             await self.send_error(refused.code, refused.message)
+        except Session.DoesNotExist:
+            await self.session_deleted({})
 
     # --- client frames ----------------------------------------------------------------------
 
@@ -181,6 +184,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 self._backlog = deque()
             self._backlog.append((first_seq, frames))
         self._start_pump()
+
+    async def session_deleted(self, message: dict[str, Any]) -> None:
+        """The session was deleted (here or in another process): say so and close."""
+        await self.send_error("session_deleted", "this session was deleted")
+        await self.close(code=CLOSE_DELETED)
 
     async def events_available(self, message: dict[str, Any]) -> None:
         """Another process stored events (the channel-layer doorbell): read them."""

@@ -17,6 +17,7 @@ from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
+from . import live
 from .models import Session
 from .runner import runners
 
@@ -66,8 +67,10 @@ def delete_session(session: Session) -> None:
         # The record goes anyway: a leftover folder is better than an undeletable session.
         logger.warning("removing workspace of session %s failed: %s", session.pk, exc)
     with transaction.atomic():
+        session_id = session.pk
         session.delete()
-    runners.forget(session.pk)
+        transaction.on_commit(lambda: live.tell_session(session_id, {"type": "session.deleted"}))
+    runners.forget(session_id)
 
 
 def clean_title(title: str) -> str:
