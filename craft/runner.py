@@ -425,8 +425,17 @@ class SessionRunner:
             await in_agent_thread(connection.prompt, text, inbox.put)
             if self._cancel_requested:  # a cancel that came while the prompt was written
                 await self._send_cancel(connection)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + settings.CRAFT_TURN_TIMEOUT_SECONDS
             while True:
-                events, final = self._events_of(await inbox.take(BATCH_LIMIT))
+                try:
+                    batch = await asyncio.wait_for(
+                        inbox.take(BATCH_LIMIT), self._patience(deadline - loop.time())
+                    )
+                except TimeoutError:
+                    await self._time_out(connection, deadline - loop.time() <= 0)
+                    continue
+                events, final = self._events_of(batch)
                 if final is not None:
                     return events, final
                 try:
@@ -435,6 +444,29 @@ class SessionRunner:
                     raise
                 except Exception as exc:
                     raise StorageFailed(exc, events) from exc
+
+    def _patience(self, left: float) -> float | None:
+        """How long to wait for the agent's next item before the turn times out."""
+        if self._interrupt is not None:
+            return None  # cut short already: the cancel, or the stop after it, ends the turn
+        if self._pending:
+            return max(left, 0)  # waiting for a person's answer is not the agent hanging
+        return max(min(left, settings.CRAFT_TURN_IDLE_SECONDS), 0)
+
+    async def _time_out(self, connection: AgentConnection, too_long: bool) -> None:
+        """Cut a turn short that ran too long or whose agent went silent: cancel it; the agent
+        is stopped if it does not end the turn within the cancel grace."""
+        if too_long:
+            minutes = settings.CRAFT_TURN_TIMEOUT_SECONDS / 60
+            self._interrupt = f"The turn took longer than {minutes:g} minutes, so Craft stopped it."
+        else:
+            seconds = settings.CRAFT_TURN_IDLE_SECONDS
+            self._interrupt = (
+                f"The agent sent nothing for {seconds:g} seconds, so Craft stopped it."
+            )
+        logger.warning("session %s: %s", self.session_id, self._interrupt)
+        self._cancel_requested = True
+        await self._send_cancel(connection)
 
     async def _drop_connection(self) -> None:
         """Stop the agent after a failure, so that no half-finished ACP turn outlives it."""

@@ -304,6 +304,11 @@ CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
+# A turn is cut short (cancelled, its agent stopped after the cancel grace) when it runs longer
+# than this, or when its agent sends nothing for CRAFT_TURN_IDLE_SECONDS (time spent waiting for
+# a person's permission answer does not count as silence).
+CRAFT_TURN_TIMEOUT_SECONDS = env_float("CRAFT_TURN_TIMEOUT_SECONDS", 1800.0, minimum=1.0)
+CRAFT_TURN_IDLE_SECONDS = env_float("CRAFT_TURN_IDLE_SECONDS", 300.0, minimum=0.5)
 # On SIGTERM/SIGINT, how long running turns may go on before they are cancelled and recorded.
 CRAFT_SHUTDOWN_GRACE_SECONDS = env_float("CRAFT_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.0)
 # A server process not heard from for this long is gone: its running turns are closed.

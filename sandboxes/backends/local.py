@@ -110,6 +110,8 @@ class LocalAgentProcess:
             self._popen.wait(timeout=min(1.0, timeout))
         except subprocess.TimeoutExpired:
             self._signal_group(signal.SIGTERM)
+            # A stopped (SIGSTOPped, hung in a debugger) agent only acts on SIGTERM once it runs.
+            self._signal_group(signal.SIGCONT)
             try:
                 self._popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
