@@ -92,6 +92,8 @@ def sessions(request: SignedInRequest) -> HttpResponse:
         return error(400, "invalid", "'title' must be a string")
     try:
         session = services.open_session(request.user, title)
+    except services.SessionLimit as exc:
+        return error(409, "too_many_sessions", str(exc))
     except services.SessionError as exc:
         return error(503, "sandbox_unavailable", str(exc))
     return JsonResponse(session_json(session), status=201)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -55,6 +56,9 @@ T = TypeVar("T")
 
 MAX_PROMPT_CHARS = 100_000
 BATCH_LIMIT = 500
+# An agent's reader waits when this many items wait to be stored (at most INBOX_WAIT s a time).
+INBOX_HIGH = 10_000
+INBOX_WAIT = 5.0
 DEFAULT_TITLE = "New session"
 TITLE_CHARS = 80
 # A sandbox's activity time is written at most this often (it feeds idle reaping, not the UI).
@@ -133,12 +137,21 @@ class Inbox:
         self._waiter: asyncio.Future[None] | None = None
         self._taking = 0
         self._on_idle = on_idle
+        self._room = threading.Event()
+        self._room.set()
+        self._loop_thread = threading.get_ident()  # made on the loop; never block it
 
     def put(self, item: TurnItem) -> None:
         self._items.append(item)
         if self._asleep and not self._woken:
             self._woken = True
             self._loop.call_soon_threadsafe(self._wake)
+        if len(self._items) > INBOX_HIGH and threading.get_ident() != self._loop_thread:
+            # Storage is behind: hold the agent's reader (and so, through the pipe, the
+            # agent) until the taker has caught up, instead of piling its output up here.
+            self._room.clear()
+            if len(self._items) > INBOX_HIGH:
+                self._room.wait(INBOX_WAIT)
 
     def _wake(self) -> None:
         self._woken = False
@@ -178,6 +191,8 @@ class Inbox:
             batch.append(self._items.popleft())
             if _ends(batch[-1]):
                 break
+        if len(self._items) <= INBOX_HIGH // 2:
+            self._room.set()
         return batch
 
 

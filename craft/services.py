@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -30,12 +31,22 @@ class SessionError(Exception):
     """A session operation was refused; the message is fit to show to the user."""
 
 
+class SessionLimit(SessionError):
+    """The user has as many sessions as one person may have."""
+
+
 def open_session(user: User, title: str = "") -> Session:
     """Create a session in the user's sandbox (provisioning it first if needed).
 
     The workspace is created before the row is saved, so a session row always has a
-    workspace. Raises SessionError when the sandbox cannot run.
+    workspace. Raises SessionLimit when the user has CRAFT_MAX_SESSIONS_PER_USER sessions
+    (concurrent requests can pass it by a few), SessionError when the sandbox cannot run.
     """
+    limit = settings.CRAFT_MAX_SESSIONS_PER_USER
+    if limit and Session.objects.owned_by(user).count() >= limit:
+        raise SessionLimit(
+            f"you have {limit} sessions, the most one person can have: delete some first"
+        )
     sandbox = sandbox_services.provision_sandbox(user)
     if sandbox.status != Sandbox.Status.RUNNING:
         detail = sandbox.error or sandbox.status_detail or sandbox.status

@@ -302,6 +302,11 @@ CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimu
 CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=1)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
+# How many sessions one person may have (0: no limit).
+CRAFT_MAX_SESSIONS_PER_USER = env_int("CRAFT_MAX_SESSIONS_PER_USER", 500)
+# The longest message (one line of ACP JSON) Craft takes from an agent; a longer one is skipped
+# without being held in memory, and the log records that it was (`message_too_large`).
+CRAFT_MAX_MESSAGE_BYTES = env_int("CRAFT_MAX_MESSAGE_BYTES", 16 * 1024 * 1024, minimum=65536)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
 # A turn is cut short (cancelled, its agent stopped after the cancel grace) when it runs longer

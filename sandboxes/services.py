@@ -161,7 +161,11 @@ def agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
 
     def start() -> AgentConnection:
         process = backend.start_agent(sandbox, session_id)
-        connection = AgentConnection(process, cwd=backend.workspace_path(sandbox, session_id))
+        connection = AgentConnection(
+            process,
+            cwd=backend.workspace_path(sandbox, session_id),
+            max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
+        )
         connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT)
         logger.info("started agent %s for session %s", process.ident, session_id)
         return connection
