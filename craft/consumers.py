@@ -25,6 +25,7 @@ from .account_sockets import FollowsAccount
 from .db import db_sync_to_async
 from .eventlog import frames_after
 from .models import Session
+from .normalise import is_client_id
 from .runner import Refused, runners
 
 logger = logging.getLogger(__name__)
@@ -135,8 +136,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def handle_prompt(self, frame: dict[str, Any]) -> None:
         client_id, text = frame.get("id"), frame.get("text")
-        if not isinstance(client_id, str) or not client_id or len(client_id) > 100:
-            raise Refused("bad_frame", "prompt needs an 'id' string (at most 100 characters)")
+        if not isinstance(client_id, str) or not is_client_id(client_id):
+            raise Refused(
+                "bad_frame",
+                "prompt needs an 'id' string of 1 to 100 printable characters",
+            )
         if not isinstance(text, str):
             raise Refused("bad_frame", "prompt needs a 'text' string")
         await services.post_prompt(self.session_id, client_id, text)

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 
 from sandboxes import services as sandbox_services
 from sandboxes.acp import (
@@ -48,6 +48,7 @@ from sandboxes.models import Sandbox
 from .db import db_sync_to_async
 from .eventlog import Stored, writer
 from .models import Event, Session
+from .normalise import clean_text
 from .turns import close_turns_of_gone_workers
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class StorageFailed(Exception):
 
 STORAGE_FAILED = "Craft could not store the agent's output, so it stopped the agent."
 SHUTTING_DOWN = "The server shut down during this turn."
+LOST_EVENTS = "updates of the agent could not be stored and were dropped."
 
 
 class SessionRunner:
@@ -247,6 +249,8 @@ class SessionRunner:
             raise Refused(
                 "prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters"
             )
+        # The agent gets the prompt as it is stored: text no one could encode is cleaned.
+        text = clean_text(text)
         async with self._lock:
             if self.registry.closing:
                 raise Refused("shutting_down", "the server is restarting; send it again soon")
@@ -568,7 +572,18 @@ class SessionRunner:
             except Session.DoesNotExist:
                 logger.info("session %s was deleted during a turn", self.session_id)
                 return
+            except (DataError, IntegrityError, ValueError) as exc:
+                if not others:
+                    raise
+                # The database refuses something in the turn's last events: the end itself
+                # must get in; say what could not be kept.
+                logger.error("session %s: dropping events the database refuses: %s",
+                             self.session_id, exc)  # fmt: skip
+                lost = ("agent_error", {"message": f"{len(others)} {LOST_EVENTS}"})
+                last = [*answers, lost, *errors, ("turn_end", {"stop_reason": stop_reason})]
+                others = []
             except Exception:
+                # Most likely the database is unreachable for a while: keep trying.
                 logger.exception(
                     "session %s: could not store the end of the turn; retrying in %.1f s",
                     self.session_id, delay,
