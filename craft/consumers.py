@@ -26,6 +26,7 @@ from .db import db_sync_to_async
 from .eventlog import frames_after
 from .models import Session
 from .normalise import is_client_id
+from .outbuffer import unsent_bytes
 from .runner import Refused, runners
 
 logger = logging.getLogger(__name__)
@@ -34,9 +35,16 @@ logger = logging.getLogger(__name__)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_DELETED = 4404
+CLOSE_TOO_SLOW = 4408
 REPLAY_PAGE = 2000
 # While sending a long run of frames, let the event loop (and other sockets) in this often.
 YIELD_EVERY = 256
+# Live batches held for a socket that is busy sending; past this it reads the log instead.
+BACKLOG_BATCHES = 1_000
+
+
+class TooSlow(Exception):
+    """The client did not read what it was sent for too long."""
 
 
 @db_sync_to_async
@@ -187,6 +195,10 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             if self._backlog is None:
                 self._backlog = deque()
             self._backlog.append((first_seq, frames))
+            if len(self._backlog) > BACKLOG_BATCHES:
+                # Far behind (a slow client): drop what is held here; the log has it.
+                self._backlog = None
+                self._catch_up = True
         self._start_pump()
 
     async def session_deleted(self, message: dict[str, Any]) -> None:
@@ -206,7 +218,14 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     def _start_pump(self) -> None:
         if self._pump is None or self._pump.done():
-            self._pump = asyncio.get_running_loop().create_task(self._send_pending())
+            self._pump = asyncio.get_running_loop().create_task(self._pump_events())
+
+    async def _pump_events(self) -> None:
+        try:
+            await self._send_pending()
+        except TooSlow:
+            self._backlog = None
+            await self.close(code=CLOSE_TOO_SLOW)
 
     async def _send_pending(self) -> None:
         """Send every event after `sent_seq` that is known to be stored, in order."""
@@ -242,8 +261,25 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         for count, (seq, frame) in enumerate(rows, 1):
             await send({"type": "websocket.send", "text": frame})
             self.sent_seq = seq
-            if count % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+            if count % YIELD_EVERY == 0 or count == len(rows):
+                await self._wait_for_reader()
+
+    async def _wait_for_reader(self) -> None:
+        """Let other sockets in; hold on while this client has not read what it was sent,
+        and close it (4408, resume later) if it does not read for CRAFT_SOCKET_STALL_SECONDS.
+        What a socket holds in memory is so bounded by CRAFT_SOCKET_BUFFER_BYTES."""
+        await asyncio.sleep(0)
+        limit = settings.CRAFT_SOCKET_BUFFER_BYTES
+        unsent = unsent_bytes(self.base_send)
+        if unsent is None or unsent <= limit:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.CRAFT_SOCKET_STALL_SECONDS
+        while (unsent_bytes(self.base_send) or 0) > limit // 2:
+            if loop.time() > deadline:
+                logger.info("session %s: a client stopped reading; closing", self.session_id)
+                raise TooSlow
+            await asyncio.sleep(0.05)
 
     # --- helpers ----------------------------------------------------------------------------
 

@@ -302,6 +302,10 @@ CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimu
 CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=1)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
+# What a websocket may have sent but its client not read yet; a client that stays past it for
+# CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects.
+CRAFT_SOCKET_BUFFER_BYTES = env_int("CRAFT_SOCKET_BUFFER_BYTES", 4 * 1024 * 1024, minimum=65536)
+CRAFT_SOCKET_STALL_SECONDS = env_float("CRAFT_SOCKET_STALL_SECONDS", 30.0, minimum=0.5)
 # How many sessions one person may have (0: no limit).
 CRAFT_MAX_SESSIONS_PER_USER = env_int("CRAFT_MAX_SESSIONS_PER_USER", 500)
 # The longest message (one line of ACP JSON) Craft takes from an agent; a longer one is skipped

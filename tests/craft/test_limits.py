@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
+import websocket
 
 from craft import services
 from craft.db import db_sync_to_async
@@ -84,3 +86,52 @@ def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_
     assert grown < 4 * limit, f"the server grew by {grown / 2**20:.0f} MiB"
     stored = Event.objects.filter(session=session, kind="message_too_large").get()
     assert json.loads(json.dumps(stored.data))["bytes"] > 100 * 2**20
+
+
+def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_path, owner):
+    from craft.eventlog import append_events
+
+    session = services.open_session(owner, "slow readers")
+    line = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x" * 1000}}
+    for _ in range(20):
+        append_events(session.pk, [("agent_message_chunk", line)] * 1000)
+    limit = 1024 * 1024  # without it, these five sockets grew daphne by 177 MiB
+    server = Daphne(
+        tmp_path, CRAFT_SOCKET_BUFFER_BYTES=str(limit), CRAFT_SOCKET_STALL_SECONDS="2"
+    ).start()
+    try:
+        before = vm_kib(server.process.pid, "VmRSS")
+        readers = [Socket(server, owner, session.pk) for _ in range(5)]
+        for sock in readers:
+            sock.send({"type": "resume", "after": 0})  # 20 MB each, and nobody reads
+        time.sleep(4)
+        grown = (vm_kib(server.process.pid, "VmRSS") - before) * 1024
+        closed = [closed_by_server(sock.ws) for sock in readers]
+        # A client that reads resumes from where it was and gets every event.
+        sock = Socket(server, owner, session.pk)
+        sock.send({"type": "resume", "after": 0})
+        seqs = [f["seq"] for f in sock.until(lambda f: f.get("seq") == 20_000)]
+        sock.close()
+    finally:
+        server.signal(signal.SIGTERM)
+        server.wait(30)
+    assert grown < 64 * 2**20, f"daphne grew by {grown / 2**20:.0f} MiB for 5 slow readers"
+    assert closed == [True] * 5
+    assert seqs == list(range(1, 20_001))
+
+
+def closed_by_server(ws) -> bool:
+    """Read what is there; True once the server closed the connection (4408, or a reset: a
+    client that does not read does not answer the close either, so the server drops it)."""
+    ws.settimeout(15)
+    try:
+        while True:
+            opcode, frame = ws.recv_data_frame(control_frame=True)
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                return int.from_bytes(frame.data[:2], "big") == 4408
+    except (ConnectionResetError, websocket.WebSocketConnectionClosedException):
+        return True
+    except websocket.WebSocketTimeoutException:
+        return False
+    finally:
+        ws.shutdown()
