@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
 
-from . import services, testhooks
+from . import services
 from .eventlog import events_after
 from .http import SignedInRequest
 from .models import Event, Session
@@ -129,7 +129,7 @@ def session_detail(request: SignedInRequest, session_id: UUID) -> HttpResponse:
 @require_http_methods(["GET"])
 @api_login_required
 def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
-    """Return stored events after `after` (the page's session load, with its test hooks)."""
+    """Return stored events after `after` (the page's session load)."""
     session = _own_session(request, session_id)
     if session is None:
         return error(404, "not_found", "no such session")
@@ -140,9 +140,6 @@ def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         return error(400, "invalid", "'after' and 'limit' must be integers")
     if after < 0 or limit < 1:
         return error(400, "invalid", "'after' must be >= 0 and 'limit' >= 1")
-    hooked = testhooks.before_load(session.pk)
-    if hooked is not None:
-        return hooked
     events = events_after(session.pk, after, limit=limit + 1)
     return JsonResponse(
         {

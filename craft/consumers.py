@@ -16,7 +16,6 @@ from typing import Any
 from uuid import UUID
 
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
 from . import services
 from .db import db_sync_to_async
@@ -151,11 +150,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def events_available(self, message: dict[str, Any]) -> None:
         if self.sent_seq is not None and message["last_seq"] > self.sent_seq:
             await self.send_new_events()
-
-    async def test_drop(self, message: dict[str, Any]) -> None:
-        """Close the socket as a network failure would (test hook, see craft.testhooks)."""
-        if settings.CRAFT_TEST_HOOKS:
-            await self.close(code=4000)
 
     # --- helpers ----------------------------------------------------------------------------
 

@@ -244,7 +244,3 @@ CRAFT_K8S_READY_TIMEOUT = env_float("CRAFT_K8S_READY_TIMEOUT", 180.0, minimum=1.
 CRAFT_K8S_POLL_INTERVAL = env_float("CRAFT_K8S_POLL_INTERVAL", 0.5, minimum=0.05)
 CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT", 20.0, minimum=1.0)
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
-
-# Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
-# in production: they let anyone signed in disturb the service.
-CRAFT_TEST_HOOKS = env_bool("CRAFT_TEST_HOOKS", False)

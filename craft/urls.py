@@ -1,4 +1,3 @@
-from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
@@ -18,8 +17,3 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]
-
-if settings.CRAFT_TEST_HOOKS:
-    from . import testhooks
-
-    urlpatterns += testhooks.urlpatterns

@@ -1,7 +1,8 @@
 """A real server and a real browser: daphne in a subprocess, Debian's Chromium via Playwright.
 
-The server runs on a free loopback port against the test database, with the test hooks on
-(CRAFT_TEST_HOOKS=1) so a test can fail or slow down session loads and drop websockets.
+The server runs on a free loopback port against the test database. It serves the app behind
+`tests.browser.faults`, so that a test can fail, slow down or hang session loads and drop
+websockets from outside the product code.
 Screenshots go to the test run's output folder (CRAFT_TEST_OUTPUT, default `test-output/`).
 """
 
@@ -50,19 +51,20 @@ class LiveServer:
         self.log = log
 
     def hook(self, path: str, **fields: object) -> dict:
-        """POST to a test hook and return its JSON answer."""
+        """POST to the fault injector (tests/browser/faults.py) and return its JSON answer."""
         data = "&".join(f"{k}={v}" for k, v in fields.items()).encode()
-        with urllib.request.urlopen(f"{self.url}/test-hooks/{path}", data=data, timeout=10) as r:
+        with urllib.request.urlopen(f"{self.url}/_faults/{path}", data=data, timeout=10) as r:
             return json.load(r)
 
     def loads(self, session_id: object) -> int:
-        with urllib.request.urlopen(f"{self.url}/test-hooks/loads/", timeout=10) as r:
+        with urllib.request.urlopen(f"{self.url}/_faults/loads/", timeout=10) as r:
             return json.load(r)["loads"].get(str(session_id), 0)
 
 
 @contextlib.contextmanager
 def serve(extra_env: dict[str, str], sandboxes: Path):
-    """Serve the app with daphne, as `make run` does, against the test database."""
+    """Serve the app with daphne, as `make run` does (behind the fault injector), against the
+    test database."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     port = free_port()
@@ -71,7 +73,6 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "CRAFT_TEST_HOOKS": "1",
         "CRAFT_SANDBOX_ROOT": str(sandboxes),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         **extra_env,
@@ -81,7 +82,7 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "craft.asgi:application"],
+             "tests.browser.faults:application"],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
