@@ -152,6 +152,24 @@ def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     )
 
 
+@require_http_methods(["GET"])
+@api_login_required
+def session_event(request: SignedInRequest, session_id: UUID, seq: int) -> HttpResponse:
+    """Return one stored event in full (what "Show all" fetches for a truncated event)."""
+    session = _own_session(request, session_id)
+    event = None if session is None else Event.objects.filter(session=session, seq=seq).first()
+    if event is None:
+        return error(404, "not_found", "no such event")
+    return JsonResponse(
+        {
+            "seq": event.seq,
+            "kind": event.kind,
+            "data": event.data,
+            "created_at": event.created_at.isoformat(),
+        }
+    )
+
+
 @require_http_methods(["GET", "DELETE"])
 @api_login_required
 def sandbox(request: SignedInRequest) -> HttpResponse:

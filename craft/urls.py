@@ -13,6 +13,11 @@ urlpatterns = [
     path("api/sessions/", api.sessions, name="api_sessions"),
     path("api/sessions/<uuid:session_id>/", api.session_detail, name="api_session"),
     path("api/sessions/<uuid:session_id>/events/", api.session_events, name="api_session_events"),
+    path(
+        "api/sessions/<uuid:session_id>/events/<int:seq>/",
+        api.session_event,
+        name="api_session_event",
+    ),
     path("api/sandbox/", api.sandbox, name="api_sandbox"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
