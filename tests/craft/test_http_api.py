@@ -58,8 +58,16 @@ def test_a_session_is_created_listed_renamed_and_deleted(api, owner):
     renamed = send(api, "patch", f"/api/sessions/{session_id}/", {"title": "Renamed"})
     assert renamed.json()["title"] == "Renamed"
     assert renamed.json()["sandbox"]["status"] == "running"
+    assert renamed.json()["last_seq"] == 1
+    events = api.get(f"/api/sessions/{session_id}/events/").json()["events"]
+    assert [(e["kind"], e["data"]) for e in events] == [
+        ("session_title", {"title": "Renamed", "source": "user"})
+    ]
+    again = send(api, "patch", f"/api/sessions/{session_id}/", {"title": "Renamed"})
+    assert again.json()["last_seq"] == 1  # an unchanged title stores nothing
     blank = send(api, "patch", f"/api/sessions/{session_id}/", {"title": " "})
     assert blank.status_code == 400
+    assert "blank" in blank.json()["error"]["message"]
 
     workspace = Path(Sandbox.objects.get(owner=owner).reference) / "sessions" / session_id
     assert workspace.is_dir()
