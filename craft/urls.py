@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("sessions/new/", views.new_session, name="new_session"),
     path("sandbox/status/", views.sandbox_status, name="sandbox_status"),
+    path("sessions/list/", views.session_list, name="session_list"),
     path("sessions/<uuid:session_id>/", views.session_page, name="session"),
     path("sessions/<uuid:session_id>/rename/", views.rename_session, name="rename_session"),
     path("sessions/<uuid:session_id>/delete/", views.delete_session, name="delete_session"),

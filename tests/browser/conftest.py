@@ -30,6 +30,10 @@ from ..craft.wsclient import session_cookie
 CHROMIUM = os.environ.get("CRAFT_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 OUTPUT = Path(os.environ.get("CRAFT_TEST_OUTPUT", settings.BASE_DIR / "test-output"))
+# axe-core, vendored with its license (tests/browser/vendor/axe-LICENSE.txt).
+AXE = Path(__file__).parent / "vendor" / "axe-4.14.1.min.js"
+DESKTOP = {"width": 1440, "height": 900}
+PHONE = {"width": 390, "height": 844}
 
 
 def pytest_collection_modifyitems(items):
@@ -42,6 +46,37 @@ def screenshot_path(name: str) -> Path:
     folder = OUTPUT / "screenshots"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / name
+
+
+async def snap(page, name: str) -> None:
+    """Screenshot the page as it is now, on a laptop (1440 by 900) and on a phone (390 by 844)."""
+    size = page.viewport_size
+    for suffix, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
+        await page.set_viewport_size(viewport)
+        await page.screenshot(path=screenshot_path(f"{name}-{suffix}.png"))
+    await page.set_viewport_size(size)
+
+
+async def axe_violations(page, impacts=("serious", "critical")) -> list[dict]:
+    """Run axe-core on the page; return its violations of the given impacts (WCAG 2.x A/AA)."""
+    if not await page.evaluate("typeof window.axe !== 'undefined'"):
+        await page.add_script_tag(path=str(AXE))
+    results = await page.evaluate(
+        """async () => {
+            const r = await axe.run(document, {runOnly: {type: "tag", values:
+                ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]}});
+            return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+                nodes: v.nodes.slice(0, 5).map(
+                    n => n.target.join(" ") + " :: " + n.failureSummary)}));
+        }"""
+    )
+    return [v for v in results if v["impact"] in impacts]
+
+
+async def assert_accessible(page, what: str) -> None:
+    """Fail with axe's findings if the page has serious or critical violations."""
+    violations = await axe_violations(page)
+    assert violations == [], f"{what}: " + json.dumps(violations, indent=1)
 
 
 class LiveServer:
@@ -130,13 +165,26 @@ async def browser():
         await browser.close()
 
 
+async def signed_in_page(browser, server, user):
+    cookie = (await db_sync_to_async(session_cookie)(user)).split("=", 1)[1]
+    context = await browser.new_context(viewport={"width": 1280, "height": 860})
+    await context.add_cookies([{"name": "sessionid", "value": cookie, "url": server.url}])
+    page = await context.new_page()
+    page.set_default_timeout(15000)
+    return page
+
+
 @pytest_asyncio.fixture
 async def page(browser, craft_server, owner):
     """A browser page signed in as the owner."""
-    cookie = (await db_sync_to_async(session_cookie)(owner)).split("=", 1)[1]
-    context = await browser.new_context(viewport={"width": 1280, "height": 860})
-    await context.add_cookies([{"name": "sessionid", "value": cookie, "url": craft_server.url}])
-    page = await context.new_page()
-    page.set_default_timeout(15000)
+    page = await signed_in_page(browser, craft_server, owner)
     yield page
-    await context.close()
+    await page.context.close()
+
+
+@pytest_asyncio.fixture
+async def staff_page(browser, craft_server, staff):
+    """A browser page signed in as a staff member."""
+    page = await signed_in_page(browser, craft_server, staff)
+    yield page
+    await page.context.close()

@@ -62,10 +62,10 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     await page.fill("#prompt", "write from-browser.txt hello pod")
     await page.press("#prompt", "Enter")
     await page.locator("#transcript .permission").get_by_role("button", name="Allow").click()
-    await expect(page.locator("#transcript .turn-end")).to_have_text("Done")
+    await expect(page.locator("#transcript .turn-end .label")).to_have_text("Done")
     await page.fill("#prompt", "pid")
     await page.press("#prompt", "Enter")
-    await expect(page.locator("#transcript .turn-end")).to_have_count(2)
+    await expect(page.locator("#transcript .turn-end .label")).to_have_count(2)
 
     session = await db_sync_to_async(Session.objects.get)(owner=owner)
     pod = f"craft-sandbox-{session.sandbox_id}"
