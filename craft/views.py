@@ -22,6 +22,7 @@ from sandboxes.backends import get_backend
 from sandboxes.models import Sandbox
 
 from . import services
+from .api import MAX_EVENTS_PAGE
 from .http import SignedInRequest
 from .models import Session
 from .runner import runners
@@ -83,9 +84,15 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """Render the session's page shell; the browser loads and renders its events."""
     session = _own_session(request, session_id)
     context = _page_context(request, session)
+    # The history the page will load first, preloaded by the browser while it fetches the
+    # page's scripts (the script's first requests are exactly these).
+    events_url = reverse("api_session_events", args=[session.pk])
+    pages = range(0, session.last_seq, MAX_EVENTS_PAGE)
     context.update(
         running=runners.is_running(session.pk),
         workspace=_workspace_path(session),
+        page_size=MAX_EVENTS_PAGE,
+        history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],
     )
     return render(request, "craft/session.html", context)
 

@@ -9,12 +9,16 @@
 //   `state.lastSeq` is the highest seq applied, and it advances for every event, even one that
 //   cannot be shown (a guard turns a failure into a quiet note, never a wedged page).
 // - On every (re)connect, after the server's `hello`, the page *loads* the session: it fetches
-//   the stored events after lastSeq over HTTP (every page up to hello's `last_seq` requested at
-//   once, applied in order, each fetch with a timeout), renders them, then sends `resume` with
-//   the new lastSeq on the socket, which streams everything after it live.
+//   the stored events after lastSeq over HTTP (every page up to the last seq it knows of
+//   requested at once, applied in order as they arrive, each fetch with a timeout), renders
+//   them, then sends `resume` with the new lastSeq on the socket, which streams everything
+//   after it live. The page's first load does not wait for the socket: it starts as the script
+//   does, with the requests the page preloaded (session.html), and the first `hello` joins it
+//   (or, if it is already done, runs a second, small load before resuming).
 // - The load guard: `state.loadInFlight` is set before the first await, so reconnects that
-//   happen while a load runs never start a second one. A failed load clears the guard, shows
-//   the failure and retries with backoff (or at once with "Retry now").
+//   happen while a load runs never start a second one; neither do reconnects while a failed
+//   load waits to retry (the retry resumes on the newest socket). A failed load clears the
+//   guard, shows the failure and retries with backoff (or at once with "Retry now").
 // - Live events are applied only in seq order: a seq already applied is ignored, a gap
 //   triggers a load. So nothing is rendered twice, whatever arrives twice.
 //
@@ -29,7 +33,7 @@
   // daphne's default websocket frame limit: a bigger frame closes the socket (close 1011).
   const MAX_FRAME_BYTES = 1024 * 1024;
   const LOAD_TIMEOUT_MS = 8000; // per history request; a hung load must not hold the guard
-  const PAGE_SIZE = 1000; // the events API's largest page
+  const PAGE_SIZE = Number(root.dataset.pageSize || 1000); // the events API's largest page
   const MAX_PARALLEL_PAGES = 8;
   const MARKDOWN_MAX_CHARS = 200000; // longer messages are shown as plain text
   const PREVIEW_LINES = 16; // longer text starts collapsed, with "Show all"
@@ -70,6 +74,8 @@
     loaded: false,
     loadFailures: 0,
     retryTimer: null,
+    retryPending: false,
+    preloaded: true, // the first load may use the page's preloaded requests
     pendingPrompt: null, // {id, text} until its user_message event arrives
     closedForGood: false,
   };
@@ -287,16 +293,29 @@
     bar.appendChild(copy);
     pre.replaceWith(box);
     box.append(bar, pre);
-    const hljs = window.hljs;
-    if (hljs && language && hljs.getLanguage(language) && code.textContent.length <= HIGHLIGHT_MAX_CHARS) {
-      try {
-        const result = hljs.highlight(code.textContent, { language, ignoreIllegals: true });
-        code.innerHTML = result.value; // hljs escapes the text it wraps in its spans
-        code.classList.add("hljs");
-      } catch {
-        // unhighlighted is fine
-      }
+    code.dataset.language = language;
+    highlight(code);
+  }
+
+  function highlight(code) {
+    const hljs = window.hljs; // loaded async: code shown before it arrives is done on load
+    const language = code.dataset.language;
+    if (!hljs || !language || !hljs.getLanguage(language)) return;
+    if (code.textContent.length > HIGHLIGHT_MAX_CHARS) return;
+    try {
+      const result = hljs.highlight(code.textContent, { language, ignoreIllegals: true });
+      code.innerHTML = result.value; // hljs escapes the text it wraps in its spans
+      code.classList.add("hljs");
+    } catch {
+      // unhighlighted is fine
     }
+  }
+
+  const highlighter = document.getElementById("highlight-js");
+  if (highlighter && !window.hljs) {
+    highlighter.addEventListener("load", () => {
+      transcript.querySelectorAll(".code-block code[data-language]:not(.hljs)").forEach(highlight);
+    });
   }
 
   async function copyText(button, text) {
@@ -397,11 +416,15 @@
     return Number.isNaN(parsed) ? Date.now() : parsed;
   }
 
+  // Built once: creating a formatter per call (toLocaleTimeString) is slow in long sessions.
+  const clockFormat = new Intl.DateTimeFormat([], { hour: "2-digit", minute: "2-digit" });
+  const dateFormat = new Intl.DateTimeFormat([], { dateStyle: "medium", timeStyle: "short" });
+
   function timeElement(ms, className) {
     const date = new Date(ms);
-    const node = el("time", className, date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
+    const node = el("time", className, clockFormat.format(date));
     node.dateTime = date.toISOString();
-    node.title = date.toLocaleString();
+    node.title = dateFormat.format(date);
     return node;
   }
 
@@ -1009,7 +1032,7 @@
         setRunning(frame.running);
         if (Number.isSafeInteger(frame.last_seq)) state.serverLastSeq = frame.last_seq;
         if (isObject(frame.sandbox)) setSandbox(frame.sandbox);
-        loadSession();
+        if (!state.retryPending) loadSession(); // else the scheduled retry loads, then resumes
         break;
       case "event":
         if (typeof frame.seq === "number" && frame.seq > state.lastSeq + 1) {
@@ -1026,18 +1049,16 @@
 
   // --- session loads (with the guard) ---------------------------------------------------------
 
-  async function fetchJson(url, controller = new AbortController()) {
+  async function fetchJson(url, controller = new AbortController(), cache = "no-store") {
     let timedOut = false;
     const timer = setTimeout(() => {
       timedOut = true;
       controller.abort();
     }, LOAD_TIMEOUT_MS);
     try {
-      const response = await fetch(url, {
-        credentials: "same-origin",
-        headers: { Accept: "application/json" },
-        signal: controller.signal,
-      });
+      // With cache "default", a GET the page preloaded (session.html) uses that response; every
+      // other request goes to the server ("no-store"), or a retry could join a hung preload.
+      const response = await fetch(url, { credentials: "same-origin", signal: controller.signal, cache });
       if (!response.ok) {
         throw new Error(response.status >= 500 ? `the server had a problem (${response.status})` : `the server refused (${response.status})`);
       }
@@ -1056,7 +1077,10 @@
     if (state.loadInFlight) return; // a load is running: it resumes on the current socket
     state.loadInFlight = true; // set before any await: this is the guard
     clearTimeout(state.retryTimer);
+    state.retryPending = false;
     const controller = new AbortController();
+    const cache = state.preloaded ? "default" : "no-store";
+    state.preloaded = false;
     try {
       let body = null;
       while (body === null || body.has_more) {
@@ -1069,7 +1093,7 @@
           pages.length === 0 || (after < state.serverLastSeq && pages.length < MAX_PARALLEL_PAGES);
           after += PAGE_SIZE
         ) {
-          pages.push(fetchJson(`${state.eventsUrl}?after=${after}&limit=${PAGE_SIZE}`, controller));
+          pages.push(fetchJson(`${state.eventsUrl}?after=${after}&limit=${PAGE_SIZE}`, controller, cache));
         }
         pages.forEach((p) => p.catch(() => {})); // awaited below, in order
         for (const page of pages) {
@@ -1088,7 +1112,7 @@
       loadError.hidden = true;
       setRunning(body.running);
       if (isObject(body.sandbox)) setSandbox(body.sandbox);
-      if (!state.loaded) firstLoadDone();
+      if (!state.loaded) requestAnimationFrame(firstLoadDone);
       send({ type: "resume", after: state.lastSeq });
     } catch (error) {
       controller.abort(); // the other pages of this load
@@ -1098,6 +1122,7 @@
       loadError.querySelector(".load-error-text").textContent =
         `Couldn't load this session: ${error.message}. Retrying in ${Math.ceil(delay / 1000)} s.`;
       loadError.hidden = false;
+      state.retryPending = true;
       state.retryTimer = setTimeout(loadSession, delay);
     }
   }
@@ -1307,5 +1332,6 @@
 
   setRunning(state.running);
   setSandbox({ status: state.sandboxStatus });
+  loadSession(); // the first load: it uses what the page preloaded, and the socket joins it
   connect();
 })();
