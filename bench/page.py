@@ -1,0 +1,353 @@
+"""Measure how long the chat page takes to render a session of N stored events in Chromium.
+
+It builds a throwaway database (SQLite in a temporary folder by default, or the database named
+by BENCH_DATABASE_URL), stores N events in one session (a realistic mix: user messages, agent
+text and thoughts streamed in chunks, plans, tool calls with their updates, diffs and output,
+permission requests and answers, turn ends), serves the app with daphne on a free loopback
+port, and opens the session page in headless Chromium (Debian's, through Playwright) with a
+cold cache for every run. A run's time is from navigation start until the element of the last
+event is in the page; it also reports the time to first byte of the page and when the history
+requests ran. It prints one line per run and the median.
+
+    .venv/bin/python bench/page.py [--events 5000] [--runs 5]
+
+`measure(events, runs)` does the same and returns the figures as a dict (for a table of
+benchmarks); each call builds its own database and server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+# Set before any page script runs: note the moment the last event's mark enters the page.
+WATCH_SCRIPT = """
+(() => {
+  const selector = '#transcript [data-seq="%d"]';
+  const observer = new MutationObserver(() => {
+    if (document.querySelector(selector)) {
+      window.__benchRendered = performance.now();
+      observer.disconnect();
+    }
+  });
+  observer.observe(document, { childList: true, subtree: true });
+})();
+"""
+
+READ_TIMINGS = """
+() => {
+  const nav = performance.getEntriesByType("navigation")[0];
+  const loads = performance.getEntriesByType("resource")
+    .filter((e) => e.name.includes("/events/?"));
+  return {
+    rendered: window.__benchRendered,
+    ttfb: nav.responseStart,
+    dom_content_loaded: nav.domContentLoadedEventEnd,
+    history_start: loads.length ? Math.min(...loads.map((e) => e.startTime)) : null,
+    history_end: loads.length ? Math.max(...loads.map((e) => e.responseEnd)) : null,
+    history_requests: loads.length,
+  };
+}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- the session's events --------------------------------------------------------------------
+
+PROSE = (
+    "the build fails because the test runner cannot find the fixture so I will look at how "
+    "conftest loads it and then change the path before running the suite again"
+)
+WORDS = PROSE.split(" ")
+
+CODE = "```python\ndef add(a: int, b: int) -> int:\n    return a + b\n\n\nprint(add(2, 3))\n```\n"
+
+
+def _chunks(text: str, size: int = 6) -> list[str]:
+    words = text.split(" ")
+    return [" ".join(words[i : i + size]) + " " for i in range(0, len(words), size)]
+
+
+def _say(kind: str, text: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (kind, {"sessionUpdate": kind, "content": {"type": "text", "text": chunk}})
+        for chunk in _chunks(text)
+    ]
+
+
+def _plan(done: int) -> tuple[str, dict[str, Any]]:
+    steps = ["Read the failing test", "Fix the fixture path", "Run the suite", "Report back"]
+    entries = [
+        {
+            "content": step,
+            "priority": "medium",
+            "status": "completed" if i < done else "in_progress" if i == done else "pending",
+        }
+        for i, step in enumerate(steps)
+    ]
+    return ("plan", {"sessionUpdate": "plan", "entries": entries})
+
+
+def _tool(n: int, workspace: str, with_permission: bool) -> list[tuple[str, dict[str, Any]]]:
+    call_id = f"call-{n}"
+    path = f"{workspace}/src/module_{n}.py"
+    if n % 3 == 0:
+        title, kind = f"Run pytest tests/test_{n}.py", "execute"
+        content = [
+            {
+                "type": "content",
+                "content": {
+                    "type": "text",
+                    "text": "".join(
+                        f"tests/test_{n}.py::test_case_{i} PASSED\n" for i in range(30)
+                    ),
+                },
+            }
+        ]
+    elif n % 3 == 1:
+        title, kind = f"Edit src/module_{n}.py", "edit"
+        old = "".join(f"line {i} of the module\n" for i in range(20))
+        content = [
+            {
+                "type": "diff",
+                "path": path,
+                "oldText": old,
+                "newText": old.replace("line 7 of", "changed line 7 of"),
+            }
+        ]
+    else:
+        title, kind = f"Read src/module_{n}.py", "read"
+        content = [
+            {
+                "type": "content",
+                "content": {
+                    "type": "text",
+                    "text": "".join(f"def function_{i}():\n    pass\n" for i in range(15)),
+                },
+            }
+        ]
+    call = {
+        "toolCallId": call_id,
+        "title": title,
+        "kind": kind,
+        "status": "pending",
+        "locations": [{"path": path}],
+        "rawInput": {"path": path},
+    }
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("tool_call", {"sessionUpdate": "tool_call", **call})
+    ]
+    if with_permission:
+        options = [
+            {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+            {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+        ]
+        request = f"req-{n}"
+        events.append(
+            (
+                "permission_request",
+                {"request": request, "toolCall": {**call, "content": content}, "options": options},
+            )
+        )
+        events.append(("permission_answer", {"request": request, "option": "allow"}))
+    update = {"sessionUpdate": "tool_call_update", "toolCallId": call_id}
+    events.append(("tool_call_update", {**update, "status": "in_progress"}))
+    events.append(("tool_call_update", {**update, "status": "completed", "content": content}))
+    return events
+
+
+def session_events(count: int, workspace: str) -> list[tuple[str, dict[str, Any]]]:
+    """Return `count` events of a plausible session: turns of about a hundred events each."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    turn = 0
+    tools = 0
+    while len(events) < count:
+        turn += 1
+        prose = " ".join(WORDS[(turn + i) % len(WORDS)] for i in range(120))
+        events.append(
+            ("user_message", {"id": f"prompt-{turn}", "text": f"Step {turn}: {prose[:90]}"})
+        )
+        events += _say("agent_thought_chunk", prose[:300])
+        events.append(_plan(0))
+        events += _say("agent_message_chunk", f"**Plan for step {turn}.** {prose}\n\n")
+        for step in range(3):
+            tools += 1
+            events += _tool(tools, workspace, with_permission=step == 1)
+            events.append(_plan(step + 1))
+        reply = f"Done with step {turn}:\n\n- `src/module_{tools}.py` changed\n- {prose[:200]}\n\n"
+        events += _say("agent_message_chunk", reply + (CODE if turn % 2 else ""))
+        events.append(("turn_end", {"stop_reason": "end_turn"}))
+    events = events[:count]
+    events[-1] = ("turn_end", {"stop_reason": "end_turn"})
+    return events
+
+
+def prepare(events: int) -> dict[str, Any]:
+    """Migrate, create a user with one session holding `events` events (run in a subprocess)."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from craft.eventlog import append_events
+    from craft.services import open_session
+    from craft.views import _workspace_path
+    from tests.craft.wsclient import session_cookie
+
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("bench", password="bench-password-unused")
+    session = open_session(user, "A long session")
+    stored = session_events(events, _workspace_path(session))
+    for start in range(0, len(stored), 500):
+        append_events(session.pk, stored[start : start + 500])
+    return {"cookie": session_cookie(user).split("=", 1)[1], "session": str(session.pk)}
+
+
+# --- the server and the browser --------------------------------------------------------------
+
+
+def environment(workdir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "craft.settings",
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": "bench-only-secret",
+        "DJANGO_SECURE_COOKIES": "0",
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DATABASE_URL": os.environ.get(
+            "BENCH_DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}"
+        ),
+        "CRAFT_VAR_DIR": str(workdir),
+        "CRAFT_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+@contextlib.contextmanager
+def serve(env: dict[str, str]) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "craft.asgi:application"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/accounts/login/", timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("daphne did not start") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def _time_runs(url: str, cookie: str, session_id: str, events: int, runs: int) -> list[dict]:
+    from playwright.async_api import async_playwright
+
+    results = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            for run in range(runs + 1):  # the first run warms the server up and is not counted
+                context = await browser.new_context(viewport={"width": 1440, "height": 900})
+                await context.add_cookies([{"name": "sessionid", "value": cookie, "url": url}])
+                await context.add_init_script(WATCH_SCRIPT % events)
+                page = await context.new_page()
+                await page.goto(f"{url}/sessions/{session_id}/")
+                await page.wait_for_function("window.__benchRendered !== undefined", timeout=60000)
+                timings = await page.evaluate(READ_TIMINGS)
+                await context.close()
+                if run:
+                    results.append(timings)
+        finally:
+            await browser.close()
+    return results
+
+
+def measure(events: int = 5000, runs: int = 5) -> dict[str, Any]:
+    """Build a session of `events` events, render it `runs` times; return the figures in ms."""
+    with tempfile.TemporaryDirectory(prefix="craft-bench-") as folder:
+        workdir = Path(folder)
+        (workdir / "static").mkdir()  # STATIC_ROOT; WhiteNoise warns when it is missing
+        env = environment(workdir)
+        prepared = subprocess.run(
+            [sys.executable, __file__, "--prepare", "--events", str(events)],
+            env=env, cwd=ROOT, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        setup = json.loads(prepared.stdout.strip().splitlines()[-1])
+        with serve(env) as url:
+            timings = asyncio.run(_time_runs(url, setup["cookie"], setup["session"], events, runs))
+    rendered = [t["rendered"] for t in timings]
+    return {
+        "events": events,
+        "runs": timings,
+        "database": env["DATABASE_URL"].split(":", 1)[0],
+        "median_ms": statistics.median(rendered),
+        "best_ms": min(rendered),
+        "worst_ms": max(rendered),
+        "ttfb_ms": statistics.median(t["ttfb"] for t in timings),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.prepare:
+        sys.path.insert(0, str(ROOT))
+        print(json.dumps(prepare(args.events)))
+        return
+    figures = measure(args.events, args.runs)
+    print(
+        f"chat page with {args.events} stored events, rendered in Chromium "
+        f"(daphne, {figures['database']}, cold cache)"
+    )
+    for number, run in enumerate(figures["runs"], start=1):
+        print(
+            f"  run {number}: {run['rendered']:6.1f} ms to the last event "
+            f"(first byte {run['ttfb']:.1f} ms, page ready {run['dom_content_loaded']:.1f} ms, "
+            f"history {run['history_start']:.1f}-{run['history_end']:.1f} ms "
+            f"in {run['history_requests']} requests)"
+        )
+    print(
+        f"median {figures['median_ms']:.1f} ms, best {figures['best_ms']:.1f} ms, "
+        f"worst {figures['worst_ms']:.1f} ms; first byte (median) {figures['ttfb_ms']:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
