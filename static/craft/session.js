@@ -197,6 +197,12 @@
     return `${chars} characters`;
   }
 
+  const numberFormat = new Intl.NumberFormat(); // once: toLocaleString builds one per call
+
+  function showAllLabel(text) {
+    return `Show all (${numberFormat.format(lineCount(text))} lines, ${formatSize(text.length)})`;
+  }
+
   // Text that may be long: a preview with "Show all" (aria-expanded tells which is shown).
   let collapsibleIds = 0;
   function fillCollapsible(box, text, renderText) {
@@ -207,7 +213,7 @@
     box.appendChild(body);
     renderText(body, short === null ? text : short);
     if (short === null) return;
-    const toggle = el("button", "toggle-more", `Show all (${lineCount(text).toLocaleString()} lines, ${formatSize(text.length)})`);
+    const toggle = el("button", "toggle-more", showAllLabel(text));
     toggle.type = "button";
     toggle.setAttribute("aria-expanded", "false");
     toggle.setAttribute("aria-controls", body.id);
@@ -224,7 +230,7 @@
     c.body.replaceChildren();
     c.renderText(c.body, expand ? c.text : c.short);
     toggle.setAttribute("aria-expanded", String(expand));
-    toggle.textContent = expand ? "Show less" : `Show all (${lineCount(c.text).toLocaleString()} lines, ${formatSize(c.text.length)})`;
+    toggle.textContent = expand ? "Show less" : showAllLabel(c.text);
     c.box.classList.toggle("collapsed", !expand);
     if (!expand) c.box.scrollIntoView({ block: "nearest" });
   }
@@ -1240,6 +1246,14 @@
     scrollToBottom();
     promptBox.focus({ preventScroll: true });
   });
+  // Whatever makes the transcript taller while the reader is at the bottom (Markdown rendered
+  // late, off-screen blocks laid out for the first time, which content-visibility defers),
+  // keep the bottom in view.
+  if ("ResizeObserver" in window) {
+    new ResizeObserver(() => {
+      if (pinned) scrollToBottom();
+    }).observe(transcript);
+  }
 
   // --- the composer, stop, and clicks in the transcript ----------------------------------------
 
