@@ -69,7 +69,8 @@
     ws: null,
     reconnectAttempt: 0,
     reconnectTimer: null,
-    wasConnected: false,
+    wasConnected: false, // ever: "Connected again" is said only after a loss
+    connected: false,
     loadInFlight: false,
     loaded: false,
     loadFailures: 0,
@@ -121,7 +122,7 @@
     if (text.startsWith("agent exited") || text.includes("agent is not running"))
       return "The agent stopped unexpectedly.";
     if (text.startsWith("agent did not start")) return "The agent could not start.";
-    if (text.startsWith("sandbox is") || text.includes("sandbox is "))
+    if (text.includes("sandbox is "))
       return "This session's sandbox is not running, so the agent can't work here.";
     if (text.includes("no answer within") || text.includes("no message from the agent"))
       return "The agent stopped responding.";
@@ -245,7 +246,8 @@
   function getMarkdown() {
     if (markdown) return markdown;
     if (!window.marked || !window.DOMPurify) return null; // a vendor file failed: plain text
-    const escape = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    const escape = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;");
     const parser = new window.marked.Marked({
       gfm: true,
       async: false,
@@ -509,9 +511,9 @@
     }
   }
 
-  function flush() {
+  function flush(rich) {
     flushScheduled = false;
-    for (const block of dirty) renderMessage(block, fold.live || !lazy);
+    for (const block of dirty) renderMessage(block, rich);
     dirty.clear();
   }
 
@@ -519,7 +521,7 @@
     if (flushScheduled) return;
     flushScheduled = true;
     requestAnimationFrame(() => {
-      flush();
+      flush(true); // live text: Markdown at once
       stickToBottom();
     });
   }
@@ -788,9 +790,8 @@
     if (fold.turnStartedAt !== null && ended - fold.turnStartedAt >= 1000) {
       block.appendChild(el("span", "turn-meta", ` · ${duration(ended - fold.turnStartedAt)}`));
     }
-    for (const [request, card] of fold.permissions) {
+    for (const card of fold.permissions.values()) {
       if (card.dataset.answer === "") closePermission(card, "expired", "No longer open: the turn ended.");
-      fold.permissions.delete(request);
     }
     appendBlock(block);
     if (fold.live) {
@@ -892,7 +893,7 @@
       fold.target = transcript;
       transcript.appendChild(fragment);
     }
-    flush();
+    flush(!lazy); // history: plain text now, Markdown when it comes near the screen
   }
 
   // Truncated events: "Show all" fetches the whole event ---------------------------------------
@@ -989,7 +990,8 @@
         setConn("offline", event.code === 4401 ? "Signed out: reload to sign in" : "No access");
         return;
       }
-      if (state.wasConnected) announce("Connection lost. Reconnecting…");
+      if (state.connected) announce("Connection lost. Reconnecting…");
+      state.connected = false;
       scheduleReconnect();
     };
   }
@@ -1032,8 +1034,9 @@
     switch (frame.type) {
       case "hello":
         state.reconnectAttempt = 0;
-        if (state.wasConnected) announce("Connected again.");
+        if (state.wasConnected && !state.connected) announce("Connected again.");
         state.wasConnected = true;
+        state.connected = true;
         setConn("connected", "Connected");
         setRunning(frame.running);
         if (Number.isSafeInteger(frame.last_seq)) state.serverLastSeq = frame.last_seq;

@@ -284,3 +284,17 @@ async def test_a_truncated_event_shows_all_on_request(page, craft_server, sessio
     await expect(card.locator(".truncated")).to_have_count(0)
     await card.get_by_role("button", name="Show all (3,000 lines").click()
     await expect(card.locator(".tool-text")).to_contain_text("row 3000")
+
+
+async def test_thoughts_fold_away_once_the_agent_answers(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "think about cats")
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    thought = page.locator("#transcript details.thought")
+    await expect(thought.locator("summary")).to_have_text("Thought")
+    assert await thought.get_attribute("open") is None
+    await thought.locator("summary").click()
+    await expect(thought.locator(".body")).to_have_text("Thinking about: about cats")
+    await expect(page.locator("#transcript .msg.agent .bubble")).to_have_text("Done thinking.")
+    stamp = page.locator("#transcript .msg.user time")
+    assert (await stamp.get_attribute("datetime")).endswith("Z")
