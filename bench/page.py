@@ -222,6 +222,7 @@ def prepare(events: int) -> dict[str, Any]:
     from tests.craft.wsclient import session_cookie
 
     call_command("migrate", verbosity=0)
+    get_user_model().objects.filter(username="bench").delete()  # a BENCH_DATABASE_URL reused
     user = get_user_model().objects.create_user("bench", password="bench-password-unused")
     session = open_session(user, "A long session")
     stored = session_events(events, _workspace_path(session))

@@ -242,10 +242,13 @@
 
   // --- Markdown --------------------------------------------------------------------------
 
+  // marked and DOMPurify load async (session.html): until both are there, messages that
+  // want Markdown are shown as plain text and wait here.
   let markdown = null; // {parse(text) -> sanitised HTML}, built on first use
+  const waitingForMarkdown = new Set();
   function getMarkdown() {
     if (markdown) return markdown;
-    if (!window.marked || !window.DOMPurify) return null; // a vendor file failed: plain text
+    if (!window.marked || !window.DOMPurify) return null; // not loaded (yet): plain text
     const escape = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
       .replace(/"/g, "&quot;");
     const parser = new window.marked.Marked({
@@ -317,6 +320,16 @@
     } catch {
       // unhighlighted is fine
     }
+  }
+
+  for (const id of ["marked-js", "purify-js"]) {
+    const script = document.getElementById(id);
+    if (!script) continue;
+    script.addEventListener("load", () => {
+      if (!getMarkdown()) return; // the other one is still on its way
+      for (const block of waitingForMarkdown) renderMessage(block, true);
+      waitingForMarkdown.clear();
+    });
   }
 
   const highlighter = document.getElementById("highlight-js");
@@ -494,7 +507,11 @@
     const m = meta.get(block);
     if (!m || !m.body) return;
     const text = block.dataset.kind === "agent" ? scrub(m.text) : m.text;
-    const useMarkdown = rich && block.dataset.kind === "agent" && text.length <= MARKDOWN_MAX_CHARS;
+    let useMarkdown = rich && block.dataset.kind === "agent" && text.length <= MARKDOWN_MAX_CHARS;
+    if (useMarkdown && !getMarkdown()) {
+      waitingForMarkdown.add(block);
+      useMarkdown = false;
+    }
     const mode = useMarkdown ? "markdown" : "plain";
     if (m.shown === text && m.mode === mode) return;
     if (useMarkdown) {
