@@ -242,8 +242,9 @@
 
   // --- Markdown --------------------------------------------------------------------------
 
-  // marked and DOMPurify load async (session.html): until both are there, messages that
-  // want Markdown are shown as plain text and wait here.
+  // marked, DOMPurify and highlight.js are loaded once the first load is on screen (live
+  // events come only after it), so that they never compete with it: until marked and
+  // DOMPurify are both there, messages that want Markdown are shown as text and wait here.
   let markdown = null; // {parse(text) -> sanitised HTML}, built on first use
   const waitingForMarkdown = new Set();
   function getMarkdown() {
@@ -322,21 +323,27 @@
     }
   }
 
-  for (const id of ["marked-js", "purify-js"]) {
-    const script = document.getElementById(id);
-    if (!script) continue;
-    script.addEventListener("load", () => {
-      if (!getMarkdown()) return; // the other one is still on its way
-      for (const block of waitingForMarkdown) renderMessage(block, true);
-      waitingForMarkdown.clear();
-    });
+  let librariesRequested = false;
+  function loadLibraries() {
+    if (librariesRequested) return;
+    librariesRequested = true;
+    for (const src of (root.dataset.libraries || "").split(" ").filter(Boolean)) {
+      const script = document.createElement("script");
+      script.src = src;
+      script.async = true;
+      script.addEventListener("load", librariesArrived);
+      document.head.appendChild(script);
+    }
   }
 
-  const highlighter = document.getElementById("highlight-js");
-  if (highlighter && !window.hljs) {
-    highlighter.addEventListener("load", () => {
+  function librariesArrived() {
+    if (getMarkdown()) {
+      for (const block of waitingForMarkdown) renderMessage(block, true);
+      waitingForMarkdown.clear();
+    }
+    if (window.hljs) {
       transcript.querySelectorAll(".code-block code[data-language]:not(.hljs)").forEach(highlight);
-    });
+    }
   }
 
   async function copyText(button, text) {
@@ -387,12 +394,12 @@
     turnStartedAt: null,
     quiet: null, // the hidden block that holds marks of events without a visible block
   };
-  const dirty = new Set(); // message blocks whose text changed
+  const dirty = new Set(); // blocks whose text, body or list changed since the last flush
   let flushScheduled = false;
 
   function newBlock(tag, className, kind) {
     const block = el(tag, className);
-    block.dataset.kind = kind;
+    block.setAttribute("data-kind", kind);
     const marks = el("span", "marks");
     marks.hidden = true;
     block.appendChild(marks);
@@ -410,9 +417,10 @@
     return block;
   }
 
+  const markPrototype = document.createElement("i");
   function mark(block, seq, event) {
-    const i = el("i");
-    i.dataset.seq = seq;
+    const i = markPrototype.cloneNode();
+    i.setAttribute("data-seq", seq);
     meta.get(block).marks.appendChild(i);
     if (event.truncated === true) addShowAll(block, seq);
   }
@@ -528,9 +536,16 @@
     }
   }
 
+  // Draw what changed since the last flush: message text, tool bodies, plans. Live events are
+  // drawn once per frame; a loaded page once, however many updates it folded.
   function flush(rich) {
     flushScheduled = false;
-    for (const block of dirty) renderMessage(block, rich);
+    for (const block of dirty) {
+      const kind = block.dataset.kind;
+      if (kind === "tool") renderToolBody(block.querySelector(".tool-body"), meta.get(block));
+      else if (kind === "plan") renderPlan(block);
+      else renderMessage(block, rich);
+    }
     dirty.clear();
   }
 
@@ -586,7 +601,7 @@
       m.contentSeq = event.seq;
     }
     if (Array.isArray(data.content) || Array.isArray(data.locations) || isObject(data.rawInput)) {
-      renderToolBody(card.querySelector(".tool-body"), m);
+      dirty.add(card); // drawn at the next flush: in a loaded page, only its last content
     }
     return card;
   }
@@ -709,22 +724,27 @@
       appendBlock(fold.plan);
     }
     if (!Array.isArray(data.entries)) return fold.plan; // malformed: keep the last good list
-    const entries = data.entries.filter(isObject);
-    const list = fold.plan.querySelector("ul");
+    meta.get(fold.plan).entries = data.entries.filter(isObject);
+    dirty.add(fold.plan); // drawn at the next flush: in a loaded page, only the turn's last plan
+    return fold.plan;
+  }
+
+  function renderPlan(block) {
+    const entries = meta.get(block).entries || [];
+    const list = block.querySelector("ul");
     list.replaceChildren();
     let done = 0;
     for (const entry of entries) {
       const status = PLAN_STATUS[entry.status] ? entry.status : "pending";
       if (status === "completed") done++;
       const li = list.appendChild(el("li", "plan-entry"));
-      li.dataset.status = status;
+      li.setAttribute("data-status", status);
       li.appendChild(el("span", "check")).setAttribute("aria-hidden", "true");
       li.appendChild(el("span", "plan-text", scrub(str(entry.content))));
       li.appendChild(el("span", "sr-only", ` (${PLAN_STATUS[status]})`));
     }
-    fold.plan.querySelector(".plan-progress").textContent =
+    block.querySelector(".plan-progress").textContent =
       entries.length ? ` · ${done} of ${entries.length} done` : "";
-    return fold.plan;
   }
 
   // Permission requests ---------------------------------------------------------------------
@@ -961,10 +981,8 @@
     } else if (block.dataset.kind === "permission" && isObject(data.toolCall)) {
       renderToolBody(block.querySelector(".permission-body"), data.toolCall);
     } else if (block.dataset.kind === "plan" && Array.isArray(data.entries)) {
-      const saved = fold.plan;
-      fold.plan = block;
-      plan(event, data);
-      fold.plan = saved;
+      m.entries = data.entries.filter(isObject);
+      renderPlan(block);
     } else if (state.staff) {
       technicalDetails(block, JSON.stringify(event.data, null, 2));
     }
@@ -1154,7 +1172,9 @@
   }
 
   function firstLoadDone() {
+    if (state.loaded) return;
     state.loaded = true;
+    loadLibraries();
     // The blocks people see first get Markdown now; the rest when scrolled near.
     const blocks = transcript.querySelectorAll(":scope > .msg.agent");
     for (let i = Math.max(0, blocks.length - EAGER_BLOCKS); i < blocks.length; i++) {

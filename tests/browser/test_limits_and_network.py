@@ -86,7 +86,7 @@ async def test_the_banner_and_the_connection_indicator_stay_on_screen(page, hook
     await expect(page.locator("#load-error")).to_be_hidden()
     await jump.click()
     await expect(jump).to_be_hidden()
-    assert await page.evaluate(at_bottom)
+    await page.wait_for_function(at_bottom)
 
 
 async def test_a_3_mib_agent_message_arrives_whole_without_killing_the_socket(
