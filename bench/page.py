@@ -218,14 +218,14 @@ def prepare(events: int) -> dict[str, Any]:
 
     from craft.eventlog import append_events
     from craft.services import open_session
-    from craft.views import _workspace_path
+    from craft.views import session_workspace
     from tests.craft.wsclient import session_cookie
 
     call_command("migrate", verbosity=0)
     get_user_model().objects.filter(username="bench").delete()  # a BENCH_DATABASE_URL reused
     user = get_user_model().objects.create_user("bench", password="bench-password-unused")
     session = open_session(user, "A long session")
-    stored = session_events(events, _workspace_path(session))
+    stored = session_events(events, session_workspace(session))
     for start in range(0, len(stored), 500):
         append_events(session.pk, stored[start : start + 500])
     return {"cookie": session_cookie(user).split("=", 1)[1], "session": str(session.pk)}

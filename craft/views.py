@@ -60,7 +60,7 @@ def _page_context(request: SignedInRequest, session: Session | None) -> dict[str
     }
 
 
-def _workspace_path(session: Session) -> str:
+def session_workspace(session: Session) -> str:
     """Return the session's workspace as its agent sees it (the agent's cwd), or "".
 
     The page uses it only to show paths relative to the workspace, never the host's.
@@ -90,7 +90,7 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     pages = range(0, session.last_seq, MAX_EVENTS_PAGE)
     context.update(
         running=runners.is_running(session.pk),
-        workspace=_workspace_path(session),
+        workspace=session_workspace(session),
         page_size=MAX_EVENTS_PAGE,
         history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],
     )

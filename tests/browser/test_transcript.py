@@ -17,7 +17,7 @@ from playwright.async_api import expect
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
 from craft.services import open_session
-from craft.views import _workspace_path as workspace_path
+from craft.views import session_workspace
 
 from .conftest import snap
 from .test_chat_page import TURN_END, assert_page_matches_log, open_page, send_prompt, stored
@@ -85,7 +85,7 @@ async def test_a_permission_card_shows_what_it_asks_to_approve(page, craft_serve
 async def test_permission_cards_show_commands_locations_and_every_option_kind(
     page, craft_server, session
 ):
-    workspace = await db_sync_to_async(workspace_path)(session)
+    workspace = await db_sync_to_async(session_workspace)(session)
     options = [
         {"optionId": "a1", "name": "Allow once", "kind": "allow_once"},
         {"optionId": "a2", "name": "Always allow `npm`", "kind": "allow_always"},
