@@ -126,7 +126,9 @@ def new_session(request: SignedInRequest) -> HttpResponse:
     try:
         session = services.open_session(request.user, request.POST.get("title", ""))
     except services.SessionError as exc:
-        messages.error(request, str(exc))
+        # The reason is the backend's (a pod event, a path): staff see it, everyone else words.
+        detail = f" ({exc})" if request.user.is_staff else ""
+        messages.error(request, f"Your sandbox could not start, so no session was opened{detail}.")
         return HttpResponseClientRedirect(reverse("home")) if request.htmx else redirect("home")
     url = reverse("session", args=[session.pk])
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)

@@ -158,3 +158,19 @@ def test_a_stranger_cannot_see_or_change_someone_elses_session(client, owner, st
     )
     assert client.post(reverse("delete_session", args=[session.pk])).status_code == 404
     assert Session.objects.filter(pk=session.pk).exists()
+
+
+def test_a_sandbox_that_cannot_start_is_told_in_words(client, owner, staff, settings, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the sandbox root should be")
+    settings.CRAFT_SANDBOX_ROOT = blocker
+    client.force_login(owner)
+    page = client.post(reverse("new_session"), follow=True).content.decode()
+    assert "Your sandbox could not start, so no session was opened." in page
+    assert str(blocker) not in page
+    line = client.get(reverse("sandbox_status")).content.decode()
+    assert "Could not start" in line
+    assert "Start again" in line
+    client.force_login(staff)
+    page = client.post(reverse("new_session"), follow=True).content.decode()
+    assert "cannot create sandbox folder" in page  # staff see why
