@@ -389,6 +389,7 @@
     turn: 0, // user messages so far: tool call ids restart with every agent process
     last: null, // the last block, for chunks that continue it
     tools: new Map(), // `${turn}:${toolCallId}` -> card
+    turnCards: [], // this turn's tool cards
     permissions: new Map(), // request id -> card
     plan: null, // this turn's plan
     turnStartedAt: null,
@@ -460,6 +461,7 @@
   function userMessage(event, data) {
     fold.turn += 1;
     fold.plan = null;
+    fold.turnCards = [];
     fold.turnStartedAt = timeOf(event);
     const text = str(data.text);
     const block = newBlock("div", "msg user", "user");
@@ -577,6 +579,7 @@
       head.appendChild(el("span", "badge", TOOL_STATUS.pending));
       card.appendChild(el("div", "tool-body"));
       fold.tools.set(toolKey(id), card);
+      fold.turnCards.push(card);
       appendBlock(card);
     }
     // Updates carry only the fields that changed; `content` replaces the whole list.
@@ -829,6 +832,13 @@
     }
     for (const card of fold.permissions.values()) {
       if (card.dataset.answer === "") closePermission(card, "expired", "No longer open: the turn ended.");
+    }
+    // A tool the agent never finished must not look like it is still running.
+    for (const card of fold.turnCards) {
+      const status = card.getAttribute("data-status");
+      if (status === "pending" || status === "in_progress") {
+        card.querySelector(".badge").textContent = "Not finished";
+      }
     }
     appendBlock(block);
     if (fold.live) {

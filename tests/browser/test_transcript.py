@@ -137,6 +137,10 @@ async def test_malformed_agent_data_never_wedges_the_page(page, craft_server, se
     # The prompt rings the server's doorbell: the odd events reach the page live, before it.
     await send_prompt(page, "hello after the odd data")
     await expect(page.locator("#transcript .note")).to_have_count(2)
+    # A tool the agent never finished before its turn ended does not claim to be running.
+    await expect(page.locator('#transcript .tool[data-tool-call-id="t"] .badge')).to_have_text(
+        "Not finished"
+    )
     await expect(page.locator("#transcript .msg.agent").last).to_contain_text("Echo: hello")
     await expect(page.locator(TURN_END).last).to_have_text("Done")
     assert await page.locator("#load-error").is_hidden()
