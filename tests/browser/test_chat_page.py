@@ -14,7 +14,7 @@ from craft.eventlog import append_events
 from craft.models import Event
 from craft.services import open_session
 
-from .conftest import screenshot_path
+from .conftest import snap
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -86,13 +86,13 @@ async def test_a_reply_streams_in_before_the_turn_ends(page, craft_server, sessi
     early = len(await reply.inner_text())
     assert await page.locator(TURN_END).count() == 0
     await expect(page.locator("#stop")).to_be_visible()
-    await page.screenshot(path=screenshot_path("chat-mid-turn.png"), full_page=False)
+    await snap(page, "chat-mid-turn")
     await expect(reply).to_contain_text("chunk 20 ")
     assert len(await reply.inner_text()) > early
     await expect(page.locator(TURN_END)).to_have_text("Done")
     await expect(page.locator("#stop")).to_be_hidden()
     await expect(page.locator("#prompt")).to_have_value("")
-    await page.screenshot(path=screenshot_path("chat-after-turn.png"), full_page=False)
+    await snap(page, "chat-after-turn")
     await assert_page_matches_log(page, session)
 
 
@@ -101,7 +101,7 @@ async def test_the_demo_scenario_renders_plan_tools_and_permission(page, craft_s
     await send_prompt(page, "demo 0.05")
     permission = page.locator("#transcript .permission")
     await expect(permission).to_be_visible()
-    await page.screenshot(path=screenshot_path("chat-permission.png"), full_page=False)
+    await snap(page, "chat-permission")
     await permission.get_by_role("button", name="Allow").click()
     await expect(page.locator(TURN_END)).to_have_text("Done")
     await expect(page.locator("#transcript .tool").first).to_have_attribute(
@@ -111,9 +111,7 @@ async def test_the_demo_scenario_renders_plan_tools_and_permission(page, craft_s
         page.locator("#transcript .plan .plan-entry[data-status=completed]")
     ).to_have_count(3)
     await expect(page.locator("#transcript .diff .add").first).to_contain_text("Hello from")
-    await page.screenshot(path=screenshot_path("chat-demo.png"), full_page=False)
-    await page.set_viewport_size({"width": 390, "height": 844})
-    await page.screenshot(path=screenshot_path("chat-phone.png"), full_page=False)
+    await snap(page, "chat-demo")
     await assert_page_matches_log(page, session)
 
 

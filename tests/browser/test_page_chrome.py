@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from playwright.async_api import expect
@@ -77,11 +78,13 @@ async def test_escape_stops_the_agent(page, craft_server, session):
     await send_prompt(page, "slow 300 0.05")
     await expect(page.locator("#transcript .msg.agent")).to_contain_text("chunk 3 ")
     await expect(page.locator("#working")).to_contain_text("Working…")
+    await expect(page.locator("#favicon")).to_have_attribute("href", re.compile("favicon-busy"))
     await snap(page, "working")
     await page.keyboard.press("Escape")
     await expect(page.locator(TURN_END)).to_have_text("Stopped")
     await expect(page.locator("#working")).to_be_hidden()
     await expect(page.locator("#stop")).to_be_hidden()
+    await expect(page.locator("#favicon")).not_to_have_attribute("href", re.compile("busy"))
 
 
 async def test_the_keyboard_stays_on_a_permission_card_after_answering(page, craft_server, session):
@@ -175,6 +178,13 @@ async def test_no_serious_accessibility_violations(page, staff_page, craft_serve
     await expect(page.locator("#transcript .permission .options button")).to_have_count(2)
     await expect(page.locator("#working")).to_be_visible()
     await assert_accessible(page, "session page")
+    # Streamed words are not read out one by one: the transcript is no live region; a polite
+    # one says what changed, and errors are alerts.
+    assert await page.locator("#transcript").get_attribute("aria-live") is None
+    await expect(page.locator("#announcer")).to_have_attribute("aria-live", "polite")
+    await expect(page.locator("#announcer")).to_have_text(re.compile("permission"))
+    for alert in ("#load-error", "#frame-error"):
+        await expect(page.locator(alert)).to_have_attribute("role", "alert")
     await snap(page, "session-mid-turn")
 
     await staff_page.goto(f"{craft_server.url}/admin/sandboxes/sandbox/")
