@@ -157,7 +157,7 @@
     return scrub(text).replace(/(^|[\s'"(=:])\/(?:[\w.@+-]+\/)+([\w.@+-]+)/g, "$1…/$2");
   }
 
-  // --- small DOM helpers --------------------------------------------------------------------
+  // --- small DOM functions ------------------------------------------------------------------
 
   function el(tag, className, text) {
     const node = document.createElement(tag);
