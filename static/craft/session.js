@@ -931,16 +931,17 @@
     scheduleFlush();
   }
 
-  function applyPage(events) {
-    const fragment = document.createDocumentFragment();
+  // Apply a page of loaded events into `fragment` (new blocks go there; blocks already on the
+  // page are updated in place), and draw it: plain text now, Markdown when it comes near the
+  // screen. The caller puts the fragment on the page.
+  function applyPage(events, fragment) {
     fold.target = fragment;
     try {
       for (const event of events) applyEvent(event);
     } finally {
       fold.target = transcript;
-      transcript.appendChild(fragment);
     }
-    flush(!lazy); // history: plain text now, Markdown when it comes near the screen
+    flush(!lazy);
   }
 
   // Truncated events: "Show all" fetches the whole event ---------------------------------------
@@ -1135,6 +1136,10 @@
     const controller = new AbortController();
     const cache = state.preloaded ? "default" : "no-store";
     state.preloaded = false;
+    // The first load goes on the page in one piece: the page opens at the bottom, so drawing
+    // the older pages first would only cost frames nobody sees. Later loads go page by page.
+    const first = !state.loaded;
+    let fragment = document.createDocumentFragment();
     try {
       let body = null;
       while (body === null || body.has_more) {
@@ -1157,10 +1162,13 @@
             body = { has_more: true }; // an earlier page was short: continue from lastSeq
             break;
           }
-          applyPage(events);
+          applyPage(events, fragment);
+          if (!first) transcript.appendChild(fragment);
         }
         if (state.lastSeq === from && body.has_more) throw new Error("the server sent no events");
       }
+      transcript.appendChild(fragment);
+      fragment = null;
       state.loadInFlight = false;
       state.loadFailures = 0;
       loadError.hidden = true;
@@ -1169,6 +1177,7 @@
       if (!state.loaded) requestAnimationFrame(firstLoadDone);
       send({ type: "resume", after: state.lastSeq });
     } catch (error) {
+      if (fragment) transcript.appendChild(fragment); // what was applied counts: show it
       controller.abort(); // the other pages of this load
       // Clear the guard, or no later attempt could ever run.
       state.loadInFlight = false;
