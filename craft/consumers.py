@@ -211,11 +211,6 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if message.get("origin") != live.PROCESS_ID:
             self.deliver(message["last_seq"], message["last_seq"], None)
 
-    async def test_drop(self, message: dict[str, Any]) -> None:
-        """Close the socket as a network failure would (test hook, see craft.testhooks)."""
-        if settings.CRAFT_TEST_HOOKS:
-            await self.close(code=4000)
-
     def _start_pump(self) -> None:
         if self._pump is None or self._pump.done():
             self._pump = asyncio.get_running_loop().create_task(self._pump_events())

@@ -19,6 +19,7 @@ from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
 from . import live
+from .eventlog import append_events
 from .models import Session
 from .runner import runners
 
@@ -62,10 +63,22 @@ def open_session(user: User, title: str = "") -> Session:
 
 
 def rename_session(session: Session, title: str) -> Session:
+    """Give the session a new title and record it as a `session_title` event.
+
+    The event reaches every open page of the session (heading, tab title, sidebar) like any
+    other. Renaming to the current title stores nothing. Raises SessionError for a blank title.
+    """
     cleaned = clean_title(title)
     if not cleaned:
-        raise SessionError("a title cannot be empty")
-    Session.objects.filter(pk=session.pk).update(title=cleaned, updated_at=timezone.now())
+        raise SessionError("Give the session a title: it cannot be blank.")
+    with transaction.atomic():
+        changed = (
+            Session.objects.filter(pk=session.pk)
+            .exclude(title=cleaned)
+            .update(title=cleaned, updated_at=timezone.now())
+        )
+        if changed:
+            append_events(session.pk, [("session_title", {"title": cleaned, "source": "user"})])
     session.refresh_from_db()
     return session
 

@@ -358,7 +358,3 @@ CRAFT_K8S_EGRESS_BLOCKED = env_list(
         "::1/128",
     ],
 )
-
-# Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
-# in production: they let anyone signed in disturb the service.
-CRAFT_TEST_HOOKS = env_bool("CRAFT_TEST_HOOKS", False)
