@@ -116,7 +116,9 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
     log = OUTPUT / f"daphne-{port}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            [sys.executable, "-m", "daphne", "--websocket-max-message-size", "4194304",
+                 "--websocket-max-frame-size", "4194304",
+                 "-b", "127.0.0.1", "-p", str(port),
              "tests.browser.faults:application"],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
         )  # fmt: skip

@@ -135,3 +135,22 @@ def closed_by_server(ws) -> bool:
         return False
     finally:
         ws.shutdown()
+
+
+def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, owner):
+    session = services.open_session(owner, "paste")
+    server = Daphne(tmp_path).start()
+    try:
+        sock = Socket(server, owner, session.pk)
+        sock.send({"type": "prompt", "id": "paste", "text": "a" * (2 * 1024 * 1024)})
+        error = sock.frame()
+        sock.send({"type": "resume", "after": 0})
+        sock.send({"type": "cancel"})
+        after = sock.frame()
+        sock.close()
+    finally:
+        server.signal(signal.SIGTERM)
+        server.wait(30)
+    assert error["type"] == "error" and error["code"] == "prompt_too_long"
+    assert after == {"type": "error", "code": "not_running", "message": "no turn is running"}
+    assert not Event.objects.filter(session=session).exists()
