@@ -17,8 +17,7 @@ from sandboxes.models import Sandbox
 from . import services
 from .eventlog import events_json_after
 from .http import SignedInRequest
-from .models import Event, Session
-from .runner import runners
+from .models import Event, Session, Turn
 
 MAX_EVENTS_PAGE = 1000
 
@@ -50,8 +49,16 @@ def _json_body(request: SignedInRequest) -> dict[str, Any] | None:
 
 
 def _own_session(request: SignedInRequest, session_id: UUID) -> Session | None:
-    sessions = Session.objects.select_related("sandbox")
+    sessions = Session.objects.select_related("sandbox").with_running()
     return sessions.filter(pk=session_id, owner=request.user).first()
+
+
+def _running(session: Session) -> bool:
+    """Whether a turn runs (in whichever worker runs it): from `with_running()` if there."""
+    running = getattr(session, "running", None)
+    if running is None:
+        return Turn.objects.running().filter(session=session).exists()
+    return bool(running)
 
 
 def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
@@ -73,7 +80,7 @@ def session_json(session: Session) -> dict[str, Any]:
         "created_at": session.created_at.isoformat(),
         "updated_at": session.updated_at.isoformat(),
         "last_seq": session.last_seq,
-        "running": runners.is_running(session.pk),
+        "running": _running(session),
         "sandbox": str(session.sandbox_id),
     }
 
@@ -82,7 +89,7 @@ def session_json(session: Session) -> dict[str, Any]:
 @api_login_required
 def sessions(request: SignedInRequest) -> HttpResponse:
     if request.method == "GET":
-        items = Session.objects.owned_by(request.user).recent_first()
+        items = Session.objects.owned_by(request.user).recent_first().with_running()
         return JsonResponse({"sessions": [session_json(s) for s in items]})
     body = _json_body(request)
     if body is None:
@@ -140,7 +147,7 @@ def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         {
             "has_more": len(events) > limit,
             "last_seq": session.last_seq,
-            "running": runners.is_running(session.pk),
+            "running": _running(session),
             "sandbox": sandbox_json(session.sandbox),
         }
     )

@@ -27,7 +27,7 @@ from .eventlog import frames_after
 from .models import Session
 from .normalise import is_client_id
 from .outbuffer import unsent_bytes
-from .runner import Refused, runners
+from .runner import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class TooSlow(Exception):
 
 @db_sync_to_async
 def _owned_session(user: Any, session_id: UUID) -> Session | None:
-    return Session.objects.select_related("sandbox").filter(pk=session_id, owner=user).first()
+    sessions = Session.objects.select_related("sandbox").with_running()
+    return sessions.filter(pk=session_id, owner=user).first()
 
 
 @db_sync_to_async
@@ -94,7 +95,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 "type": "hello",
                 "session": str(self.session_id),
                 "last_seq": session.last_seq,
-                "running": runners.is_running(self.session_id),
+                "running": session.running,
                 "sandbox": {
                     "status": session.sandbox.status,
                     "detail": session.sandbox.status_detail,

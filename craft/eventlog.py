@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from . import live, workers
 from .db import close_broken_connections
-from .models import Event, Session, Turn
+from .models import Event, Lease, Session, Turn
 from .normalise import encode_event, event_frame, event_json
 
 logger = logging.getLogger(__name__)
@@ -85,20 +85,42 @@ def _insert_rows(cursor: Any, rows: list[tuple[Any, ...]]) -> None:
         cursor.execute(_insert_sql(len(chunk)), [v for row in chunk for v in row])
 
 
+class Fenced(Exception):
+    """The writer's lease on the session was taken over: it may store nothing more there."""
+
+
+# (owner, token) of a lease: appends that carry one are refused once the lease has moved on.
+Fence = tuple[str, int]
+
+
 def _insert(
     session_id: UUID,
     events: Sequence[tuple[str, dict[str, Any]]],
     encoded: list[tuple[str, str]],
     client_id: str | None,
     now: datetime,
+    fence: Fence | None = None,
 ) -> Stored:
     """Number and insert encoded events of one session; the caller holds a transaction."""
     pk = Session._meta.pk.get_db_prep_value(session_id, connection)
     created = Event._meta.get_field("created_at").get_db_prep_value(now, connection)
     with connection.cursor() as cursor:
+        if fence is not None:
+            # A locking read: it waits for a takeover in progress (which holds the lease row)
+            # and then sees its result. (A check inside the UPDATE below would not: under
+            # READ COMMITTED a subquery keeps the snapshot from before the wait.)
+            lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
+            cursor.execute(
+                f"SELECT owner, token FROM {Lease._meta.db_table} WHERE session_id = %s{lock}",
+                [pk],
+            )
+            if tuple(cursor.fetchone() or ()) != tuple(fence):
+                if Session.objects.filter(pk=session_id).exists():
+                    raise Fenced(f"the lease on session {session_id} was taken over")
+                raise Session.DoesNotExist(f"session {session_id} does not exist")
         cursor.execute(
-            f"UPDATE {Session._meta.db_table} SET last_seq = last_seq + %s, updated_at = %s "
-            "WHERE id = %s RETURNING last_seq",
+            f"UPDATE {Session._meta.db_table} SET last_seq = last_seq + %s, "
+            "updated_at = %s WHERE id = %s RETURNING last_seq",
             [len(encoded), created, pk],
         )
         row = cursor.fetchone()
@@ -201,6 +223,7 @@ class _Job:
     session_id: UUID
     events: Sequence[tuple[str, dict[str, Any]]]
     client_id: str | None
+    fence: Fence | None
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Stored | None]
 
@@ -222,9 +245,13 @@ class EventWriter:
         events: Sequence[tuple[str, dict[str, Any]]],
         *,
         client_id: str | None = None,
+        fence: Fence | None = None,
     ) -> Stored | None:
-        """Store events for a session and wait until they are committed; see append_events."""
-        return await self.submit(session_id, events, client_id=client_id)
+        """Store events for a session and wait until they are committed; see append_events.
+
+        With `fence`, raise `Fenced` (and store nothing) if that lease was taken over.
+        """
+        return await self.submit(session_id, events, client_id=client_id, fence=fence)
 
     def submit(
         self,
@@ -232,6 +259,7 @@ class EventWriter:
         events: Sequence[tuple[str, dict[str, Any]]],
         *,
         client_id: str | None = None,
+        fence: Fence | None = None,
     ) -> asyncio.Future[Stored | None]:
         """Queue events for a session; the future resolves on this loop after commit.
 
@@ -243,7 +271,7 @@ class EventWriter:
         future: asyncio.Future[Stored | None] = loop.create_future()
         if self._thread is None:
             self._start()
-        self._queue.put(_Job(session_id, events, client_id, loop, future))
+        self._queue.put(_Job(session_id, events, client_id, fence, loop, future))
         return future
 
     def stop(self) -> None:
@@ -320,9 +348,10 @@ class EventWriter:
                 ):
                     results.append((job, None))
                 else:
-                    results.append(
-                        (job, _insert(job.session_id, job.events, events, job.client_id, now))
+                    stored = _insert(
+                        job.session_id, job.events, events, job.client_id, now, job.fence
                     )
+                    results.append((job, stored))
         return results
 
     def _finish(self, outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:

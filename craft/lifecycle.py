@@ -27,6 +27,7 @@ from sandboxes import services as sandbox_services
 from . import workers
 from .db import readers
 from .eventlog import writer
+from .ownership import listener, ownership
 from .runner import SHUTTING_DOWN, runners
 from .turns import close_turns_of_gone_workers
 
@@ -53,26 +54,41 @@ class Lifecycle:
     def __init__(self) -> None:
         self.starting: asyncio.Future[None] | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._leases: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         closed = await readers.run(start_worker)
         if closed:
             logger.warning("closed %d turn(s) left by a server that is gone", closed)
-        self._housekeeping = asyncio.get_running_loop().create_task(self._keep_house())
+        await listener.start()
+        loop = asyncio.get_running_loop()
+        self._housekeeping = loop.create_task(self._keep_house())
+        self._leases = loop.create_task(self._keep_leases())
 
     async def _keep_house(self) -> None:
         while True:
             await asyncio.sleep(workers.HEARTBEAT_SECONDS)
             try:
                 await readers.run(housekeeping_once)
+                await _release_idle_sessions()
             except Exception:
                 logger.exception("housekeeping failed")
+
+    async def _keep_leases(self) -> None:
+        """Renew this worker's leases three times per lease period."""
+        while True:
+            await asyncio.sleep(settings.CRAFT_SESSION_LEASE_SECONDS / 3)
+            try:
+                await ownership.renew()
+            except Exception:
+                logger.exception("renewing leases failed")
 
     async def shutdown(self) -> None:
         """Stop this worker cleanly; see the module docstring."""
         runners.closing = True
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
+        for task in (self._housekeeping, self._leases):
+            if task is not None:
+                task.cancel()
         grace = settings.CRAFT_SHUTDOWN_GRACE_SECONDS
         running = runners.running()
         if running:
@@ -83,6 +99,8 @@ class Lifecycle:
             await runner.interrupt(SHUTTING_DOWN)
         stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
         await _wait_for(still, RECORD_SECONDS)
+        await ownership.release_all()  # other workers take this one's sessions at once
+        listener.stop()
         await asyncio.to_thread(writer.stop)
         await readers.run(workers.mark_stopped)
         # The database threads are left to end with the process (joining them here made the
@@ -90,6 +108,16 @@ class Lifecycle:
         # the pools are closed so that PostgreSQL sees the connections go.
         await asyncio.to_thread(_close_connection_pools)
         logger.info("shut down: %d turn(s) interrupted, %d agent(s) stopped", len(still), stopped)
+
+
+async def _release_idle_sessions() -> None:
+    """Release the leases of sessions this worker holds no agent for (stopped as idle, or
+    gone): the next prompt may go to any worker."""
+    for session_id in list(ownership.held):
+        runner = runners.get(session_id)
+        connection = runner.connection
+        if not runner.running and (connection is None or not connection.is_running):
+            await ownership.release(session_id)
 
 
 async def _wait_for(running: list[Any], seconds: float) -> None:

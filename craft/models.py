@@ -18,6 +18,11 @@ class SessionQuerySet(models.QuerySet["Session"]):
     def recent_first(self) -> "SessionQuerySet":
         return self.order_by("-updated_at")
 
+    def with_running(self) -> "SessionQuerySet":
+        """Annotate `running`: whether the session has a running turn, in any worker."""
+        turns = Turn.objects.filter(session=models.OuterRef("pk"), state=Turn.State.RUNNING)
+        return self.annotate(running=models.Exists(turns))
+
 
 class Session(models.Model):
     """A conversation with an agent, in its own workspace of its owner's sandbox."""
@@ -36,6 +41,7 @@ class Session(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
 
     objects = SessionQuerySet.as_manager()
+    running: bool  # only on sessions fetched `with_running()`
 
     class Meta:
         ordering = ["-updated_at"]
@@ -99,6 +105,8 @@ class Worker(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     seen_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # The worker's channel on the channel layer: frames for sessions it owns are sent there.
+    channel = models.CharField(max_length=255, blank=True)
 
     def __str__(self) -> str:
         return self.id
@@ -146,3 +154,25 @@ class Turn(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}@{self.prompt_seq} {self.state}"
+
+
+class Lease(models.Model):
+    """Which worker owns a session's agent, until when, under which fencing token.
+
+    Only the owner starts the session's agent and stores its turns; frames that reach another
+    worker are forwarded to it. The owner renews `expires_at` while it holds the agent. Another
+    worker takes the lease over only once it has expired (or its owner is known to be gone),
+    and every takeover increases `token`; the owner's writes carry its token and the event
+    log refuses a stale one, so a worker that lost its lease (a long pause, a partition)
+    stores nothing more for that session.
+    """
+
+    session = models.OneToOneField(
+        Session, on_delete=models.CASCADE, primary_key=True, related_name="lease"
+    )
+    owner = models.CharField(max_length=255)
+    token = models.PositiveBigIntegerField(default=1)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.session_id} owned by {self.owner} (token {self.token})"

@@ -46,7 +46,7 @@ from sandboxes.acp import (
 from sandboxes.models import Sandbox
 
 from .db import db_sync_to_async
-from .eventlog import Stored, writer
+from .eventlog import Fence, Fenced, Stored, writer
 from .models import Event, Session
 from .normalise import clean_text
 from .turns import close_turns_of_gone_workers
@@ -232,6 +232,9 @@ class SessionRunner:
         self._late: asyncio.Task[None] | None = None  # storing updates that came after a turn
         self._titled = False
         self._active_at = 0.0
+        # (worker, token) of the lease under which this worker runs the session; set by
+        # craft.ownership before each frame it handles here.
+        self.fence: Fence | None = None
 
     @property
     def running(self) -> bool:
@@ -240,6 +243,18 @@ class SessionRunner:
     @property
     def task(self) -> asyncio.Task[None] | None:
         return self._task
+
+    async def _append(
+        self, events: list[tuple[str, dict[str, Any]]], *, client_id: str | None = None
+    ) -> Stored | None:
+        """Store events of this session under this worker's lease (see craft.ownership)."""
+        return await writer.append(self.session_id, events, client_id=client_id, fence=self.fence)
+
+    async def lose(self) -> None:
+        """This worker lost the session's lease: stop its agent; store nothing more (the
+        fence it holds is refused by the event log from now on)."""
+        logger.warning("session %s: lease lost; stopping its agent here", self.session_id)
+        await self._drop_connection()
 
     async def prompt(self, client_id: str, text: str) -> bool:
         """Store the prompt and start its turn; return False for a repeated client id."""
@@ -274,9 +289,7 @@ class SessionRunner:
             self._titled = True
             title = await _take_title(self.session_id, text)
             if title is not None:
-                await writer.append(
-                    self.session_id, [("session_title", {"title": title, "source": "prompt"})]
-                )
+                await self._append([("session_title", {"title": title, "source": "prompt"})])
         return True
 
     async def _store_prompt(self, client_id: str, text: str) -> Stored | None:
@@ -287,14 +300,14 @@ class SessionRunner:
         """
         event = [("user_message", {"id": client_id, "text": text})]
         try:
-            return await writer.append(self.session_id, event, client_id=client_id)
+            return await self._append(event, client_id=client_id)
         except IntegrityError:
             if not await db_sync_to_async(close_turns_of_gone_workers)(self.session_id):
                 raise Refused(
                     "turn_running", "the agent is still working on the previous prompt"
                 ) from None
         try:
-            return await writer.append(self.session_id, event, client_id=client_id)
+            return await self._append(event, client_id=client_id)
         except IntegrityError:
             raise Refused(
                 "turn_running", "the agent is still working on the previous prompt"
@@ -315,8 +328,7 @@ class SessionRunner:
         answered = list(self._pending)
         self._pending.clear()
         if answered:
-            await writer.append(
-                self.session_id,
+            await self._append(
                 [
                     ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
                     for rid in answered
@@ -371,10 +383,7 @@ class SessionRunner:
         del self._pending[request_id]
         # Stored before the agent hears it, so the log never shows the agent acting on an
         # answer that comes later in the log.
-        await writer.append(
-            self.session_id,
-            [("permission_answer", {"request": request_id, "option": option_id})],
-        )
+        await self._append([("permission_answer", {"request": request_id, "option": option_id})])
         await in_agent_thread(connection.answer_permission, request_id, option_id)
 
     # --- the turn ---------------------------------------------------------------------------
@@ -417,6 +426,10 @@ class SessionRunner:
                     ending, reason = [], "cancelled"
                 else:
                     ending, reason = await self._stream(connection, text)
+        except Fenced:
+            # Another worker took the session over; it closed this turn. Nothing more here.
+            await self._drop_connection()
+            return
         except StorageFailed as failure:
             logger.exception("session %s: storing the turn failed", self.session_id)
             await self._drop_connection()
@@ -458,8 +471,8 @@ class SessionRunner:
                 if final is not None:
                     return events, final
                 try:
-                    await writer.append(self.session_id, events)
-                except Session.DoesNotExist:
+                    await self._append(events)
+                except (Session.DoesNotExist, Fenced):
                     raise
                 except Exception as exc:
                     raise StorageFailed(exc, events) from exc
@@ -515,7 +528,7 @@ class SessionRunner:
             while batch := inbox.take_nowait(BATCH_LIMIT):
                 events = [(item.kind, item.data) for item in batch if isinstance(item, Update)]
                 try:
-                    await writer.append(self.session_id, events)
+                    await self._append(events)
                 except Exception:
                     logger.exception("session %s: storing late updates failed", self.session_id)
 
@@ -567,10 +580,13 @@ class SessionRunner:
         delay = 0.1
         while True:
             try:
-                await writer.append(self.session_id, last)
+                await self._append(last)
                 return
             except Session.DoesNotExist:
                 logger.info("session %s was deleted during a turn", self.session_id)
+                return
+            except Fenced:
+                await self._drop_connection()
                 return
             except (DataError, IntegrityError, ValueError) as exc:
                 if not others:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -18,7 +19,7 @@ from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
-from . import live
+from . import live, ownership, workers
 from .eventlog import append_events
 from .models import Session
 from .runner import runners
@@ -104,20 +105,53 @@ def clean_title(title: str) -> str:
 # --- Turns (async: they run on the event loop, see craft.runner) ------------------------------
 
 
-async def post_prompt(session_id: uuid.UUID, client_id: str, text: str) -> bool:
-    """Store the prompt and start its turn in the background.
+async def handle_frame(session_id: uuid.UUID, frame: dict[str, Any]) -> None:
+    """Carry out a validated `prompt`, `cancel` or `permission` frame of a session.
 
-    Return False when `client_id` was already used in this session (the repeat is ignored).
-    Raises `runner.Refused` for an empty or oversized prompt, or while a turn is running.
+    In the worker that owns the session's agent (see craft.ownership): here, or forwarded to
+    it. Raises `runner.Refused` with the error for the client (a prompt while a turn runs,
+    a cancel without one, an unknown permission request...). A repeated prompt id is
+    ignored.
     """
-    return await runners.get(session_id).prompt(client_id, text)
+    await ownership.route(session_id, frame, _handle_here)
+
+
+async def _handle_here(session_id: uuid.UUID, frame: dict[str, Any], token: int) -> None:
+    runner = runners.get(session_id)
+    runner.fence = (workers.me().key, token)
+    kind = frame["type"]
+    if kind == "prompt":
+        await runner.prompt(frame["id"], frame["text"])
+    elif kind == "cancel":
+        await runner.cancel()
+    elif kind == "permission":
+        await runner.answer_permission(frame["request"], frame["option"])
+    else:
+        raise ValueError(f"not a session frame: {kind!r}")
+
+
+async def post_prompt(session_id: uuid.UUID, client_id: str, text: str) -> None:
+    """Store the prompt and start its turn in the background (see `handle_frame`)."""
+    await handle_frame(session_id, {"type": "prompt", "id": client_id, "text": text})
 
 
 async def cancel_turn(session_id: uuid.UUID) -> None:
     """Cancel the session's running turn; it ends with stop reason `cancelled`."""
-    await runners.get(session_id).cancel()
+    await handle_frame(session_id, {"type": "cancel"})
 
 
 async def answer_permission(session_id: uuid.UUID, request_id: str, option_id: str) -> None:
     """Answer an open permission request of the session's running turn."""
-    await runners.get(session_id).answer_permission(request_id, option_id)
+    await handle_frame(
+        session_id, {"type": "permission", "request": request_id, "option": option_id}
+    )
+
+
+async def _lose(session_id: uuid.UUID) -> None:
+    await runners.get(session_id).lose()
+
+
+# Frames forwarded by other workers are handled as this worker's own; a lost lease stops the
+# session's agent here.
+ownership.listener.handler = _handle_here
+ownership.ownership.on_lost = _lose

@@ -237,7 +237,13 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # channels_redis waits on Redis with BZPOPMIN for 5 s; redis-py 8 gives every read
+            # a 5 s socket timeout by default, so an idle socket's wait could fail with
+            # "Timeout reading" and kill its consumer (redis/redis-py#4091). Reads may wait
+            # longer than the blocking pop; connecting still fails fast.
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}]
+            },
         }
     }
 else:
@@ -320,6 +326,10 @@ CRAFT_TURN_TIMEOUT_SECONDS = env_float("CRAFT_TURN_TIMEOUT_SECONDS", 1800.0, min
 CRAFT_TURN_IDLE_SECONDS = env_float("CRAFT_TURN_IDLE_SECONDS", 300.0, minimum=0.5)
 # On SIGTERM/SIGINT, how long running turns may go on before they are cancelled and recorded.
 CRAFT_SHUTDOWN_GRACE_SECONDS = env_float("CRAFT_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.0)
+# How long a worker's claim on a session's agent (its lease) lasts without renewal; when the
+# owner dies, another worker takes the session over after this long (at once if the owner
+# ran on the same host and its process is gone).
+CRAFT_SESSION_LEASE_SECONDS = env_float("CRAFT_SESSION_LEASE_SECONDS", 15.0, minimum=3.0)
 # A server process not heard from for this long is gone: its running turns are closed.
 CRAFT_WORKER_TIMEOUT_SECONDS = env_float("CRAFT_WORKER_TIMEOUT_SECONDS", 30.0, minimum=5.0)
 

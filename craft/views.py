@@ -25,7 +25,6 @@ from . import services
 from .api import MAX_EVENTS_PAGE
 from .http import SignedInRequest
 from .models import Session
-from .runner import runners
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ logger = logging.getLogger(__name__)
 def _own_session(request: SignedInRequest, session_id: UUID) -> Session:
     """Return the signed-in user's session; 404 for anyone else's (do not reveal it exists)."""
     return get_object_or_404(
-        Session.objects.select_related("sandbox"), pk=session_id, owner=request.user
+        Session.objects.select_related("sandbox").with_running(), pk=session_id, owner=request.user
     )
 
 
@@ -44,10 +43,10 @@ def _current_sandbox(user: User) -> Sandbox | None:
 
 
 def _list_context(request: SignedInRequest, current: Session | None) -> dict[str, object]:
-    sessions = list(Session.objects.owned_by(request.user).recent_first())
+    sessions = list(Session.objects.owned_by(request.user).recent_first().with_running())
     return {
         "sessions": sessions,
-        "running_ids": {s.pk for s in sessions if runners.is_running(s.pk)},
+        "running_ids": {s.pk for s in sessions if s.running},
         "current": current,
     }
 
@@ -89,7 +88,7 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     events_url = reverse("api_session_events", args=[session.pk])
     pages = range(0, session.last_seq, MAX_EVENTS_PAGE)
     context.update(
-        running=runners.is_running(session.pk),
+        running=session.running,
         workspace=session_workspace(session),
         page_size=MAX_EVENTS_PAGE,
         history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],

@@ -84,11 +84,15 @@ class Socket:
             origin=server.url,
             timeout=30,
         )
+        self.events: list[dict[str, Any]] = []  # every event frame received, in order
         self.hello = self.frame()
         assert self.hello["type"] == "hello", self.hello
 
     def frame(self) -> dict[str, Any]:
-        return json.loads(self.ws.recv())
+        frame = json.loads(self.ws.recv())
+        if frame.get("type") == "event":
+            self.events.append(frame)
+        return frame
 
     def send(self, frame: dict[str, Any]) -> None:
         self.ws.send(json.dumps(frame))

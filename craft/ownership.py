@@ -1,0 +1,323 @@
+"""One owner per session across server processes: leases, forwarding, fencing.
+
+With several workers behind a load balancer, a browser's frames reach any of them, but one
+session's agent must run in exactly one (two agents in one workspace corrupt each other's
+work). So:
+
+* **Leases** (`models.Lease`): the worker that owns a session's agent holds its lease, renews
+  it every housekeeping tick while it holds the agent, and releases it when the agent is
+  stopped or the worker shuts down. Another worker takes a lease over only once it has
+  expired (`CRAFT_SESSION_LEASE_SECONDS`) or its owner is known to be gone; every takeover
+  increases the lease's token and closes the running turn the old owner left.
+* **Forwarding**: `route` sends `prompt`, `cancel` and `permission` frames that reach a
+  worker which is not the owner to the owner's channel on the channel layer; the owner
+  handles them as its own and replies on the sender's worker channel, errors included. A
+  forward that gets no reply (the owner died) is tried again, and once the lease has expired
+  this worker takes it over. A worker never starts a session's agent without holding its
+  lease.
+* **Fencing**: the runner's writes carry the lease's token, and the event log refuses them
+  once the token has changed (`eventlog.Fenced`): a worker that lost its lease (a long pause,
+  a partition) stores nothing more for that session, and stops its agent when it notices.
+
+Each worker listens on its own channel (`Listener`); the in-memory channel layer has one
+worker only, so frames are never forwarded there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from . import workers
+from .db import readers
+from .models import Lease, Session, Turn, Worker
+from .turns import LOST, close_turn
+
+logger = logging.getLogger(__name__)
+
+# How long a forwarded frame may wait for the owner's reply before the owner is asked again.
+FORWARD_TIMEOUT = 2.0
+
+
+class Unavailable(Exception):
+    """No worker could take the session's frame (its owner is silent and still holds it)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who owns a session: this worker (`token` is its fencing token) or `channel`'s."""
+
+    mine: bool
+    token: int = 0
+    owner: str = ""
+    channel: str = ""
+
+
+def _lease_seconds() -> float:
+    return float(settings.CRAFT_SESSION_LEASE_SECONDS)
+
+
+def acquire(session_id: UUID) -> Claim:
+    """Take or renew the session's lease if it is free, expired, ours or its owner gone;
+    otherwise say who owns it. A takeover closes the old owner's running turn."""
+    me = workers.me().key
+    now = timezone.now()
+    expires = now + timedelta(seconds=_lease_seconds())
+    with transaction.atomic():
+        lease = Lease.objects.select_for_update().filter(session_id=session_id).first()
+        if lease is None and not Session.objects.filter(pk=session_id).exists():
+            raise Session.DoesNotExist(f"session {session_id} does not exist")
+        if lease is None:
+            try:
+                with transaction.atomic():
+                    lease = Lease.objects.create(
+                        session_id=session_id, owner=me, expires_at=expires
+                    )
+            except IntegrityError:
+                # Another worker created it just now: look again (it owns it, for now).
+                lease = Lease.objects.select_for_update().get(session_id=session_id)
+            else:
+                workers.ensure_registered()
+                return Claim(mine=True, token=lease.token, owner=me)
+        if lease.owner == me:
+            lease.expires_at = expires
+            lease.save(update_fields=["expires_at"])
+            return Claim(mine=True, token=lease.token, owner=me)
+        owner = Worker.objects.filter(pk=lease.owner).first()
+        gone = workers.is_gone(lease.owner, {owner.pk: owner} if owner else {})
+        if lease.expires_at > now and not gone:
+            return Claim(mine=False, owner=lease.owner, channel=owner.channel if owner else "")
+        previous = lease.owner
+        lease.owner, lease.token, lease.expires_at = me, lease.token + 1, expires
+        lease.save(update_fields=["owner", "token", "expires_at"])
+        workers.ensure_registered()
+        for turn_id in (
+            Turn.objects.running()
+            .filter(session_id=session_id, worker=previous)
+            .values_list("pk", flat=True)
+        ):
+            close_turn(turn_id, previous, LOST)
+        logger.info("took session %s over from %s (token %d)", session_id, previous, lease.token)
+        return Claim(mine=True, token=lease.token, owner=me)
+
+
+def renew(held: dict[UUID, int]) -> set[UUID]:
+    """Renew this worker's leases (session -> token); return the sessions whose lease is lost."""
+    me = workers.me().key
+    expires = timezone.now() + timedelta(seconds=_lease_seconds())
+    lost = set()
+    for session_id, token in held.items():
+        if not Lease.objects.filter(session_id=session_id, owner=me, token=token).update(
+            expires_at=expires
+        ):
+            lost.add(session_id)
+    return lost
+
+
+def release(session_id: UUID, token: int) -> None:
+    Lease.objects.filter(session_id=session_id, owner=workers.me().key, token=token).delete()
+
+
+def release_all() -> None:
+    Lease.objects.filter(owner=workers.me().key).delete()
+
+
+@dataclass
+class Held:
+    token: int
+    good_until: float  # monotonic time: the lease is surely ours until then
+
+
+class Ownership:
+    """This worker's view of session ownership (used on the event loop)."""
+
+    def __init__(self) -> None:
+        self.held: dict[UUID, Held] = {}
+        self.on_lost: Callable[[UUID], Awaitable[None]] | None = None
+
+    def token(self, session_id: UUID) -> int | None:
+        """Return this worker's token for the session if its lease is surely still ours."""
+        held = self.held.get(session_id)
+        if held is not None and held.good_until > time.monotonic():
+            return held.token
+        return None
+
+    async def claim(self, session_id: UUID) -> Claim:
+        token = self.token(session_id)
+        if token is not None:
+            return Claim(mine=True, token=token, owner=workers.me().key)
+        claim = await readers.run(acquire, session_id)
+        if claim.mine:
+            self._hold(session_id, claim.token)
+        else:
+            self.held.pop(session_id, None)
+        return claim
+
+    def _hold(self, session_id: UUID, token: int) -> None:
+        # Renewals come three times per lease period (craft.lifecycle); a lease this worker
+        # could not renew (the database is unreachable) is not trusted beyond two thirds of it.
+        good_for = _lease_seconds() * 2 / 3
+        self.held[session_id] = Held(token, time.monotonic() + good_for)
+
+    async def renew(self) -> None:
+        """Renew every lease this worker holds; stop what it lost."""
+        if not self.held:
+            return
+        tokens = {session_id: held.token for session_id, held in self.held.items()}
+        lost = await readers.run(renew, tokens)
+        for session_id, token in tokens.items():
+            if session_id in lost:
+                await self.lose(session_id)
+            else:
+                self._hold(session_id, token)
+
+    async def lose(self, session_id: UUID) -> None:
+        """Forget a lease this worker no longer holds, and stop its agent."""
+        self.held.pop(session_id, None)
+        if self.on_lost is not None:
+            await self.on_lost(session_id)
+
+    async def release(self, session_id: UUID) -> None:
+        held = self.held.pop(session_id, None)
+        if held is not None:
+            await readers.run(release, session_id, held.token)
+
+    async def release_all(self) -> None:
+        self.held.clear()
+        await readers.run(release_all)
+
+
+ownership = Ownership()
+
+
+# --- forwarding ------------------------------------------------------------------------------
+
+Handler = Callable[[UUID, dict[str, Any], int], Awaitable[None]]
+
+
+class Listener:
+    """This worker's channel: frames forwarded to it, and replies to frames it forwarded."""
+
+    def __init__(self) -> None:
+        self.channel: str = ""
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._handling: set[asyncio.Task[None]] = set()
+        self.handler: Handler | None = None
+
+    async def start(self) -> str:
+        """Listen on a new channel on this loop (once); return its name."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None and self._loop is loop and not self._task.done():
+            return self.channel
+        layer = get_channel_layer()
+        # The default prefix: channels_redis reads one process's channels through a single
+        # Redis key only if they all share it (a second prefix starves the sockets' channels).
+        self.channel = await layer.new_channel()
+        self._loop = loop
+        self._task = loop.create_task(self._listen(layer))
+        await readers.run(_publish_channel, self.channel)
+        return self.channel
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _listen(self, layer: Any) -> None:
+        while True:
+            message = await layer.receive(self.channel)
+            if message.get("type") == "frame.reply":
+                future = self._replies.pop(message.get("request", ""), None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+            elif message.get("type") == "session.frame":
+                task = asyncio.get_running_loop().create_task(self._handle(layer, message))
+                self._handling.add(task)
+                task.add_done_callback(self._handling.discard)
+
+    async def _handle(self, layer: Any, message: dict[str, Any]) -> None:
+        from .runner import Refused
+
+        reply: dict[str, Any] = {"type": "frame.reply", "request": message["request"]}
+        try:
+            assert self.handler is not None
+            await route(UUID(message["session"]), message["frame"], self.handler, forwarded=True)
+        except Refused as refused:
+            reply.update(code=refused.code, message=refused.message)
+        except Unavailable:
+            reply["unavailable"] = True
+        except Exception as exc:
+            logger.exception("forwarded frame for session %s failed", message["session"])
+            reply.update(code="internal_error", message=f"internal error: {exc}")
+        await layer.send(message["reply_to"], reply)
+
+    async def forward(self, channel: str, session_id: UUID, frame: dict[str, Any]) -> dict | None:
+        """Send a frame to its session's owner; return its reply, None without one in time."""
+        layer = get_channel_layer()
+        request = uuid.uuid4().hex
+        future = asyncio.get_running_loop().create_future()
+        self._replies[request] = future
+        try:
+            await layer.send(
+                channel,
+                {"type": "session.frame", "request": request, "session": str(session_id),
+                 "frame": frame, "reply_to": self.channel},
+            )  # fmt: skip
+            return await asyncio.wait_for(future, FORWARD_TIMEOUT)
+        except (TimeoutError, Exception) as exc:
+            if not isinstance(exc, TimeoutError):
+                logger.warning("forwarding to %s failed: %s", channel, exc)
+            return None
+        finally:
+            self._replies.pop(request, None)
+
+
+def _publish_channel(channel: str) -> None:
+    workers.ensure_registered()
+    Worker.objects.filter(pk=workers.me().key).update(channel=channel)
+
+
+listener = Listener()
+
+
+async def route(
+    session_id: UUID, frame: dict[str, Any], handle: Handler, *, forwarded: bool = False
+) -> None:
+    """Handle a client frame of a session here if this worker owns it (or can take it over),
+    else forward it to the owner; raise the owner's `Refused` here."""
+    from .runner import Refused
+
+    deadline = time.monotonic() + _lease_seconds() + FORWARD_TIMEOUT
+    while True:
+        claim = await ownership.claim(session_id)
+        if claim.mine:
+            await handle(session_id, frame, claim.token)
+            return
+        if forwarded:
+            # The owner changed while the frame was on its way: the sender asks again.
+            raise Unavailable
+        if claim.channel:
+            await listener.start()
+            reply = await listener.forward(claim.channel, session_id, frame)
+            if reply is not None and not reply.get("unavailable"):
+                if reply.get("code"):
+                    raise Refused(reply["code"], reply["message"])
+                return
+        if time.monotonic() > deadline:
+            raise Refused(
+                "unavailable", "the server running this session does not answer; try again"
+            )
+        await asyncio.sleep(0.2)
