@@ -345,6 +345,9 @@ CRAFT_K8S_EGRESS_BLOCKED = env_list(
     ],
 )
 
+# The most agent connections one server process keeps (each is a process or an exec).
+CRAFT_MAX_AGENT_CONNECTIONS = env_int("CRAFT_MAX_AGENT_CONNECTIONS", 200, minimum=1)
+
 # Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
 # in production: they let anyone signed in disturb the service.
 CRAFT_TEST_HOOKS = env_bool("CRAFT_TEST_HOOKS", False)
