@@ -42,6 +42,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import ws_client
 from kubernetes.stream.stream import _websocket_request
+from urllib3.exceptions import HTTPError
 from websocket import (
     ABNF,
     WebSocket,
@@ -50,7 +51,7 @@ from websocket import (
     WebSocketTimeoutException,
 )
 
-from .base import Health, Progress, SandboxError
+from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
@@ -78,6 +79,9 @@ CD_AND_EXEC = 'cd "$1" && shift && exec "$@"'
 # One policy per sandbox namespace, for every sandbox pod in it.
 NETWORK_POLICY = "craft-sandbox-isolation"
 SANDBOX_LABEL = {"app.kubernetes.io/name": "craft-sandbox"}
+# How Craft finds its pods and services again (the inventory): labels it sets on both.
+MANAGED_SELECTOR = "app.kubernetes.io/name=craft-sandbox,app.kubernetes.io/managed-by=craft"
+SANDBOX_ID_LABEL = "craft.dev/sandbox"
 
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 V5_PROTOCOL = "v5.channel.k8s.io"
@@ -606,10 +610,53 @@ class KubernetesBackend:
         try:
             pod = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
         except ApiException as exc:
+            if _is_status(exc, 404):
+                return Health(False, "the sandbox's pod is gone", gone=True)
             return Health(False, f"pod unreadable: {_reason(exc)}")
+        if pod.metadata.deletion_timestamp is not None:
+            return Health(False, "the sandbox's pod is being deleted", gone=True)
         if pod_is_ready(pod):
             return Health(True, "pod ready")
         return Health(False, pod_failure(pod) or f"pod {pod.status.phase}")
+
+    def inventory(self) -> list[Resource]:
+        """Return Craft's sandbox pods and services in the namespace, found by their labels.
+
+        Pods already being deleted are left out: they are on their way.
+        """
+        try:
+            pods = self.core.list_namespaced_pod(
+                self.namespace, label_selector=MANAGED_SELECTOR
+            ).items
+            services = self.core.list_namespaced_service(
+                self.namespace, label_selector=MANAGED_SELECTOR
+            ).items
+        except ApiException as exc:
+            raise SandboxError(f"cannot list sandbox pods and services: {_reason(exc)}") from exc
+        except (HTTPError, OSError) as exc:
+            raise SandboxError(f"cannot reach the Kubernetes API: {exc}") from exc
+        found = []
+        for kind, items in (("pod", pods), ("service", services)):
+            for item in items:
+                if kind == "pod" and item.metadata.deletion_timestamp is not None:
+                    continue
+                try:
+                    sandbox_id = UUID((item.metadata.labels or {}).get(SANDBOX_ID_LABEL, ""))
+                except ValueError:
+                    continue
+                found.append(Resource(sandbox_id, kind, item.metadata.name))
+        return found
+
+    def remove(self, resource: Resource) -> None:
+        delete = {
+            "pod": self.core.delete_namespaced_pod,
+            "service": self.core.delete_namespaced_service,
+        }[resource.kind]
+        try:
+            delete(resource.name, self.namespace, grace_period_seconds=5)
+        except ApiException as exc:
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot delete {resource}: {_reason(exc)}") from exc
 
     # --- workspaces and agents -----------------------------------------------------------
 
