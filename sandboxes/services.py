@@ -7,6 +7,7 @@ The `craft` app uses this module, never the backends or the connection cache dir
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -29,17 +30,23 @@ class SandboxUnavailable(SandboxError):
 
 
 def provision_sandbox(user: User) -> Sandbox:
-    """Return the user's live sandbox, creating and provisioning it if there is none.
+    """Return the user's live sandbox, provisioned: created now, or the one there is.
 
-    Concurrent calls for one user create exactly one row: the partial unique constraint on
-    owner makes a second insert fail, and the loser reads the winner's row. Only the caller
-    that claims the row with a conditional update talks to the backend; the others return
-    the row as it is. A failed sandbox is provisioned again (the retry path), and so is a
-    running one whose folder or pod is found gone, or one stuck provisioning for
-    CRAFT_SANDBOX_PROVISIONING_TIMEOUT (the server doing it died). Backend errors leave the
-    sandbox `failed` with the error text; they are not raised.
+    Single flight: concurrent calls for one user, in any server process, create one row (the
+    partial unique constraint on owner makes a second insert fail, and the loser reads the
+    winner's row), and only the caller that claims the row with a conditional update talks
+    to the backend. The others wait for that provisioning to end, polling the row without
+    holding a database connection. A provisioning that has not ended
+    CRAFT_SANDBOX_PROVISIONING_TIMEOUT after it began is stuck (the server doing it died):
+    a waiting caller takes it over. So a caller waits at most twice that timeout (a
+    provisioning taken over just before its first deadline), then returns the row as it is.
+    A failed sandbox is provisioned again (the retry path), and so is a running one whose
+    folder or pod is found gone. Backend errors leave the sandbox `failed` with the error
+    text; they are not raised.
     """
     timeout = settings.CRAFT_SANDBOX_PROVISIONING_TIMEOUT
+    deadline = time.monotonic() + 2 * timeout
+    pause = 0.02
     while True:
         sandbox = _get_or_create_row(user)
         claimed_at = _claim(sandbox, timeout)
@@ -47,11 +54,16 @@ def provision_sandbox(user: User) -> Sandbox:
             _run_provisioning(sandbox, claimed_at)
             sandbox.refresh_from_db()
             return sandbox
-        if sandbox.status == Sandbox.Status.RUNNING and _found_gone(
-            sandbox, "found when opening a session"
-        ):
-            continue  # now failed: the next round provisions it again
-        return sandbox
+        if sandbox.status == Sandbox.Status.RUNNING:
+            if _found_gone(sandbox, "found when opening a session"):
+                continue  # now failed: the next round provisions it again
+            return sandbox
+        if sandbox.status != Sandbox.Status.PROVISIONING or time.monotonic() >= deadline:
+            return sandbox
+        # Someone else provisions it: wait without holding one of the pool's connections.
+        _release_database_connection()
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def _get_or_create_row(user: User) -> Sandbox:
@@ -139,7 +151,7 @@ def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
 
 
 def _release_database_connection() -> None:
-    """Hand this thread's database connection back (to the pool) after work off its thread.
+    """Hand this thread's database connection back (to the pool) while it waits or blocks.
 
     Not inside a transaction, which needs its connection (tests run in one).
     """
