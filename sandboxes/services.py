@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -239,6 +240,14 @@ def terminate_sandbox(sandbox: Sandbox) -> Sandbox:
     )
     sandbox.refresh_from_db()
     return sandbox
+
+
+def terminate_before_delete(sender: type[Sandbox], instance: Sandbox, **kwargs: Any) -> None:
+    """Terminate a sandbox whose row is being deleted (the admin, a deleted user), so that
+    no agent, folder or pod outlives it. Resources a failing backend leaves behind have no
+    row any more: the reaper removes them as orphans."""
+    if instance.status != Sandbox.Status.TERMINATED:
+        terminate_sandbox(instance)
 
 
 def require_running(sandbox: Sandbox) -> None:
