@@ -38,7 +38,7 @@ class Command(BaseCommand):
             raise SystemExit(2)
         try:
             while True:
-                self._reap_once()
+                self._reap_once(quiet=every is not None)
                 if every is None:
                     return
                 connections.close_all()  # hand the connection back between passes
@@ -46,7 +46,7 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             return
 
-    def _reap_once(self) -> None:
+    def _reap_once(self, quiet: bool) -> None:
         report = reaper.reap_sandboxes(session_activity)
         for action in report.actions:
             sandbox = f" sandbox {action.sandbox_id}" if action.sandbox_id else ""
@@ -55,5 +55,5 @@ class Command(BaseCommand):
             )
         for error in report.errors:
             self.stderr.write(f"failed: {error}")
-        if not report.actions and not report.errors:
+        if not report.actions and not report.errors and not quiet:
             self.stdout.write("nothing to reap", self.style.SUCCESS)
