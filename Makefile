@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
+# A client frame of up to 4 MiB reaches Craft, which answers an oversized prompt with an error
+# frame; daphne's own limit (1 MiB) would close the socket instead.
+DAPHNE_OPTIONS := --websocket-max-message-size 4194304 --websocket-max-frame-size 4194304
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
@@ -31,7 +34,7 @@ migrate: venv
 run: migrate
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py ensure_admin
 	@echo "Serving Craft on http://127.0.0.1:$(PORT)/"
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/daphne -b 127.0.0.1 -p $(PORT) craft.asgi:application
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/daphne $(DAPHNE_OPTIONS) -b 127.0.0.1 -p $(PORT) craft.asgi:application
 
 # Debian's Chromium for the browser tests (Playwright's own browser download is not used).
 browser:

@@ -2,9 +2,9 @@
 
 SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the same
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
-of its own (`python -m bench.hotpath`, `bench.resume`, `bench.idle`).
+of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`).
 
-    .venv/bin/python -m bench [--quick] [--only hotpath,resume,idle]
+    .venv/bin/python -m bench [--quick] [--only hotpath,resume,page,idle]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 from .harness import Figure, Site
 
-BENCHMARKS = ["hotpath", "resume", "idle"]
+BENCHMARKS = ["hotpath", "resume", "page", "idle"]
 
 
 def print_table(database: str, figures: list[Figure]) -> None:
@@ -43,6 +43,7 @@ def main() -> None:
             options = {
                 "hotpath": {"rounds": 10 if args.quick else 30},
                 "resume": {"runs": 3 if args.quick else 5},
+                "page": {"runs": 3 if args.quick else 7},
                 "idle": {"sockets": 1000 if args.quick else 10_000},
             }[name]
             figures += asyncio.run(module.run(site, **options))

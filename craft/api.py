@@ -14,10 +14,10 @@ from django.views.decorators.http import require_http_methods
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
 
-from . import services, testhooks
+from . import services
 from .eventlog import events_json_after
 from .http import SignedInRequest
-from .models import Session
+from .models import Event, Session
 from .runner import runners
 
 MAX_EVENTS_PAGE = 1000
@@ -92,6 +92,8 @@ def sessions(request: SignedInRequest) -> HttpResponse:
         return error(400, "invalid", "'title' must be a string")
     try:
         session = services.open_session(request.user, title)
+    except services.SessionLimit as exc:
+        return error(409, "too_many_sessions", str(exc))
     except services.SessionError as exc:
         return error(503, "sandbox_unavailable", str(exc))
     return JsonResponse(session_json(session), status=201)
@@ -120,7 +122,7 @@ def session_detail(request: SignedInRequest, session_id: UUID) -> HttpResponse:
 @require_http_methods(["GET"])
 @api_login_required
 def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
-    """Return stored events after `after` (the page's session load, with its test hooks)."""
+    """Return stored events after `after` (the page's session load)."""
     session = _own_session(request, session_id)
     if session is None:
         return error(404, "not_found", "no such session")
@@ -131,9 +133,6 @@ def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         return error(400, "invalid", "'after' and 'limit' must be integers")
     if after < 0 or limit < 1:
         return error(400, "invalid", "'after' must be >= 0 and 'limit' >= 1")
-    hooked = testhooks.before_load(session.pk)
-    if hooked is not None:
-        return hooked
     # The events are spliced in as the JSON text they are stored as: a long session's page
     # load must not decode and re-encode thousands of events.
     events = events_json_after(session.pk, after, limit + 1)
@@ -147,6 +146,24 @@ def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     )
     body = '{"events":[' + ",".join(events[:limit]) + "]," + rest[1:]
     return HttpResponse(body, content_type="application/json")
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def session_event(request: SignedInRequest, session_id: UUID, seq: int) -> HttpResponse:
+    """Return one stored event in full (what "Show all" fetches for a truncated event)."""
+    session = _own_session(request, session_id)
+    event = None if session is None else Event.objects.filter(session=session, seq=seq).first()
+    if event is None:
+        return error(404, "not_found", "no such event")
+    return JsonResponse(
+        {
+            "seq": event.seq,
+            "kind": event.kind,
+            "data": event.data,
+            "created_at": event.created_at.isoformat(),
+        }
+    )
 
 
 @require_http_methods(["GET", "DELETE"])

@@ -25,6 +25,8 @@ from .account_sockets import FollowsAccount
 from .db import db_sync_to_async
 from .eventlog import frames_after
 from .models import Session
+from .normalise import is_client_id
+from .outbuffer import unsent_bytes
 from .runner import Refused, runners
 
 logger = logging.getLogger(__name__)
@@ -32,9 +34,17 @@ logger = logging.getLogger(__name__)
 # Close codes (4000-4999 are for applications).
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_DELETED = 4404
+CLOSE_TOO_SLOW = 4408
 REPLAY_PAGE = 2000
 # While sending a long run of frames, let the event loop (and other sockets) in this often.
 YIELD_EVERY = 256
+# Live batches held for a socket that is busy sending; past this it reads the log instead.
+BACKLOG_BATCHES = 1_000
+
+
+class TooSlow(Exception):
+    """The client did not read what it was sent for too long."""
 
 
 @db_sync_to_async
@@ -127,13 +137,18 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             await handler(self, frame)
         except Refused as refused:
             await self.send_error(refused.code, refused.message)
+        except Session.DoesNotExist:
+            await self.session_deleted({})
 
     # --- client frames ----------------------------------------------------------------------
 
     async def handle_prompt(self, frame: dict[str, Any]) -> None:
         client_id, text = frame.get("id"), frame.get("text")
-        if not isinstance(client_id, str) or not client_id or len(client_id) > 100:
-            raise Refused("bad_frame", "prompt needs an 'id' string (at most 100 characters)")
+        if not isinstance(client_id, str) or not is_client_id(client_id):
+            raise Refused(
+                "bad_frame",
+                "prompt needs an 'id' string of 1 to 100 printable characters",
+            )
         if not isinstance(text, str):
             raise Refused("bad_frame", "prompt needs a 'text' string")
         await services.post_prompt(self.session_id, client_id, text)
@@ -180,21 +195,32 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             if self._backlog is None:
                 self._backlog = deque()
             self._backlog.append((first_seq, frames))
+            if len(self._backlog) > BACKLOG_BATCHES:
+                # Far behind (a slow client): drop what is held here; the log has it.
+                self._backlog = None
+                self._catch_up = True
         self._start_pump()
+
+    async def session_deleted(self, message: dict[str, Any]) -> None:
+        """The session was deleted (here or in another process): say so and close."""
+        await self.send_error("session_deleted", "this session was deleted")
+        await self.close(code=CLOSE_DELETED)
 
     async def events_available(self, message: dict[str, Any]) -> None:
         """Another process stored events (the channel-layer doorbell): read them."""
         if message.get("origin") != live.PROCESS_ID:
             self.deliver(message["last_seq"], message["last_seq"], None)
 
-    async def test_drop(self, message: dict[str, Any]) -> None:
-        """Close the socket as a network failure would (test hook, see craft.testhooks)."""
-        if settings.CRAFT_TEST_HOOKS:
-            await self.close(code=4000)
-
     def _start_pump(self) -> None:
         if self._pump is None or self._pump.done():
-            self._pump = asyncio.get_running_loop().create_task(self._send_pending())
+            self._pump = asyncio.get_running_loop().create_task(self._pump_events())
+
+    async def _pump_events(self) -> None:
+        try:
+            await self._send_pending()
+        except TooSlow:
+            self._backlog = None
+            await self.close(code=CLOSE_TOO_SLOW)
 
     async def _send_pending(self) -> None:
         """Send every event after `sent_seq` that is known to be stored, in order."""
@@ -230,8 +256,25 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         for count, (seq, frame) in enumerate(rows, 1):
             await send({"type": "websocket.send", "text": frame})
             self.sent_seq = seq
-            if count % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+            if count % YIELD_EVERY == 0 or count == len(rows):
+                await self._wait_for_reader()
+
+    async def _wait_for_reader(self) -> None:
+        """Let other sockets in; hold on while this client has not read what it was sent,
+        and close it (4408, resume later) if it does not read for CRAFT_SOCKET_STALL_SECONDS.
+        What a socket holds in memory is so bounded by CRAFT_SOCKET_BUFFER_BYTES."""
+        await asyncio.sleep(0)
+        limit = settings.CRAFT_SOCKET_BUFFER_BYTES
+        unsent = unsent_bytes(self.base_send)
+        if unsent is None or unsent <= limit:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.CRAFT_SOCKET_STALL_SECONDS
+        while (unsent_bytes(self.base_send) or 0) > limit // 2:
+            if loop.time() > deadline:
+                logger.info("session %s: a client stopped reading; closing", self.session_id)
+                raise TooSlow
+            await asyncio.sleep(0.05)
 
     # --- helpers ----------------------------------------------------------------------------
 

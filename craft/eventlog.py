@@ -137,6 +137,7 @@ def _follow_turn(
     changed = False
     for kind, data in events:
         if kind == "user_message" and client_id is not None:
+            workers.ensure_registered()  # a turn's worker must be known, or it looks gone
             turn = Turn.objects.create(
                 session_id=session_id, prompt_seq=first_seq, worker=workers.me().key,
                 started_at=now,

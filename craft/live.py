@@ -171,3 +171,14 @@ def _ring_from_thread(notices: list[Notice]) -> None:
             )
         except Exception:
             logger.exception("doorbell for session %s failed", session_id)
+
+
+def tell_session(session_id: UUID, message: dict[str, Any]) -> None:
+    """Send a message to every socket of a session, in every process (from a sync thread)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(session_group(session_id), message)
+    except Exception:
+        logger.exception("telling the sockets of session %s failed", session_id)

@@ -12,6 +12,7 @@ original. A bad item changes at most itself.
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import lru_cache
 from typing import Any
@@ -43,9 +44,12 @@ def clean_text(text: str) -> str:
 
 
 def clean(value: Any) -> Any:
-    """Return `value` with every string in it (keys too) cleaned."""
+    """Return `value` with every string in it (keys too) cleaned, and the floats JSON has no
+    spelling for (infinities and NaN, which Python's parser accepts) replaced by null."""
     if isinstance(value, str):
         return clean_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
         return {clean_text(str(k)): clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -55,7 +59,10 @@ def clean(value: Any) -> Any:
 
 def dumps(value: Any) -> str:
     """Return compact JSON that both databases accept and every reader can encode."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return dumps_clean(value)
     if text.isascii():
         # No surrogate can hide in ASCII; a NUL shows as its escape.
         return text if "\\u0000" not in text else dumps_clean(value)
@@ -68,6 +75,12 @@ def dumps(value: Any) -> str:
 
 def dumps_clean(value: Any) -> str:
     return json.dumps(clean(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def is_client_id(value: str) -> bool:
+    """Whether `value` can be a client's prompt id: 1 to 100 characters, none of them a
+    control character or a lone surrogate (it is stored in an indexed text column)."""
+    return 0 < len(value) <= 100 and value.isprintable() and clean_text(value) == value
 
 
 def clean_kind(kind: Any) -> str:

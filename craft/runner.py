@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 
 from sandboxes import services as sandbox_services
 from sandboxes.acp import (
@@ -47,6 +48,7 @@ from sandboxes.models import Sandbox
 from .db import db_sync_to_async
 from .eventlog import Stored, writer
 from .models import Event, Session
+from .normalise import clean_text
 from .turns import close_turns_of_gone_workers
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,9 @@ T = TypeVar("T")
 
 MAX_PROMPT_CHARS = 100_000
 BATCH_LIMIT = 500
+# An agent's reader waits when this many items wait to be stored (at most INBOX_WAIT s a time).
+INBOX_HIGH = 10_000
+INBOX_WAIT = 5.0
 DEFAULT_TITLE = "New session"
 TITLE_CHARS = 80
 # A sandbox's activity time is written at most this often (it feeds idle reaping, not the UI).
@@ -133,12 +138,21 @@ class Inbox:
         self._waiter: asyncio.Future[None] | None = None
         self._taking = 0
         self._on_idle = on_idle
+        self._room = threading.Event()
+        self._room.set()
+        self._loop_thread = threading.get_ident()  # made on the loop; never block it
 
     def put(self, item: TurnItem) -> None:
         self._items.append(item)
         if self._asleep and not self._woken:
             self._woken = True
             self._loop.call_soon_threadsafe(self._wake)
+        if len(self._items) > INBOX_HIGH and threading.get_ident() != self._loop_thread:
+            # Storage is behind: hold the agent's reader (and so, through the pipe, the
+            # agent) until the taker has caught up, instead of piling its output up here.
+            self._room.clear()
+            if len(self._items) > INBOX_HIGH:
+                self._room.wait(INBOX_WAIT)
 
     def _wake(self) -> None:
         self._woken = False
@@ -178,6 +192,8 @@ class Inbox:
             batch.append(self._items.popleft())
             if _ends(batch[-1]):
                 break
+        if len(self._items) <= INBOX_HIGH // 2:
+            self._room.set()
         return batch
 
 
@@ -196,6 +212,7 @@ class StorageFailed(Exception):
 
 STORAGE_FAILED = "Craft could not store the agent's output, so it stopped the agent."
 SHUTTING_DOWN = "The server shut down during this turn."
+LOST_EVENTS = "updates of the agent could not be stored and were dropped."
 
 
 class SessionRunner:
@@ -232,6 +249,8 @@ class SessionRunner:
             raise Refused(
                 "prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters"
             )
+        # The agent gets the prompt as it is stored: text no one could encode is cleaned.
+        text = clean_text(text)
         async with self._lock:
             if self.registry.closing:
                 raise Refused("shutting_down", "the server is restarting; send it again soon")
@@ -425,8 +444,17 @@ class SessionRunner:
             await in_agent_thread(connection.prompt, text, inbox.put)
             if self._cancel_requested:  # a cancel that came while the prompt was written
                 await self._send_cancel(connection)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + settings.CRAFT_TURN_TIMEOUT_SECONDS
             while True:
-                events, final = self._events_of(await inbox.take(BATCH_LIMIT))
+                try:
+                    batch = await asyncio.wait_for(
+                        inbox.take(BATCH_LIMIT), self._patience(deadline - loop.time())
+                    )
+                except TimeoutError:
+                    await self._time_out(connection, deadline - loop.time() <= 0)
+                    continue
+                events, final = self._events_of(batch)
                 if final is not None:
                     return events, final
                 try:
@@ -435,6 +463,29 @@ class SessionRunner:
                     raise
                 except Exception as exc:
                     raise StorageFailed(exc, events) from exc
+
+    def _patience(self, left: float) -> float | None:
+        """How long to wait for the agent's next item before the turn times out."""
+        if self._interrupt is not None:
+            return None  # cut short already: the cancel, or the stop after it, ends the turn
+        if self._pending:
+            return max(left, 0)  # waiting for a person's answer is not the agent hanging
+        return max(min(left, settings.CRAFT_TURN_IDLE_SECONDS), 0)
+
+    async def _time_out(self, connection: AgentConnection, too_long: bool) -> None:
+        """Cut a turn short that ran too long or whose agent went silent: cancel it; the agent
+        is stopped if it does not end the turn within the cancel grace."""
+        if too_long:
+            minutes = settings.CRAFT_TURN_TIMEOUT_SECONDS / 60
+            self._interrupt = f"The turn took longer than {minutes:g} minutes, so Craft stopped it."
+        else:
+            seconds = settings.CRAFT_TURN_IDLE_SECONDS
+            self._interrupt = (
+                f"The agent sent nothing for {seconds:g} seconds, so Craft stopped it."
+            )
+        logger.warning("session %s: %s", self.session_id, self._interrupt)
+        self._cancel_requested = True
+        await self._send_cancel(connection)
 
     async def _drop_connection(self) -> None:
         """Stop the agent after a failure, so that no half-finished ACP turn outlives it."""
@@ -521,7 +572,18 @@ class SessionRunner:
             except Session.DoesNotExist:
                 logger.info("session %s was deleted during a turn", self.session_id)
                 return
+            except (DataError, IntegrityError, ValueError) as exc:
+                if not others:
+                    raise
+                # The database refuses something in the turn's last events: the end itself
+                # must get in; say what could not be kept.
+                logger.error("session %s: dropping events the database refuses: %s",
+                             self.session_id, exc)  # fmt: skip
+                lost = ("agent_error", {"message": f"{len(others)} {LOST_EVENTS}"})
+                last = [*answers, lost, *errors, ("turn_end", {"stop_reason": stop_reason})]
+                others = []
             except Exception:
+                # Most likely the database is unreachable for a while: keep trying.
                 logger.exception(
                     "session %s: could not store the end of the turn; retrying in %.1f s",
                     self.session_id, delay,

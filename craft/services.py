@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -17,6 +18,8 @@ from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
+from . import live
+from .eventlog import append_events
 from .models import Session
 from .runner import runners
 
@@ -29,12 +32,22 @@ class SessionError(Exception):
     """A session operation was refused; the message is fit to show to the user."""
 
 
+class SessionLimit(SessionError):
+    """The user has as many sessions as one person may have."""
+
+
 def open_session(user: User, title: str = "") -> Session:
     """Create a session in the user's sandbox (provisioning it first if needed).
 
     The workspace is created before the row is saved, so a session row always has a
-    workspace. Raises SessionError when the sandbox cannot run.
+    workspace. Raises SessionLimit when the user has CRAFT_MAX_SESSIONS_PER_USER sessions
+    (concurrent requests can pass it by a few), SessionError when the sandbox cannot run.
     """
+    limit = settings.CRAFT_MAX_SESSIONS_PER_USER
+    if limit and Session.objects.owned_by(user).count() >= limit:
+        raise SessionLimit(
+            f"you have {limit} sessions, the most one person can have: delete some first"
+        )
     sandbox = sandbox_services.provision_sandbox(user)
     if sandbox.status != Sandbox.Status.RUNNING:
         detail = sandbox.error or sandbox.status_detail or sandbox.status
@@ -50,10 +63,22 @@ def open_session(user: User, title: str = "") -> Session:
 
 
 def rename_session(session: Session, title: str) -> Session:
+    """Give the session a new title and record it as a `session_title` event.
+
+    The event reaches every open page of the session (heading, tab title, sidebar) like any
+    other. Renaming to the current title stores nothing. Raises SessionError for a blank title.
+    """
     cleaned = clean_title(title)
     if not cleaned:
-        raise SessionError("a title cannot be empty")
-    Session.objects.filter(pk=session.pk).update(title=cleaned, updated_at=timezone.now())
+        raise SessionError("Give the session a title: it cannot be blank.")
+    with transaction.atomic():
+        changed = (
+            Session.objects.filter(pk=session.pk)
+            .exclude(title=cleaned)
+            .update(title=cleaned, updated_at=timezone.now())
+        )
+        if changed:
+            append_events(session.pk, [("session_title", {"title": cleaned, "source": "user"})])
     session.refresh_from_db()
     return session
 
@@ -66,8 +91,10 @@ def delete_session(session: Session) -> None:
         # The record goes anyway: a leftover folder is better than an undeletable session.
         logger.warning("removing workspace of session %s failed: %s", session.pk, exc)
     with transaction.atomic():
+        session_id = session.pk
         session.delete()
-    runners.forget(session.pk)
+        transaction.on_commit(lambda: live.tell_session(session_id, {"type": "session.deleted"}))
+    runners.forget(session_id)
 
 
 def clean_title(title: str) -> str:

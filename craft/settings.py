@@ -302,8 +302,22 @@ CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimu
 CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=1)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
+# What a websocket may have sent but its client not read yet; a client that stays past it for
+# CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects.
+CRAFT_SOCKET_BUFFER_BYTES = env_int("CRAFT_SOCKET_BUFFER_BYTES", 4 * 1024 * 1024, minimum=65536)
+CRAFT_SOCKET_STALL_SECONDS = env_float("CRAFT_SOCKET_STALL_SECONDS", 30.0, minimum=0.5)
+# How many sessions one person may have (0: no limit).
+CRAFT_MAX_SESSIONS_PER_USER = env_int("CRAFT_MAX_SESSIONS_PER_USER", 500)
+# The longest message (one line of ACP JSON) Craft takes from an agent; a longer one is skipped
+# without being held in memory, and the log records that it was (`message_too_large`).
+CRAFT_MAX_MESSAGE_BYTES = env_int("CRAFT_MAX_MESSAGE_BYTES", 16 * 1024 * 1024, minimum=65536)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
+# A turn is cut short (cancelled, its agent stopped after the cancel grace) when it runs longer
+# than this, or when its agent sends nothing for CRAFT_TURN_IDLE_SECONDS (time spent waiting for
+# a person's permission answer does not count as silence).
+CRAFT_TURN_TIMEOUT_SECONDS = env_float("CRAFT_TURN_TIMEOUT_SECONDS", 1800.0, minimum=1.0)
+CRAFT_TURN_IDLE_SECONDS = env_float("CRAFT_TURN_IDLE_SECONDS", 300.0, minimum=0.5)
 # On SIGTERM/SIGINT, how long running turns may go on before they are cancelled and recorded.
 CRAFT_SHUTDOWN_GRACE_SECONDS = env_float("CRAFT_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.0)
 # A server process not heard from for this long is gone: its running turns are closed.
@@ -377,7 +391,3 @@ if CRAFT_SANDBOX_PROVISIONING_TIMEOUT <= CRAFT_K8S_READY_TIMEOUT:
 
 # The most agent connections one server process keeps (each is a process or an exec).
 CRAFT_MAX_AGENT_CONNECTIONS = env_int("CRAFT_MAX_AGENT_CONNECTIONS", 200, minimum=1)
-
-# Test hooks (fail or slow down session loads, drop websockets) for the browser tests. Never on
-# in production: they let anyone signed in disturb the service.
-CRAFT_TEST_HOOKS = env_bool("CRAFT_TEST_HOOKS", False)

@@ -1,24 +1,33 @@
-"""Pages: the chat page (sidebar of sessions, one session's transcript) and its htmx pieces."""
+"""Pages: the chat page (sidebar of sessions, one session's shell) and its htmx pieces.
+
+The transcript itself is rendered in the browser (static/craft/session.js) from the JSON event
+log, the same data every API client reads: see "One renderer" in docs/architecture.md.
+"""
 
 from __future__ import annotations
 
+import logging
 from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from sandboxes.backends import get_backend
 from sandboxes.models import Sandbox
 
 from . import services
+from .api import MAX_EVENTS_PAGE
 from .http import SignedInRequest
 from .models import Session
 from .runner import runners
-from .transcript import build_transcript
+
+logger = logging.getLogger(__name__)
 
 
 def _own_session(request: SignedInRequest, session_id: UUID) -> Session:
@@ -28,14 +37,39 @@ def _own_session(request: SignedInRequest, session_id: UUID) -> Session:
     )
 
 
+def _current_sandbox(user: User) -> Sandbox | None:
+    """Return the user's live sandbox, else the last one they had (to offer "Start again")."""
+    sandboxes = Sandbox.objects.owned_by(user)
+    return sandboxes.live().first() or sandboxes.order_by("-created_at").first()
+
+
+def _list_context(request: SignedInRequest, current: Session | None) -> dict[str, object]:
+    sessions = list(Session.objects.owned_by(request.user).recent_first())
+    return {
+        "sessions": sessions,
+        "running_ids": {s.pk for s in sessions if runners.is_running(s.pk)},
+        "current": current,
+    }
+
+
 def _page_context(request: SignedInRequest, session: Session | None) -> dict[str, object]:
     return {
-        "sessions": Session.objects.owned_by(request.user).recent_first(),
-        "sandbox": session.sandbox
-        if session is not None
-        else Sandbox.objects.live().owned_by(request.user).first(),
+        **_list_context(request, session),
+        "sandbox": _current_sandbox(request.user),
         "session": session,
     }
+
+
+def session_workspace(session: Session) -> str:
+    """Return the session's workspace as its agent sees it (the agent's cwd), or "".
+
+    The page uses it only to show paths relative to the workspace, never the host's.
+    """
+    try:
+        return get_backend(session.sandbox.backend).workspace_path(session.sandbox, session.pk)
+    except Exception:
+        logger.exception("no workspace path for session %s", session.pk)
+        return ""
 
 
 @require_GET
@@ -47,13 +81,18 @@ def home(request: SignedInRequest) -> HttpResponse:
 @require_GET
 @login_required
 def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
+    """Render the session's page shell; the browser loads and renders its events."""
     session = _own_session(request, session_id)
-    events = list(session.events.order_by("seq"))
     context = _page_context(request, session)
+    # The history the page will load first, preloaded by the browser while it fetches the
+    # page's scripts (the script's first requests are exactly these).
+    events_url = reverse("api_session_events", args=[session.pk])
+    pages = range(0, session.last_seq, MAX_EVENTS_PAGE)
     context.update(
-        blocks=build_transcript(events),
-        last_seq=events[-1].seq if events else 0,
         running=runners.is_running(session.pk),
+        workspace=session_workspace(session),
+        page_size=MAX_EVENTS_PAGE,
+        history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],
     )
     return render(request, "craft/session.html", context)
 
@@ -62,8 +101,23 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
 @login_required
 def sandbox_status(request: SignedInRequest) -> HttpResponse:
     """Render the sidebar's sandbox line (polled by htmx while it is provisioning)."""
-    sandbox = Sandbox.objects.live().owned_by(request.user).first()
-    return render(request, "craft/_sandbox_status.html", {"sandbox": sandbox})
+    return render(
+        request, "craft/_sandbox_status.html", {"sandbox": _current_sandbox(request.user)}
+    )
+
+
+@require_GET
+@login_required
+def session_list(request: SignedInRequest) -> HttpResponse:
+    """Render the sidebar's list of sessions (refreshed by the page, see sidebar.js)."""
+    current = None
+    try:
+        current_id = UUID(request.GET.get("current", ""))
+    except ValueError:
+        pass
+    else:
+        current = Session.objects.owned_by(request.user).filter(pk=current_id).first()
+    return render(request, "craft/_session_list.html", _list_context(request, current))
 
 
 @require_POST
@@ -72,7 +126,9 @@ def new_session(request: SignedInRequest) -> HttpResponse:
     try:
         session = services.open_session(request.user, request.POST.get("title", ""))
     except services.SessionError as exc:
-        messages.error(request, str(exc))
+        # The reason is the backend's (a pod event, a path): staff see it, everyone else words.
+        detail = f" ({exc})" if request.user.is_staff else ""
+        messages.error(request, f"Your sandbox could not start, so no session was opened{detail}.")
         return HttpResponseClientRedirect(reverse("home")) if request.htmx else redirect("home")
     url = reverse("session", args=[session.pk])
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
@@ -82,15 +138,17 @@ def new_session(request: SignedInRequest) -> HttpResponse:
 @login_required
 def rename_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     session = _own_session(request, session_id)
+    current_url = (request.htmx.current_url or "") if request.htmx else ""
+    current = session if str(session.pk) in current_url else None
     try:
         session = services.rename_session(session, request.POST.get("title", ""))
     except services.SessionError as exc:
         if request.htmx:
-            return HttpResponse(str(exc), status=422)
+            # The item again, its menu open, with the message (htmx swaps 422, see base.html).
+            context = {"s": session, "current": current, "rename_error": str(exc)}
+            return render(request, "craft/_session_item.html", context, status=422)
         messages.error(request, str(exc))
     if request.htmx:
-        current_url = request.htmx.current_url or ""
-        current = session if str(session.pk) in current_url else None
         return render(request, "craft/_session_item.html", {"s": session, "current": current})
     return redirect("session", session_id=session.pk)
 

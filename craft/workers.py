@@ -90,6 +90,16 @@ def register() -> Worker:
     return worker
 
 
+def ensure_registered() -> None:
+    """Write this worker's row if it is missing (one query; a no-op when it exists)."""
+    identity = me()
+    Worker.objects.bulk_create(
+        [Worker(id=identity.key, host=identity.host, boot=identity.boot, pid=identity.pid,
+                started=identity.started)],
+        ignore_conflicts=True,
+    )  # fmt: skip
+
+
 def heartbeat() -> None:
     if not Worker.objects.filter(pk=me().key).update(seen_at=timezone.now()):
         register()

@@ -54,8 +54,12 @@ class AgentProcess(Protocol):
     def write(self, data: bytes) -> None:
         """Write bytes to the agent's stdin (raise OSError once it is gone)."""
 
-    def readline(self) -> bytes:
-        """Return the next stdout line including its newline; b"" at end of output."""
+    def readline(self, limit: int) -> bytes:
+        """Return the next stdout line including its newline; b"" at end of output.
+
+        A line longer than `limit` bytes is skipped whole (never held in memory) and reported
+        by raising `LineTooLong`.
+        """
 
     def is_alive(self) -> bool: ...
 
@@ -67,6 +71,14 @@ class AgentProcess(Protocol):
 
     def terminate(self, timeout: float = 5.0) -> None:
         """End the program (closing stdin first, then killing) and free its resources."""
+
+
+class LineTooLong(Exception):
+    """The agent wrote a line (one ACP message) longer than Craft takes; it was skipped."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"a message of {size} bytes")
+        self.size = size
 
 
 class AgentError(Exception):
@@ -170,8 +182,11 @@ class AgentConnection:
     `prompt()` as often as needed: the same process serves every turn. `stop()` ends it.
     """
 
-    def __init__(self, process: AgentProcess, *, cwd: str) -> None:
+    def __init__(
+        self, process: AgentProcess, *, cwd: str, max_message_bytes: int = 16 << 20
+    ) -> None:
         self.process = process
+        self.max_message_bytes = max_message_bytes
         self.cwd = cwd
         self.agent_session_id: str | None = None
         self.agent_info: dict[str, Any] = {}
@@ -380,7 +395,11 @@ class AgentConnection:
     def _read_loop(self) -> None:
         try:
             while True:
-                line = self.process.readline()
+                try:
+                    line = self.process.readline(self.max_message_bytes)
+                except LineTooLong as too_long:
+                    self._report_too_long(too_long.size)
+                    continue
                 if not line:
                     break
                 self._handle_line(line)
@@ -390,6 +409,16 @@ class AgentConnection:
         finally:
             self._reader_done.set()
             self._fail_everything(self._exit_message())
+
+    def _report_too_long(self, size: int) -> None:
+        """Tell the turn that a message was dropped, so that the log says so."""
+        logger.warning("agent %s wrote a message of %d bytes; skipped", self.process.ident, size)
+        update = {
+            "sessionUpdate": "message_too_large",
+            "bytes": size,
+            "limit": self.max_message_bytes,
+        }
+        self._deliver(Update(kind="message_too_large", data=update))
 
     def _exit_message(self) -> str:
         if self._stopped.is_set():

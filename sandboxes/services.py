@@ -323,7 +323,11 @@ def start_agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnectio
     """Start the agent in the session's workspace and open its ACP session (uncached)."""
     backend = get_backend(sandbox.backend)
     process = backend.start_agent(sandbox, session_id)
-    connection = AgentConnection(process, cwd=backend.workspace_path(sandbox, session_id))
+    connection = AgentConnection(
+        process,
+        cwd=backend.workspace_path(sandbox, session_id),
+        max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
+    )
     connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT)
     logger.info("started agent %s for session %s", process.ident, session_id)
     return connection

@@ -105,7 +105,9 @@ def serve(env: dict[str, str], var_dir: Path) -> Iterator[SignedIn]:
     password = re.search(r"with password (\S+)", manage(env, "ensure_admin")).group(1)
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        [sys.executable, "-m", "daphne", "--websocket-max-message-size", "4194304",
+                 "--websocket-max-frame-size", "4194304",
+                 "-b", "127.0.0.1", "-p", str(port),
          "craft.asgi:application"],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

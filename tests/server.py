@@ -42,7 +42,9 @@ class Daphne:
     def start(self) -> Daphne:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                [sys.executable, "-m", "daphne", "--websocket-max-message-size", "4194304",
+                 "--websocket-max-frame-size", "4194304",
+                 "-b", "127.0.0.1", "-p", str(self.port),
                  "craft.asgi:application"],
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
             )  # fmt: skip

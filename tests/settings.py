@@ -20,6 +20,13 @@ os.environ.setdefault(
 
 from craft.settings import *  # noqa: F403
 
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    # A file, not SQLite's default in-memory test database: the event writer and the database
+    # threads use connections of their own, and so does a daphne under test.
+    DATABASES["default"]["TEST"] = {  # noqa: F405
+        "NAME": str(Path(tempfile.mkdtemp(prefix="craft-test-db-")) / "test.sqlite3")
+    }
+
 # Hashing passwords slowly is the point in production and a waste of seconds here.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

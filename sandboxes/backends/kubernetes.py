@@ -51,6 +51,7 @@ from websocket import (
     WebSocketTimeoutException,
 )
 
+from ..acp import LineTooLong
 from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
@@ -133,7 +134,9 @@ class ExecProcess:
     ) -> None:
         self.ident = f"{pod}/exec-{id(self):x}"
         self._idle_timeout = idle_timeout
-        self._lines: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._lines: queue.SimpleQueue[bytes | LineTooLong] = queue.SimpleQueue()
+        self._max_line = settings.CRAFT_MAX_MESSAGE_BYTES
+        self._skipping = 0  # bytes of an over-long line dropped so far (0: not skipping)
         self._stdout = bytearray()
         self._stderr = bytearray()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
@@ -232,8 +235,12 @@ class ExecProcess:
         except (WebSocketException, OSError) as exc:
             raise OSError(f"exec connection failed: {exc}") from exc
 
-    def readline(self) -> bytes:
-        return self._lines.get()
+    def readline(self, limit: int) -> bytes:
+        # Lines were cut to CRAFT_MAX_MESSAGE_BYTES as they arrived (see _on_stdout).
+        line = self._lines.get()
+        if isinstance(line, LineTooLong):
+            raise line
+        return line
 
     def is_alive(self) -> bool:
         return not self._done.is_set()
@@ -265,12 +272,14 @@ class ExecProcess:
         if not self._done.wait(timeout):
             self.terminate(1)
             raise SandboxError(f"exec did not finish within {timeout:g} s")
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             try:
-                chunks.append(self._lines.get_nowait())
+                line = self._lines.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(line, bytes):
+                chunks.append(line)
         return ExecResult(self._exit_code, b"".join(chunks), self.stderr_tail())
 
     # --- the reader thread ----------------------------------------------------------------
@@ -300,10 +309,7 @@ class ExecProcess:
     def _on_frame(self, data: bytes) -> None:
         channel, payload = data[0], data[1:]
         if channel == STDOUT:
-            self._stdout += payload
-            while (end := self._stdout.find(b"\n")) >= 0:
-                self._lines.put(bytes(self._stdout[: end + 1]))
-                del self._stdout[: end + 1]
+            self._on_stdout(payload)
         elif channel == STDERR:
             self._stderr += payload
             while (end := self._stderr.find(b"\n")) >= 0:
@@ -312,6 +318,31 @@ class ExecProcess:
         elif channel == STATUS:
             self._on_status(payload)
         # Empty priming frames, resize and v5 close frames carry nothing for us.
+
+    def _on_stdout(self, payload: bytes) -> None:
+        """Split stdout into lines; skip a line longer than the limit without keeping it."""
+        while payload:
+            end = payload.find(b"\n")
+            if self._skipping:
+                if end < 0:
+                    self._skipping += len(payload)
+                    return
+                self._lines.put(LineTooLong(self._skipping + end + 1))
+                self._skipping = 0
+            elif end < 0:
+                self._stdout += payload
+                if len(self._stdout) > self._max_line:
+                    self._skipping = len(self._stdout)
+                    self._stdout.clear()
+                return
+            else:
+                self._stdout += payload[: end + 1]
+                if len(self._stdout) > self._max_line + 1:
+                    self._lines.put(LineTooLong(len(self._stdout)))
+                else:
+                    self._lines.put(bytes(self._stdout))
+                self._stdout.clear()
+            payload = payload[end + 1 :]
 
     def _on_status(self, payload: bytes) -> None:
         try:

@@ -23,6 +23,7 @@ from uuid import UUID
 
 from django.conf import settings
 
+from ..acp import LineTooLong
 from . import containment
 from .base import Health, Progress, Resource, SandboxError
 from .containment import SandboxUser
@@ -84,11 +85,18 @@ class LocalAgentProcess:
         stdin.write(data)
         stdin.flush()
 
-    def readline(self) -> bytes:
-        # BufferedReader.readline has no length limit: multi-megabyte lines are normal in ACP.
+    def readline(self, limit: int) -> bytes:
+        # Multi-megabyte lines are normal in ACP; `limit` keeps a runaway one out of memory.
         stdout = self._popen.stdout
         assert stdout is not None
-        return stdout.readline()
+        line = stdout.readline(limit + 1)
+        if len(line) <= limit or line.endswith(b"\n"):
+            return line
+        size = len(line)
+        while line and not line.endswith(b"\n"):
+            line = stdout.readline(1 << 20)
+            size += len(line)
+        raise LineTooLong(size)
 
     def is_alive(self) -> bool:
         return self._popen.poll() is None
@@ -110,6 +118,8 @@ class LocalAgentProcess:
             self._popen.wait(timeout=min(1.0, timeout))
         except subprocess.TimeoutExpired:
             self._signal_group(signal.SIGTERM)
+            # A stopped (SIGSTOPped, hung in a debugger) agent only acts on SIGTERM once it runs.
+            self._signal_group(signal.SIGCONT)
             try:
                 self._popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -1,22 +1,45 @@
-// The live session page: websocket, session loads, and the transcript renderer.
+// The live session page: websocket, session loads, and the one transcript renderer.
 //
-// How a page stays exact (see docs/websocket-api.md):
-// - The server renders the transcript up to `data-last-seq`. Every event leaves one element
-//   with its `data-seq`; `state.lastSeq` is the highest seq rendered.
+// The server renders no transcript: this script folds the session's event log (the same JSON
+// every API client reads, docs/websocket-api.md) into what a person reads. See "One renderer"
+// in docs/architecture.md for why.
+//
+// How a page stays exact:
+// - Every event leaves exactly one hidden `<i data-seq>` mark in the block it folded into;
+//   `state.lastSeq` is the highest seq applied, and it advances for every event, even one that
+//   cannot be shown (a guard turns a failure into a quiet note, never a wedged page).
 // - On every (re)connect, after the server's `hello`, the page *loads* the session: it fetches
-//   the stored events after lastSeq over HTTP, renders them, then sends `resume` with the new
-//   lastSeq on the socket, which streams everything after it live.
+//   the stored events after lastSeq over HTTP (every page up to the last seq it knows of
+//   requested at once, applied in order as they arrive, each fetch with a timeout), renders
+//   them, then sends `resume` with the new lastSeq on the socket, which streams everything
+//   after it live. The page's first load does not wait for the socket: it starts as the script
+//   does, with the requests the page preloaded (session.html), and the first `hello` joins it
+//   (or, if it is already done, runs a second, small load before resuming).
 // - The load guard: `state.loadInFlight` is set before the first await, so reconnects that
-//   happen while a load runs never start a second one. A failed load clears the guard, shows
-//   the failure and retries with backoff (or at once with "Retry now").
-// - Events are applied only in seq order: a seq already rendered is ignored, a gap triggers a
-//   load. So nothing is rendered twice, whatever arrives twice.
-// Model output is untrusted: text goes into the page through textContent only, never as HTML.
+//   happen while a load runs never start a second one; neither do reconnects while a failed
+//   load waits to retry (the retry resumes on the newest socket). A failed load clears the
+//   guard, shows the failure and retries with backoff (or at once with "Retry now").
+// - Live events are applied only in seq order: a seq already applied is ignored, a gap
+//   triggers a load. So nothing is rendered twice, whatever arrives twice.
+//
+// Agent output is untrusted: text goes in through textContent; Markdown is parsed by marked
+// with raw HTML turned into text, then sanitised by DOMPurify before it touches the page.
 (() => {
   "use strict";
 
   const root = document.getElementById("session");
   if (!root) return;
+
+  // daphne's default websocket frame limit: a bigger frame closes the socket (close 1011).
+  const MAX_FRAME_BYTES = 1024 * 1024;
+  const LOAD_TIMEOUT_MS = 8000; // per history request; a hung load must not hold the guard
+  const PAGE_SIZE = Number(root.dataset.pageSize || 1000); // the events API's largest page
+  const MAX_PARALLEL_PAGES = 8;
+  const MARKDOWN_MAX_CHARS = 200000; // longer messages are shown as plain text
+  const PREVIEW_LINES = 16; // longer text starts collapsed, with "Show all"
+  const PREVIEW_CHARS = 20000;
+  const EAGER_BLOCKS = 12; // after a load, the last blocks get Markdown at once; others lazily
+  const HIGHLIGHT_MAX_CHARS = 20000;
 
   const $ = (id) => document.getElementById(id);
   const transcript = $("transcript");
@@ -26,23 +49,957 @@
   const conn = $("conn");
   const loadError = $("load-error");
   const frameError = $("frame-error");
+  const announcer = $("announcer");
+  const jumpButton = $("jump");
+  const working = $("working");
+  const workingTime = $("working-time");
+  const sandboxBanner = $("sandbox-banner");
+  const favicon = $("favicon");
 
   const state = {
     sessionId: root.dataset.session,
     eventsUrl: root.dataset.eventsUrl,
-    lastSeq: Number(root.dataset.lastSeq || 0),
+    eventUrl: root.dataset.eventUrl,
+    workspace: (root.dataset.workspace || "").replace(/\/+$/, ""),
+    staff: root.dataset.staff === "true",
+    lastSeq: 0,
+    serverLastSeq: Number(root.dataset.lastSeq || 0),
     running: root.dataset.running === "true",
+    sandboxStatus: root.dataset.sandboxStatus || "",
     ws: null,
     reconnectAttempt: 0,
     reconnectTimer: null,
+    wasConnected: false, // ever: "Connected again" is said only after a loss
+    connected: false,
     loadInFlight: false,
+    loaded: false,
     loadFailures: 0,
     retryTimer: null,
+    retryPending: false,
+    preloaded: true, // the first load may use the page's preloaded requests
     pendingPrompt: null, // {id, text} until its user_message event arrives
     closedForGood: false,
   };
 
-  // --- connection state -------------------------------------------------------------------
+  // --- words a person reads --------------------------------------------------------------
+
+  const TOOL_KINDS = {
+    read: "Read", edit: "Edit", delete: "Delete", move: "Move", search: "Search",
+    execute: "Run", think: "Think", fetch: "Fetch", switch_mode: "Mode", other: "Tool",
+  };
+  const TOOL_STATUS = { pending: "Waiting", in_progress: "Running", completed: "Done", failed: "Failed" };
+  const PLAN_STATUS = { pending: "to do", in_progress: "in progress", completed: "done" };
+  const STOP_REASONS = {
+    end_turn: "Done",
+    cancelled: "Stopped",
+    max_tokens: "Stopped: the reply reached its length limit",
+    max_turn_requests: "Stopped: the agent took too many steps in one turn",
+    refusal: "The agent declined to continue",
+    error: "Ended with an error",
+    interrupted: "Interrupted",
+  };
+  const ANSWERS = {
+    allow_once: "You allowed this once",
+    allow_always: "You allowed this from now on",
+    reject_once: "You rejected this",
+    reject_always: "You rejected this from now on",
+  };
+  const FRAME_ERRORS = {
+    turn_running: "The agent is still working on your previous message. Wait for it, or press Stop.",
+    empty_prompt: "Type a message first.",
+    prompt_too_long: "That message is too long for the agent. It's still in the box: shorten it and send again.",
+    unknown_request: "That question is no longer open: the agent has moved on.",
+    invalid_option: "That answer isn't one the agent offered.",
+  };
+  // ACP updates that change nothing a person reads here: folded without a visible block.
+  const QUIET_KINDS = new Set([
+    "available_commands_update", "current_mode_update", "config_option_update",
+    "config_options_update", "session_info_update", "usage_update",
+  ]);
+
+  function agentErrorSummary(message) {
+    const text = String(message || "").toLowerCase();
+    if (text.startsWith("agent exited") || text.includes("agent is not running"))
+      return "The agent stopped unexpectedly.";
+    if (text.startsWith("agent did not start")) return "The agent could not start.";
+    if (text.includes("sandbox is "))
+      return "This session's sandbox is not running, so the agent can't work here.";
+    if (text.includes("no answer within") || text.includes("no message from the agent"))
+      return "The agent stopped responding.";
+    if (text.startsWith("internal error")) return "Something went wrong in Craft.";
+    return "The agent ran into a problem.";
+  }
+
+  // --- paths: relative to the session's workspace, never the host's ---------------------
+
+  const sessionPathPattern = new RegExp(`(?:/[^\\s"'\`()]*)?/sessions/${state.sessionId}(?=/|\\b)/?`, "g");
+
+  function relPath(path) {
+    if (typeof path !== "string") return "";
+    if (state.workspace && path === state.workspace) return ".";
+    if (state.workspace && path.startsWith(`${state.workspace}/`)) {
+      return path.slice(state.workspace.length + 1);
+    }
+    return path.replace(sessionPathPattern, "") || ".";
+  }
+
+  function scrub(text) {
+    if (typeof text !== "string") return "";
+    let out = text;
+    if (state.workspace && out.includes(state.workspace)) {
+      out = out.split(`${state.workspace}/`).join("").split(state.workspace).join(".");
+    }
+    return out.includes(state.sessionId) ? out.replace(sessionPathPattern, "") : out;
+  }
+
+  function scrubHostPaths(text) {
+    // Staff details: workspace paths relative, any other absolute path cut to its last part.
+    return scrub(text).replace(/(^|[\s'"(=:])\/(?:[\w.@+-]+\/)+([\w.@+-]+)/g, "$1…/$2");
+  }
+
+  // --- small DOM functions ------------------------------------------------------------------
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = text;
+    return node;
+  }
+
+  function str(value) {
+    return typeof value === "string" ? value : typeof value === "number" ? String(value) : "";
+  }
+
+  function isObject(value) {
+    return value !== null && typeof value === "object" && !Array.isArray(value);
+  }
+
+  function lineCount(text) {
+    let count = text.endsWith("\n") ? 0 : 1; // a final newline ends a line, not starts one
+    for (let i = text.indexOf("\n"); i !== -1; i = text.indexOf("\n", i + 1)) count++;
+    return count;
+  }
+
+  function preview(text) {
+    // The first PREVIEW_LINES lines (at most PREVIEW_CHARS characters), or null if that is all.
+    let end = 0;
+    for (let line = 0; line < PREVIEW_LINES; line++) {
+      end = text.indexOf("\n", end) + 1;
+      if (end === 0) break;
+    }
+    const cut = end === 0 ? text.length : end - 1;
+    const short = Math.min(cut, PREVIEW_CHARS);
+    return short < text.length ? text.slice(0, short) : null;
+  }
+
+  function formatSize(chars) {
+    if (chars >= 1e6) return `${(chars / 1e6).toFixed(1)} MB`;
+    if (chars >= 1e3) return `${Math.round(chars / 1e3)} kB`;
+    return `${chars} characters`;
+  }
+
+  const numberFormat = new Intl.NumberFormat(); // once: toLocaleString builds one per call
+
+  function showAllLabel(text) {
+    return `Show all (${numberFormat.format(lineCount(text))} lines, ${formatSize(text.length)})`;
+  }
+
+  // Text that may be long: a preview with "Show all" (aria-expanded tells which is shown).
+  let collapsibleIds = 0;
+  function fillCollapsible(box, text, renderText) {
+    box.replaceChildren();
+    const short = preview(text);
+    const body = el("div", "collapsible-body");
+    body.id = `collapsible-${++collapsibleIds}`;
+    box.appendChild(body);
+    renderText(body, short === null ? text : short);
+    if (short === null) return;
+    const toggle = el("button", "toggle-more", showAllLabel(text));
+    toggle.type = "button";
+    toggle.setAttribute("aria-expanded", "false");
+    toggle.setAttribute("aria-controls", body.id);
+    box.classList.add("collapsed");
+    collapsedTexts.set(toggle, { box, body, text, short, renderText });
+    box.appendChild(toggle);
+  }
+  const collapsedTexts = new WeakMap();
+
+  function toggleCollapsible(toggle) {
+    const c = collapsedTexts.get(toggle);
+    if (!c) return;
+    const expand = toggle.getAttribute("aria-expanded") !== "true";
+    c.body.replaceChildren();
+    c.renderText(c.body, expand ? c.text : c.short);
+    toggle.setAttribute("aria-expanded", String(expand));
+    toggle.textContent = expand ? "Show less" : showAllLabel(c.text);
+    c.box.classList.toggle("collapsed", !expand);
+    if (!expand) c.box.scrollIntoView({ block: "nearest" });
+  }
+
+  function plainInto(className) {
+    return (body, text) => body.appendChild(el("pre", className, text));
+  }
+
+  // --- Markdown --------------------------------------------------------------------------
+
+  // marked, DOMPurify and highlight.js are loaded once the first load is on screen (live
+  // events come only after it), so that they never compete with it: until marked and
+  // DOMPurify are both there, messages that want Markdown are shown as text and wait here.
+  let markdown = null; // {parse(text) -> sanitised HTML}, built on first use
+  const waitingForMarkdown = new Set();
+  function getMarkdown() {
+    if (markdown) return markdown;
+    if (!window.marked || !window.DOMPurify) return null; // not loaded (yet): plain text
+    const escape = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;");
+    const parser = new window.marked.Marked({
+      gfm: true,
+      async: false,
+      renderer: {
+        // Never raw HTML from the agent: show it as the text it is.
+        html: (token) => (token.block ? `<p>${escape(token.text)}</p>` : escape(token.text)),
+        // Agent headings sit below the page's own (h1 title).
+        heading(token) {
+          const level = Math.min(6, token.depth + 2);
+          return `<h${level}>${this.parser.parseInline(token.tokens)}</h${level}>`;
+        },
+        // No remote images (they would tell a third party that the page was read).
+        image: (token) => `<a href="${escape(token.href)}">${escape(token.text || "image")}</a>`,
+        checkbox: (token) => (token.checked ? "☑ " : "☐ "),
+      },
+    });
+    window.DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+      if (node.tagName === "A") {
+        node.setAttribute("target", "_blank");
+        node.setAttribute("rel", "noopener noreferrer nofollow");
+      }
+    });
+    const config = {
+      ALLOWED_URI_REGEXP: /^(?:https?:|mailto:|#)/i,
+      FORBID_TAGS: ["style", "img", "svg", "math", "form", "input", "button", "textarea", "select", "iframe"],
+      FORBID_ATTR: ["style", "id"],
+    };
+    markdown = { parse: (text) => window.DOMPurify.sanitize(parser.parse(text), config) };
+    return markdown;
+  }
+
+  function renderMarkdown(body, text) {
+    const md = getMarkdown();
+    if (!md) {
+      body.replaceChildren(el("div", "plain", text));
+      return;
+    }
+    body.innerHTML = md.parse(text);
+    for (const code of body.querySelectorAll("pre > code")) decorateCode(code);
+  }
+
+  function decorateCode(code) {
+    const pre = code.parentElement;
+    const language = (/(?:^|\s)language-([\w+#.-]+)/.exec(code.getAttribute("class") || "") || [])[1] || "";
+    const box = el("div", "code-block");
+    const bar = el("div", "code-bar");
+    bar.appendChild(el("span", "code-lang", language || "text"));
+    const copy = el("button", "copy", "Copy");
+    copy.type = "button";
+    copy.setAttribute("aria-label", `Copy ${language || "text"} code`);
+    bar.appendChild(copy);
+    pre.replaceWith(box);
+    box.append(bar, pre);
+    code.dataset.language = language;
+    highlight(code);
+  }
+
+  function highlight(code) {
+    const hljs = window.hljs; // loaded async: code shown before it arrives is done on load
+    const language = code.dataset.language;
+    if (!hljs || !language || !hljs.getLanguage(language)) return;
+    if (code.textContent.length > HIGHLIGHT_MAX_CHARS) return;
+    try {
+      const result = hljs.highlight(code.textContent, { language, ignoreIllegals: true });
+      code.innerHTML = result.value; // hljs escapes the text it wraps in its spans
+      code.classList.add("hljs");
+    } catch {
+      // unhighlighted is fine
+    }
+  }
+
+  let librariesRequested = false;
+  function loadLibraries() {
+    if (librariesRequested) return;
+    librariesRequested = true;
+    for (const src of (root.dataset.libraries || "").split(" ").filter(Boolean)) {
+      const script = document.createElement("script");
+      script.src = src;
+      script.async = true;
+      script.addEventListener("load", librariesArrived);
+      document.head.appendChild(script);
+    }
+  }
+
+  function librariesArrived() {
+    if (getMarkdown()) {
+      for (const block of waitingForMarkdown) renderMessage(block, true);
+      waitingForMarkdown.clear();
+    }
+    if (window.hljs) {
+      transcript.querySelectorAll(".code-block code[data-language]:not(.hljs)").forEach(highlight);
+    }
+  }
+
+  async function copyText(button, text) {
+    try {
+      if (navigator.clipboard && window.isSecureContext) {
+        await navigator.clipboard.writeText(text);
+      } else {
+        const area = el("textarea");
+        area.value = text;
+        area.setAttribute("readonly", "");
+        area.style.position = "fixed";
+        area.style.opacity = "0";
+        document.body.appendChild(area);
+        area.select();
+        document.execCommand("copy");
+        area.remove();
+      }
+      button.textContent = "Copied";
+      announce("Copied to the clipboard.");
+    } catch {
+      button.textContent = "Copy failed";
+    }
+    setTimeout(() => (button.textContent = "Copy"), 2000);
+  }
+
+  // Messages from history get Markdown when they come near the screen.
+  const lazy = "IntersectionObserver" in window
+    ? new IntersectionObserver((entries) => {
+      for (const entry of entries) {
+        if (!entry.isIntersecting) continue;
+        lazy.unobserve(entry.target);
+        renderMessage(entry.target, true);
+      }
+    }, { rootMargin: "1200px 0px" })
+    : null;
+
+  // --- the fold: events into blocks --------------------------------------------------------
+
+  const meta = new WeakMap(); // block element -> what the fold knows about it
+  const fold = {
+    target: transcript, // a DocumentFragment while a loaded page is applied
+    live: false, // true for events from the socket (announced, timed by arrival)
+    turn: 0, // user messages so far: tool call ids restart with every agent process
+    last: null, // the last block, for chunks that continue it
+    tools: new Map(), // `${turn}:${toolCallId}` -> card
+    turnCards: [], // this turn's tool cards
+    permissions: new Map(), // request id -> card
+    plan: null, // this turn's plan
+    turnStartedAt: null,
+    quiet: null, // the hidden block that holds marks of events without a visible block
+  };
+  const dirty = new Set(); // blocks whose text, body or list changed since the last flush
+  let flushScheduled = false;
+
+  function newBlock(tag, className, kind) {
+    const block = el(tag, className);
+    block.setAttribute("data-kind", kind);
+    const marks = el("span", "marks");
+    marks.hidden = true;
+    block.appendChild(marks);
+    meta.set(block, { marks });
+    return block;
+  }
+
+  function appendBlock(block) {
+    const empty = $("empty-transcript");
+    if (empty) empty.remove();
+    const previous = fold.last;
+    fold.target.appendChild(block);
+    fold.last = block;
+    if (previous && previous.dataset.kind === "thought") settleThought(previous);
+    return block;
+  }
+
+  const markPrototype = document.createElement("i");
+  function mark(block, seq, event) {
+    const i = markPrototype.cloneNode();
+    i.setAttribute("data-seq", seq);
+    meta.get(block).marks.appendChild(i);
+    if (event.truncated === true) addShowAll(block, seq);
+  }
+
+  function quietBlock() {
+    if (!fold.quiet) {
+      fold.quiet = newBlock("div", "quiet", "quiet");
+      fold.quiet.hidden = true;
+      fold.target.appendChild(fold.quiet);
+    }
+    return fold.quiet;
+  }
+
+  function textOf(data) {
+    return isObject(data) && isObject(data.content) && data.content.type === "text"
+      ? str(data.content.text)
+      : "";
+  }
+
+  function timeOf(event) {
+    const parsed = event.created_at ? Date.parse(event.created_at) : NaN;
+    return Number.isNaN(parsed) ? Date.now() : parsed;
+  }
+
+  // Built once: creating a formatter per call (toLocaleTimeString) is slow in long sessions.
+  const clockFormat = new Intl.DateTimeFormat([], { hour: "2-digit", minute: "2-digit" });
+  const dateFormat = new Intl.DateTimeFormat([], { dateStyle: "medium", timeStyle: "short" });
+
+  function timeElement(ms, className) {
+    const date = new Date(ms);
+    const node = el("time", className, clockFormat.format(date));
+    node.dateTime = date.toISOString();
+    node.title = dateFormat.format(date);
+    return node;
+  }
+
+  function userMessage(event, data) {
+    fold.turn += 1;
+    fold.plan = null;
+    fold.turnCards = [];
+    fold.turnStartedAt = timeOf(event);
+    const text = str(data.text);
+    const block = newBlock("div", "msg user", "user");
+    const bubble = block.appendChild(el("div", "bubble"));
+    meta.get(block).parts = [{ seq: event.seq, text }];
+    fillCollapsible(bubble, text, (body, t) => body.appendChild(el("div", "plain", t)));
+    block.appendChild(el("div", "msg-meta")).appendChild(timeElement(fold.turnStartedAt));
+    appendBlock(block);
+    if (state.pendingPrompt && state.pendingPrompt.id === data.id) {
+      state.pendingPrompt = null;
+      if (promptBox.value === text) promptBox.value = "";
+    }
+    if (fold.live) {
+      setRunning(true);
+      announce("The agent is working.");
+      document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
+    }
+    return block;
+  }
+
+  function chunk(kind, event, data) {
+    let block = fold.last;
+    if (!block || block.dataset.kind !== kind) {
+      if (kind === "thought") {
+        block = newBlock("details", "thought", "thought");
+        block.appendChild(el("summary", "", fold.live ? "Thinking…" : "Thought"));
+        if (fold.live) block.open = true;
+        meta.get(block).body = block.appendChild(el("div", "body"));
+      } else {
+        block = newBlock("div", "msg agent", "agent");
+        meta.get(block).body = block.appendChild(el("div", "bubble"));
+      }
+      Object.assign(meta.get(block), { parts: [], text: "", shown: null });
+      appendBlock(block);
+    }
+    const m = meta.get(block);
+    const text = textOf(data);
+    m.parts.push({ seq: event.seq, text });
+    m.text += text;
+    dirty.add(block);
+    return block;
+  }
+
+  function settleThought(block) {
+    const summary = block.querySelector("summary");
+    if (summary) summary.textContent = "Thought";
+    if (!meta.get(block).userOpened) block.open = false;
+  }
+
+  // Render a message's text: Markdown when asked (or when it is small enough and live),
+  // plain text for long ones; history waits for the lazy observer.
+  function renderMessage(block, rich) {
+    const m = meta.get(block);
+    if (!m || !m.body) return;
+    const text = block.dataset.kind === "agent" ? scrub(m.text) : m.text;
+    let useMarkdown = rich && block.dataset.kind === "agent" && text.length <= MARKDOWN_MAX_CHARS;
+    if (useMarkdown && !getMarkdown()) {
+      waitingForMarkdown.add(block);
+      useMarkdown = false;
+    }
+    const mode = useMarkdown ? "markdown" : "plain";
+    if (m.shown === text && m.mode === mode) return;
+    if (useMarkdown) {
+      renderMarkdown(m.body, text);
+    } else if (text.length > MARKDOWN_MAX_CHARS || lineCount(text) > 400) {
+      fillCollapsible(m.body, text, (body, t) => body.appendChild(el("div", "plain", t)));
+    } else {
+      m.body.replaceChildren(el("div", "plain", text));
+    }
+    m.shown = text;
+    m.mode = mode;
+    if (!useMarkdown && block.dataset.kind === "agent" && text.length <= MARKDOWN_MAX_CHARS && lazy) {
+      lazy.observe(block);
+    }
+  }
+
+  // Draw what changed since the last flush: message text, tool bodies, plans. Live events are
+  // drawn once per frame; a loaded page once, however many updates it folded.
+  function flush(rich) {
+    flushScheduled = false;
+    for (const block of dirty) {
+      const kind = block.dataset.kind;
+      if (kind === "tool") renderToolBody(block.querySelector(".tool-body"), meta.get(block));
+      else if (kind === "plan") renderPlan(block);
+      else renderMessage(block, rich);
+    }
+    dirty.clear();
+  }
+
+  function scheduleFlush() {
+    if (flushScheduled) return;
+    flushScheduled = true;
+    requestAnimationFrame(() => {
+      flush(true); // live text: Markdown at once
+      stickToBottom();
+    });
+  }
+
+  // Tool calls -------------------------------------------------------------------------------
+
+  function toolKey(id) {
+    return `${fold.turn}:${id}`;
+  }
+
+  function toolCall(event, data) {
+    const id = str(data.toolCallId);
+    let card = fold.tools.get(toolKey(id));
+    if (!card) {
+      card = newBlock("div", "tool", "tool");
+      card.dataset.toolCallId = id;
+      card.dataset.status = "pending";
+      const head = card.appendChild(el("div", "tool-head"));
+      head.appendChild(el("span", "tool-kind", "Tool"));
+      head.appendChild(el("span", "tool-title", "Tool call"));
+      head.appendChild(el("span", "badge", TOOL_STATUS.pending));
+      card.appendChild(el("div", "tool-body"));
+      fold.tools.set(toolKey(id), card);
+      fold.turnCards.push(card);
+      appendBlock(card);
+    }
+    // Updates carry only the fields that changed; `content` replaces the whole list.
+    const m = meta.get(card);
+    if (typeof data.kind === "string") {
+      card.querySelector(".tool-kind").textContent = TOOL_KINDS[data.kind] || "Tool";
+      m.kind = data.kind;
+    }
+    if (typeof data.title === "string" && data.title) {
+      card.querySelector(".tool-title").textContent = scrub(data.title);
+      m.title = data.title;
+    }
+    if (typeof data.status === "string") {
+      card.dataset.status = data.status;
+      const badge = card.querySelector(".badge");
+      badge.textContent = TOOL_STATUS[data.status] || "Updated";
+    }
+    if (Array.isArray(data.locations)) m.locations = data.locations;
+    if (isObject(data.rawInput)) m.rawInput = data.rawInput;
+    if (Array.isArray(data.content)) {
+      m.content = data.content;
+      m.contentSeq = event.seq;
+    }
+    if (Array.isArray(data.content) || Array.isArray(data.locations) || isObject(data.rawInput)) {
+      dirty.add(card); // drawn at the next flush: in a loaded page, only its last content
+    }
+    return card;
+  }
+
+  function renderToolBody(body, call) {
+    body.replaceChildren();
+    const command = commandOf(call);
+    if (command) body.appendChild(el("pre", "command", `$ ${command}`));
+    const items = Array.isArray(call.content) ? call.content : [];
+    let shown = 0;
+    for (const item of items) {
+      const node = contentItem(item);
+      if (node) {
+        body.appendChild(node);
+        shown++;
+      }
+    }
+    const paths = (Array.isArray(call.locations) ? call.locations : [])
+      .filter((l) => isObject(l) && typeof l.path === "string")
+      .map((l) => relPath(l.path) + (Number.isInteger(l.line) ? `:${l.line}` : ""));
+    // Locations the title already names add nothing (a one-file edit or read).
+    const title = typeof call.title === "string" ? scrub(call.title) : "";
+    if (paths.length && !shown && !paths.every((p) => title.includes(p.replace(/:\d+$/, "")))) {
+      const list = body.appendChild(el("ul", "locations"));
+      for (const path of paths) list.appendChild(el("li", "", path));
+    }
+  }
+
+  function commandOf(call) {
+    const raw = call.rawInput;
+    if (!isObject(raw) || (call.kind && call.kind !== "execute")) return "";
+    if (typeof raw.command === "string") return scrub(raw.command);
+    if (Array.isArray(raw.command)) return scrub(raw.command.map(str).join(" "));
+    return "";
+  }
+
+  function contentItem(item) {
+    if (!isObject(item)) return null;
+    if (item.type === "diff") return diffView(item);
+    if (item.type === "content" && isObject(item.content)) {
+      if (item.content.type === "text") {
+        const box = el("div", "tool-output");
+        fillCollapsible(box, scrub(str(item.content.text)), plainInto("tool-text"));
+        return box;
+      }
+      return el("p", "muted", "The agent attached something this page can't show.");
+    }
+    if (item.type === "terminal") return el("p", "muted", "Terminal output is not shown here.");
+    return null;
+  }
+
+  function splitLines(text) {
+    if (typeof text !== "string" || text === "") return [];
+    const lines = text.split("\n");
+    if (lines[lines.length - 1] === "") lines.pop();
+    return lines;
+  }
+
+  function diffView(item) {
+    const box = el("div", "diff");
+    box.appendChild(el("div", "diff-path", relPath(item.path) || "file"));
+    const before = splitLines(item.oldText);
+    const after = splitLines(item.newText);
+    // Common lines at both ends are context; what lies between changed. Cheap (linear) and
+    // exact for the one-hunk edits agents usually propose.
+    let start = 0;
+    while (start < before.length && start < after.length && before[start] === after[start]) start++;
+    let endBefore = before.length;
+    let endAfter = after.length;
+    while (endBefore > start && endAfter > start && before[endBefore - 1] === after[endAfter - 1]) {
+      endBefore--;
+      endAfter--;
+    }
+    const rows = [];
+    for (let i = Math.max(0, start - 3); i < start; i++) rows.push(["ctx", before[i]]);
+    for (let i = start; i < endBefore; i++) rows.push(["del", before[i]]);
+    for (let i = start; i < endAfter; i++) rows.push(["add", after[i]]);
+    for (let i = endBefore; i < Math.min(before.length, endBefore + 3); i++) rows.push(["ctx", before[i]]);
+    if (!rows.length) {
+      box.appendChild(el("p", "muted", after.length ? "No changes." : "An empty file."));
+      return box;
+    }
+    const label = `${endBefore - start} line${endBefore - start === 1 ? "" : "s"} removed, ${endAfter - start} added`;
+    box.firstChild.appendChild(el("span", "diff-stat", ` · ${label}`));
+    const limit = PREVIEW_LINES * 2;
+    const renderRows = (body, count) => {
+      const pre = body.appendChild(el("pre", "diff-lines"));
+      for (const [kind, line] of rows.slice(0, count)) pre.appendChild(el("span", kind, `${line}\n`));
+    };
+    const body = el("div", "collapsible-body");
+    box.appendChild(body);
+    renderRows(body, limit);
+    if (rows.length > limit) {
+      const toggle = el("button", "toggle-more", `Show all (${rows.length} lines)`);
+      toggle.type = "button";
+      toggle.setAttribute("aria-expanded", "false");
+      body.id = `collapsible-${++collapsibleIds}`;
+      toggle.setAttribute("aria-controls", body.id);
+      toggle.addEventListener("click", () => {
+        const expand = toggle.getAttribute("aria-expanded") !== "true";
+        body.replaceChildren();
+        renderRows(body, expand ? rows.length : limit);
+        toggle.setAttribute("aria-expanded", String(expand));
+        toggle.textContent = expand ? "Show less" : `Show all (${rows.length} lines)`;
+      });
+      toggle.classList.add("diff-toggle");
+      box.appendChild(toggle);
+    }
+    return box;
+  }
+
+  // Plans --------------------------------------------------------------------------------------
+
+  function plan(event, data) {
+    if (!fold.plan) {
+      fold.plan = newBlock("div", "plan", "plan");
+      const title = fold.plan.appendChild(el("div", "plan-title", "Plan"));
+      title.appendChild(el("span", "plan-progress"));
+      fold.plan.appendChild(el("ul"));
+      appendBlock(fold.plan);
+    }
+    if (!Array.isArray(data.entries)) return fold.plan; // malformed: keep the last good list
+    meta.get(fold.plan).entries = data.entries.filter(isObject);
+    dirty.add(fold.plan); // drawn at the next flush: in a loaded page, only the turn's last plan
+    return fold.plan;
+  }
+
+  function renderPlan(block) {
+    const entries = meta.get(block).entries || [];
+    const list = block.querySelector("ul");
+    list.replaceChildren();
+    let done = 0;
+    for (const entry of entries) {
+      const status = PLAN_STATUS[entry.status] ? entry.status : "pending";
+      if (status === "completed") done++;
+      const li = list.appendChild(el("li", "plan-entry"));
+      li.setAttribute("data-status", status);
+      li.appendChild(el("span", "check")).setAttribute("aria-hidden", "true");
+      li.appendChild(el("span", "plan-text", scrub(str(entry.content))));
+      li.appendChild(el("span", "sr-only", ` (${PLAN_STATUS[status]})`));
+    }
+    block.querySelector(".plan-progress").textContent =
+      entries.length ? ` · ${done} of ${entries.length} done` : "";
+  }
+
+  // Permission requests ---------------------------------------------------------------------
+
+  function permissionRequest(event, data) {
+    const call = isObject(data.toolCall) ? data.toolCall : {};
+    const block = newBlock("div", "permission", "permission");
+    const request = str(data.request);
+    block.dataset.request = request;
+    block.dataset.answer = "";
+    const question = block.appendChild(el("div", "permission-q"));
+    question.id = `permission-${event.seq}`;
+    question.appendChild(el("span", "permission-label", "The agent asks for permission: "));
+    question.appendChild(el("strong", "", scrub(str(call.title)) || "use a tool"));
+    // What is being approved: the proposed content, the command, the files it touches. A
+    // request may omit content that an earlier tool_call of this turn carried.
+    const card = fold.tools.get(toolKey(str(call.toolCallId)));
+    const known = card ? meta.get(card) : {};
+    const details = {
+      title: call.title,
+      kind: typeof call.kind === "string" ? call.kind : known.kind,
+      content: Array.isArray(call.content) && call.content.length ? call.content : known.content,
+      locations: Array.isArray(call.locations) ? call.locations : known.locations,
+      rawInput: isObject(call.rawInput) ? call.rawInput : known.rawInput,
+    };
+    const body = block.appendChild(el("div", "permission-body"));
+    renderToolBody(body, details);
+    const options = block.appendChild(el("div", "options"));
+    options.setAttribute("role", "group");
+    options.setAttribute("aria-labelledby", question.id);
+    const offered = [];
+    for (const option of Array.isArray(data.options) ? data.options : []) {
+      if (!isObject(option) || typeof option.optionId !== "string") continue;
+      const kind = typeof option.kind === "string" ? option.kind : "";
+      const button = options.appendChild(el("button", "option", str(option.name) || option.optionId));
+      if (ANSWERS[kind]) button.classList.add(kind);
+      button.type = "button";
+      button.dataset.option = option.optionId;
+      offered.push({ id: option.optionId, kind, name: str(option.name) || option.optionId });
+    }
+    const answer = block.appendChild(el("div", "permission-answer"));
+    answer.tabIndex = -1;
+    Object.assign(meta.get(block), { offered, answer });
+    if (request) fold.permissions.set(request, block);
+    appendBlock(block);
+    if (fold.live) announce(`The agent asks for permission: ${scrub(str(call.title)) || "use a tool"}.`);
+    return block;
+  }
+
+  function closePermission(block, answerId, text) {
+    block.dataset.answer = answerId;
+    block.querySelectorAll(".options button").forEach((b) => (b.disabled = true));
+    meta.get(block).answer.textContent = text;
+  }
+
+  function permissionAnswer(event, data) {
+    const block = fold.permissions.get(str(data.request));
+    if (!block) return note(event, "An answer to a question this page never showed.");
+    const optionId = typeof data.option === "string" ? data.option : "";
+    if (!optionId) {
+      closePermission(block, "cancelled", "Cancelled: the turn was stopped.");
+    } else {
+      const offered = meta.get(block).offered.find((o) => o.id === optionId);
+      const text = offered ? ANSWERS[offered.kind] || `You chose: ${offered.name}` : "Answered.";
+      closePermission(block, optionId, text);
+      const chosen = block.querySelector(`.options button[data-option="${CSS.escape(optionId)}"]`);
+      if (chosen) chosen.classList.add("chosen");
+    }
+    return block;
+  }
+
+  // Turn ends, errors, everything else --------------------------------------------------------
+
+  function turnEnd(event, data) {
+    const reason = str(data.stop_reason);
+    const block = newBlock("div", "turn-end", "turn_end");
+    block.dataset.reason = reason;
+    block.appendChild(el("span", "label", STOP_REASONS[reason] || "The turn ended"));
+    const ended = timeOf(event);
+    if (fold.turnStartedAt !== null && ended - fold.turnStartedAt >= 1000) {
+      block.appendChild(el("span", "turn-meta", ` · ${duration(ended - fold.turnStartedAt)}`));
+    }
+    for (const card of fold.permissions.values()) {
+      if (card.dataset.answer === "") closePermission(card, "expired", "No longer open: the turn ended.");
+    }
+    // A tool the agent never finished must not look like it is still running.
+    for (const card of fold.turnCards) {
+      const status = card.getAttribute("data-status");
+      if (status === "pending" || status === "in_progress") {
+        card.querySelector(".badge").textContent = "Not finished";
+      }
+    }
+    appendBlock(block);
+    if (fold.live) {
+      setRunning(false);
+      announce(STOP_REASONS[reason] || "The turn ended.");
+      document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
+    }
+    return block;
+  }
+
+  function duration(ms) {
+    const seconds = Math.round(ms / 1000);
+    if (seconds < 60) return `${seconds} s`;
+    return `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
+  }
+
+  function technicalDetails(parent, text) {
+    if (!state.staff || !text) return;
+    const details = parent.appendChild(el("details", "tech"));
+    details.appendChild(el("summary", "", "Details"));
+    details.appendChild(el("pre", "", scrubHostPaths(text)));
+  }
+
+  function agentError(event, data) {
+    const message = str(data.message);
+    const block = newBlock("div", "agent-error", "error");
+    const summary = agentErrorSummary(message);
+    block.appendChild(el("p", "", summary));
+    technicalDetails(block, message);
+    appendBlock(block);
+    if (fold.live) showFrameError(summary);
+    return block;
+  }
+
+  function note(event, text, detail) {
+    const block = newBlock("div", "note", "other");
+    block.appendChild(el("span", "", text));
+    technicalDetails(block, detail);
+    return appendBlock(block);
+  }
+
+  function sessionTitle(event, data) {
+    if (typeof data.title === "string" && data.title.trim()) setTitle(data.title);
+    if (fold.live) document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
+    return quietBlock();
+  }
+
+  function foldEvent(event) {
+    const data = isObject(event.data) ? event.data : {};
+    switch (event.kind) {
+      case "user_message": return userMessage(event, data);
+      case "agent_message_chunk": return chunk("agent", event, data);
+      case "agent_thought_chunk": return chunk("thought", event, data);
+      case "tool_call":
+      case "tool_call_update": return toolCall(event, data);
+      case "plan": return plan(event, data);
+      case "permission_request": return permissionRequest(event, data);
+      case "permission_answer": return permissionAnswer(event, data);
+      case "turn_end": return turnEnd(event, data);
+      case "agent_error": return agentError(event, data);
+      case "session_title": return sessionTitle(event, data);
+      default:
+        if (QUIET_KINDS.has(event.kind)) return quietBlock();
+        return note(event, "The agent sent an update this page can't show.", `kind: ${str(event.kind)}`);
+    }
+  }
+
+  // Apply one event: never throws, and lastSeq always advances past it.
+  function applyEvent(event) {
+    if (!isObject(event)) return;
+    const seq = event.seq;
+    if (!Number.isSafeInteger(seq) || seq <= state.lastSeq) return; // already applied
+    try {
+      mark(foldEvent(event), seq, event);
+    } catch (error) {
+      console.error("could not render event", seq, error);
+      try {
+        mark(note(event, "Something the agent sent could not be shown."), seq, {});
+      } catch {
+        // nothing more to do: the seq still counts as applied
+      }
+    }
+    state.lastSeq = seq;
+  }
+
+  function applyLive(event) {
+    fold.live = true;
+    applyEvent(event);
+    fold.live = false;
+    scheduleFlush();
+  }
+
+  // Apply a page of loaded events into `fragment` (new blocks go there; blocks already on the
+  // page are updated in place), and draw it: plain text now, Markdown when it comes near the
+  // screen. The caller puts the fragment on the page.
+  function applyPage(events, fragment) {
+    fold.target = fragment;
+    try {
+      for (const event of events) applyEvent(event);
+    } finally {
+      fold.target = transcript;
+    }
+    flush(!lazy);
+  }
+
+  // Truncated events: "Show all" fetches the whole event ---------------------------------------
+
+  function addShowAll(block, seq) {
+    if (block === fold.quiet) return;
+    const box = el("div", "truncated");
+    box.appendChild(el("span", "", "Part of this was too large to send live. "));
+    const button = box.appendChild(el("button", "show-all", "Show all"));
+    button.type = "button";
+    button.dataset.seq = seq;
+    block.appendChild(box);
+  }
+
+  async function showAll(button) {
+    const seq = Number(button.dataset.seq);
+    const block = button.closest("[data-kind]");
+    button.disabled = true;
+    button.textContent = "Loading…";
+    try {
+      const event = await fetchJson(state.eventUrl.replace(/0\/$/, `${seq}/`));
+      refold(block, event);
+      button.parentElement.remove();
+    } catch (error) {
+      button.disabled = false;
+      button.textContent = "Show all (try again)";
+      showFrameError(`Couldn't load the rest: ${error.message}.`);
+    }
+  }
+
+  function refold(block, event) {
+    const m = meta.get(block);
+    const data = isObject(event.data) ? event.data : {};
+    if (m.parts) {
+      const part = m.parts.find((p) => p.seq === event.seq);
+      const text = event.kind === "user_message" ? str(data.text) : textOf(data);
+      if (part) part.text = text;
+      m.text = m.parts.map((p) => p.text).join("");
+      if (block.dataset.kind === "user") {
+        fillCollapsible(block.querySelector(".bubble"), m.text, (b, t) => b.appendChild(el("div", "plain", t)));
+      } else {
+        m.shown = null;
+        renderMessage(block, true);
+      }
+    } else if (block.dataset.kind === "tool" && Array.isArray(data.content) && m.contentSeq === event.seq) {
+      m.content = data.content;
+      renderToolBody(block.querySelector(".tool-body"), m);
+    } else if (block.dataset.kind === "permission" && isObject(data.toolCall)) {
+      renderToolBody(block.querySelector(".permission-body"), data.toolCall);
+    } else if (block.dataset.kind === "plan" && Array.isArray(data.entries)) {
+      m.entries = data.entries.filter(isObject);
+      renderPlan(block);
+    } else if (state.staff) {
+      technicalDetails(block, JSON.stringify(event.data, null, 2));
+    }
+  }
+
+  // --- the connection ------------------------------------------------------------------------
 
   function setConn(name, text) {
     conn.dataset.state = name;
@@ -69,16 +1026,18 @@
       } catch {
         return;
       }
-      onFrame(frame);
+      if (isObject(frame)) onFrame(frame);
     };
     ws.onclose = (event) => {
       if (ws !== state.ws) return;
       state.ws = null;
       if (event.code === 4401 || event.code === 4403) {
         state.closedForGood = true;
-        setConn("offline", event.code === 4401 ? "Signed out" : "No access");
+        setConn("offline", event.code === 4401 ? "Signed out: reload to sign in" : "No access");
         return;
       }
+      if (state.connected) announce("Connection lost. Reconnecting…");
+      state.connected = false;
       scheduleReconnect();
     };
   }
@@ -86,82 +1045,162 @@
   function scheduleReconnect() {
     if (state.closedForGood) return;
     const delay = backoff(state.reconnectAttempt++);
-    setConn(navigator.onLine === false ? "offline" : "reconnecting",
-      navigator.onLine === false ? "Offline" : "Reconnecting…");
+    if (navigator.onLine === false) setConn("offline", "Offline");
+    else setConn("reconnecting", "Reconnecting…");
     clearTimeout(state.reconnectTimer);
     state.reconnectTimer = setTimeout(connect, delay);
   }
 
-  window.addEventListener("online", () => {
-    if (!state.ws) connect();
-  });
   window.addEventListener("offline", () => setConn("offline", "Offline"));
+  window.addEventListener("online", () => {
+    // Back online: an open socket is still good; a closed one reconnects now, not after its
+    // backoff. Either way "Offline" must not stay.
+    if (state.ws && state.ws.readyState === WebSocket.OPEN) {
+      setConn("connected", "Connected");
+    } else if (!state.closedForGood) {
+      setConn("reconnecting", "Reconnecting…");
+      if (!state.ws) {
+        state.reconnectAttempt = 0;
+        connect();
+      }
+    }
+  });
 
   function send(frame) {
-    if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return false;
-    state.ws.send(JSON.stringify(frame));
-    return true;
+    return sendText(JSON.stringify(frame));
   }
 
-  // --- frames from the server ---------------------------------------------------------------
+  function sendText(text) {
+    if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return false;
+    state.ws.send(text);
+    return true;
+  }
 
   function onFrame(frame) {
     switch (frame.type) {
       case "hello":
         state.reconnectAttempt = 0;
+        if (state.wasConnected && !state.connected) announce("Connected again.");
+        state.wasConnected = true;
+        state.connected = true;
         setConn("connected", "Connected");
         setRunning(frame.running);
-        if (frame.sandbox) setSandbox(frame.sandbox);
-        loadSession();
+        if (Number.isSafeInteger(frame.last_seq)) state.serverLastSeq = frame.last_seq;
+        if (isObject(frame.sandbox)) setSandbox(frame.sandbox);
+        if (!state.retryPending) loadSession(); // else the scheduled retry loads, then resumes
         break;
       case "event":
-        if (frame.seq > state.lastSeq + 1) {
+        if (typeof frame.seq === "number" && frame.seq > state.lastSeq + 1) {
           loadSession(); // a gap: fetch what is missing, then resume from there
         } else {
-          applyEvent(frame);
+          applyLive(frame);
         }
         break;
       case "error":
-        showFrameError(frame);
+        showFrameErrorFrame(frame);
         break;
     }
   }
 
-  // --- session loads (with the guard) -------------------------------------------------------
+  // --- session loads (with the guard) ---------------------------------------------------------
+
+  async function fetchJson(url, controller = new AbortController(), cache = "no-store") {
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      controller.abort();
+    }, LOAD_TIMEOUT_MS);
+    try {
+      // With cache "default", a GET the page preloaded (session.html) uses that response; every
+      // other request goes to the server ("no-store"), or a retry could join a hung preload.
+      const response = await fetch(url, { credentials: "same-origin", signal: controller.signal, cache });
+      if (!response.ok) {
+        throw new Error(response.status >= 500 ? `the server had a problem (${response.status})` : `the server refused (${response.status})`);
+      }
+      return await response.json();
+    } catch (error) {
+      if (timedOut) throw new Error("the server took too long to answer");
+      if (error.name === "AbortError") throw new Error("the request was stopped");
+      if (error instanceof TypeError) throw new Error("the connection failed");
+      throw error;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
 
   async function loadSession() {
     if (state.loadInFlight) return; // a load is running: it resumes on the current socket
     state.loadInFlight = true; // set before any await: this is the guard
     clearTimeout(state.retryTimer);
+    state.retryPending = false;
+    const controller = new AbortController();
+    const cache = state.preloaded ? "default" : "no-store";
+    state.preloaded = false;
+    // The first load goes on the page in one piece: the page opens at the bottom, so drawing
+    // the older pages first would only cost frames nobody sees. Later loads go page by page.
+    const first = !state.loaded;
+    let fragment = document.createDocumentFragment();
     try {
-      let more = true;
-      while (more) {
-        const response = await fetch(`${state.eventsUrl}?after=${state.lastSeq}`, {
-          credentials: "same-origin",
-          headers: { Accept: "application/json" },
-        });
-        if (!response.ok) throw new Error(`the server answered ${response.status}`);
-        const body = await response.json();
-        body.events.forEach(applyEvent);
-        more = body.has_more;
-        if (!more) {
-          setRunning(body.running);
-          setSandbox(body.sandbox);
+      let body = null;
+      while (body === null || body.has_more) {
+        // Ask for every page up to the last seq the server told us about at once; the seqs
+        // have no gaps, so page k starts after lastSeq + k * PAGE_SIZE. Apply them in order.
+        const from = state.lastSeq;
+        const pages = [];
+        for (
+          let after = from;
+          pages.length === 0 || (after < state.serverLastSeq && pages.length < MAX_PARALLEL_PAGES);
+          after += PAGE_SIZE
+        ) {
+          pages.push(fetchJson(`${state.eventsUrl}?after=${after}&limit=${PAGE_SIZE}`, controller, cache));
         }
+        pages.forEach((p) => p.catch(() => {})); // awaited below, in order
+        for (const page of pages) {
+          body = await page;
+          const events = Array.isArray(body.events) ? body.events : [];
+          if (events.length && events[0].seq > state.lastSeq + 1) {
+            body = { has_more: true }; // an earlier page was short: continue from lastSeq
+            break;
+          }
+          applyPage(events, fragment);
+          if (!first) transcript.appendChild(fragment);
+        }
+        if (state.lastSeq === from && body.has_more) throw new Error("the server sent no events");
       }
+      transcript.appendChild(fragment);
+      fragment = null;
       state.loadInFlight = false;
       state.loadFailures = 0;
       loadError.hidden = true;
+      setRunning(body.running);
+      if (isObject(body.sandbox)) setSandbox(body.sandbox);
+      if (!state.loaded) requestAnimationFrame(firstLoadDone);
       send({ type: "resume", after: state.lastSeq });
     } catch (error) {
+      if (fragment) transcript.appendChild(fragment); // what was applied counts: show it
+      controller.abort(); // the other pages of this load
       // Clear the guard, or no later attempt could ever run.
       state.loadInFlight = false;
       const delay = backoff(state.loadFailures++);
-      loadError.hidden = false;
       loadError.querySelector(".load-error-text").textContent =
-        `Couldn't load this session (${error.message}). Retrying in ${Math.ceil(delay / 1000)} s.`;
+        `Couldn't load this session: ${error.message}. Retrying in ${Math.ceil(delay / 1000)} s.`;
+      loadError.hidden = false;
+      state.retryPending = true;
       state.retryTimer = setTimeout(loadSession, delay);
     }
+  }
+
+  function firstLoadDone() {
+    if (state.loaded) return;
+    state.loaded = true;
+    loadLibraries();
+    // The blocks people see first get Markdown now; the rest when scrolled near.
+    const blocks = transcript.querySelectorAll(":scope > .msg.agent");
+    for (let i = Math.max(0, blocks.length - EAGER_BLOCKS); i < blocks.length; i++) {
+      renderMessage(blocks[i], true);
+    }
+    scrollToBottom();
+    if (!state.lastSeq || document.activeElement === document.body) promptBox.focus({ preventScroll: true });
   }
 
   $("retry-now").addEventListener("click", () => {
@@ -169,277 +1208,113 @@
     loadSession();
   });
 
-  // --- the renderer (mirrors templates/craft/_block.html and craft/transcript.py) -----------
+  // --- what the page shows around the transcript ----------------------------------------------
 
-  function el(tag, className, text) {
-    const node = document.createElement(tag);
-    if (className) node.className = className;
-    if (text !== undefined) node.textContent = text;
-    return node;
+  function announce(text) {
+    announcer.textContent = "";
+    setTimeout(() => (announcer.textContent = text), 50);
   }
 
-  function seqSpan(seq, text) {
-    const span = el("span", "", text);
-    span.dataset.seq = seq;
-    return span;
-  }
-
-  function mark(block, seq) {
-    let marks = block.querySelector(":scope > .marks");
-    if (!marks) {
-      marks = el("span", "marks");
-      marks.hidden = true;
-      block.appendChild(marks);
-    }
-    const i = el("i");
-    i.dataset.seq = seq;
-    marks.appendChild(i);
-  }
-
-  function lastBlock() {
-    const blocks = transcript.querySelectorAll(":scope > [data-kind]");
-    return blocks.length ? blocks[blocks.length - 1] : null;
-  }
-
-  function textOf(data) {
-    const content = data && data.content;
-    return content && content.type === "text" ? String(content.text ?? "") : "";
-  }
-
-  function appendBlock(block) {
-    const empty = $("empty-transcript");
-    if (empty) empty.remove();
-    transcript.appendChild(block);
-    return block;
-  }
-
-  function chunk(kind, seq, text) {
-    const last = lastBlock();
-    if (last && last.dataset.kind === kind) {
-      last.querySelector(kind === "thought" ? ".body" : ".bubble").appendChild(seqSpan(seq, text));
-      return;
-    }
-    if (kind === "thought") {
-      const details = el("details", "thought");
-      details.dataset.kind = "thought";
-      details.appendChild(el("summary", "", "Thought"));
-      const body = appendChildTo(details, el("div", "body"));
-      body.appendChild(seqSpan(seq, text));
-      appendBlock(details);
-    } else {
-      const message = el("div", "msg agent");
-      message.dataset.kind = "agent";
-      appendChildTo(message, el("div", "bubble")).appendChild(seqSpan(seq, text));
-      appendBlock(message);
-    }
-  }
-
-  function appendChildTo(parent, child) {
-    parent.appendChild(child);
-    return child;
-  }
-
-  function renderToolBody(body, content) {
-    body.replaceChildren();
-    for (const item of content || []) {
-      if (item.type === "diff") {
-        const diff = appendChildTo(body, el("div", "diff"));
-        diff.appendChild(el("div", "diff-path", item.path || ""));
-        if (item.oldText) diff.appendChild(el("pre", "del", item.oldText));
-        diff.appendChild(el("pre", "add", item.newText ?? ""));
-      } else if (item.type === "content" && item.content && item.content.type === "text") {
-        body.appendChild(el("pre", "tool-text", item.content.text ?? ""));
-      }
-    }
-  }
-
-  function toolCall(seq, data) {
-    const id = String(data.toolCallId ?? "");
-    let card = [...transcript.querySelectorAll(".tool")].find((c) => c.dataset.toolCallId === id);
-    if (!card) {
-      card = el("div", "tool");
-      card.dataset.kind = "tool";
-      card.dataset.toolCallId = id;
-      const head = appendChildTo(card, el("div", "tool-head"));
-      head.appendChild(el("span", "tool-kind", "tool"));
-      head.appendChild(el("span", "tool-title", "Tool call"));
-      head.appendChild(el("span", "badge", "pending"));
-      card.appendChild(el("div", "tool-body"));
-      card.dataset.status = "pending";
-      appendBlock(card);
-    }
-    // Updates carry only the fields that changed; `content` replaces the whole list.
-    if (data.kind) card.querySelector(".tool-kind").textContent = data.kind;
-    if (data.title) card.querySelector(".tool-title").textContent = data.title;
-    if (data.status) {
-      card.dataset.status = data.status;
-      card.querySelector(".badge").textContent = data.status;
-    }
-    if (Array.isArray(data.content)) renderToolBody(card.querySelector(".tool-body"), data.content);
-    mark(card, seq);
-  }
-
-  function currentPlan() {
-    // One plan per turn: look back to the latest user message.
-    const blocks = [...transcript.querySelectorAll(":scope > [data-kind]")].reverse();
-    for (const block of blocks) {
-      if (block.dataset.kind === "plan") return block;
-      if (block.dataset.kind === "user") return null;
-    }
-    return null;
-  }
-
-  function plan(seq, data) {
-    let block = currentPlan();
-    if (!block) {
-      block = el("div", "plan");
-      block.dataset.kind = "plan";
-      block.appendChild(el("div", "plan-title", "Plan"));
-      block.appendChild(el("ul"));
-      appendBlock(block);
-    }
-    const list = block.querySelector("ul");
-    list.replaceChildren();
-    for (const entry of data.entries || []) {
-      const li = appendChildTo(list, el("li", "plan-entry"));
-      li.dataset.status = entry.status || "pending";
-      li.appendChild(el("span", "check"));
-      li.appendChild(document.createTextNode(entry.content ?? ""));
-    }
-    mark(block, seq);
-  }
-
-  function permissionRequest(seq, data) {
-    const block = el("div", "permission");
-    block.dataset.kind = "permission";
-    block.dataset.request = data.request;
-    block.dataset.answer = "";
-    const question = appendChildTo(block, el("div", "permission-q", "The agent asks to: "));
-    question.appendChild(el("strong", "", (data.toolCall && data.toolCall.title) || "run a tool"));
-    const options = appendChildTo(block, el("div", "options"));
-    for (const option of data.options || []) {
-      const button = appendChildTo(options, el("button", `option ${option.kind || ""}`, option.name));
-      button.type = "button";
-      button.dataset.option = option.optionId;
-    }
-    block.appendChild(el("div", "permission-answer"));
-    mark(block, seq);
-    appendBlock(block);
-  }
-
-  function closePermission(block, answer) {
-    block.dataset.answer = answer;
-    block.querySelectorAll("button").forEach((b) => (b.disabled = true));
-    block.querySelector(".permission-answer").textContent = `Answer: ${answer}`;
-  }
-
-  function permissionAnswer(seq, data) {
-    const block = [...transcript.querySelectorAll(".permission")].find(
-      (b) => b.dataset.request === data.request,
-    );
-    if (!block) return other(seq, "permission_answer");
-    closePermission(block, data.option || "cancelled");
-    mark(block, seq);
-  }
-
-  function simple(kind, className, seq, text) {
-    const block = el("div", className);
-    block.dataset.kind = kind;
-    block.appendChild(seqSpan(seq, text));
-    return appendBlock(block);
-  }
-
-  function other(seq, kind) {
-    simple("other", "unknown", seq, `Agent update: ${kind}`);
-  }
-
-  function applyEvent(event) {
-    const { seq, kind, data } = event;
-    if (seq <= state.lastSeq) return; // already rendered
-    switch (kind) {
-      case "user_message": {
-        const message = el("div", "msg user");
-        message.dataset.kind = "user";
-        appendChildTo(message, el("div", "bubble")).appendChild(seqSpan(seq, data.text ?? ""));
-        appendBlock(message);
-        setRunning(true);
-        if (state.pendingPrompt && state.pendingPrompt.id === data.id) {
-          state.pendingPrompt = null;
-          if (promptBox.value === data.text) promptBox.value = "";
-        }
-        break;
-      }
-      case "agent_message_chunk":
-        chunk("agent", seq, textOf(data));
-        break;
-      case "agent_thought_chunk":
-        chunk("thought", seq, textOf(data));
-        break;
-      case "tool_call":
-      case "tool_call_update":
-        toolCall(seq, data);
-        break;
-      case "plan":
-        plan(seq, data);
-        break;
-      case "permission_request":
-        permissionRequest(seq, data);
-        break;
-      case "permission_answer":
-        permissionAnswer(seq, data);
-        break;
-      case "turn_end": {
-        const reason = data.stop_reason || "";
-        const block = simple("turn_end", "turn-end", seq,
-          reason === "end_turn" ? "Done" : `Turn ended: ${reason}`);
-        block.dataset.reason = reason;
-        transcript.querySelectorAll('.permission[data-answer=""]').forEach((b) =>
-          closePermission(b, "expired"));
-        setRunning(false);
-        break;
-      }
-      case "agent_error":
-        simple("error", "agent-error", seq, data.message ?? "");
-        break;
-      default:
-        other(seq, kind);
-    }
-    state.lastSeq = seq;
-    root.dataset.lastSeq = seq;
-    stickToBottom();
-  }
-
-  let pinned = true;
-  window.addEventListener("scroll", () => {
-    pinned = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
-  });
-  function stickToBottom() {
-    if (pinned) window.scrollTo(0, document.body.scrollHeight);
-  }
-
-  // --- the composer, stop and permission buttons -------------------------------------------
-
+  let workingTimer = null;
   function setRunning(running) {
     state.running = Boolean(running);
     root.dataset.running = state.running ? "true" : "false";
     sendButton.disabled = state.running;
     stopButton.hidden = !state.running;
+    working.hidden = !state.running;
+    clearInterval(workingTimer);
+    if (state.running) {
+      const started = fold.turnStartedAt ?? Date.now();
+      const tick = () => {
+        const seconds = Math.max(0, Math.floor((Date.now() - started) / 1000));
+        workingTime.textContent = `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
+      };
+      tick();
+      workingTimer = setInterval(tick, 1000);
+    }
+    favicon.href = favicon.href.replace(/favicon(-busy)?\.svg/, state.running ? "favicon-busy.svg" : "favicon.svg");
   }
+
+  function setTitle(title) {
+    $("session-title").textContent = title;
+    document.title = `${title} · Craft`;
+    const item = document.getElementById(`session-${state.sessionId}`);
+    if (!item) return;
+    const name = item.querySelector(".session-name");
+    if (name) name.textContent = title;
+    const link = item.querySelector(".session-link");
+    if (link) link.title = title;
+    const input = item.querySelector("input[name=title]");
+    if (input && document.activeElement !== input) input.value = title;
+  }
+
+  const SANDBOX_BANNERS = {
+    provisioning: "Your sandbox is starting…",
+    terminating: "This session's sandbox is stopping. The agent can't work here any more.",
+    terminated: "This session's sandbox was stopped, so the agent can't work here any more. Start a new session to carry on.",
+    failed: "Your sandbox could not start, so the agent can't work here.",
+  };
 
   function setSandbox(sandbox) {
-    const box = $("sandbox-status");
-    if (!box || !sandbox) return;
-    box.dataset.status = sandbox.status;
-    box.querySelector(".sandbox-state").textContent = sandbox.status;
+    const status = str(sandbox.status);
+    state.sandboxStatus = status;
+    const text = SANDBOX_BANNERS[status];
+    sandboxBanner.hidden = !text;
+    sandboxBanner.dataset.status = status;
+    if (text) sandboxBanner.querySelector(".sandbox-banner-text").textContent = text;
+    sandboxBanner.querySelector(".start-again").hidden = status === "provisioning";
+    const usable = !text || status === "provisioning";
+    promptBox.disabled = !usable;
+    const empty = $("empty-transcript");
+    if (empty && !usable) empty.hidden = true;
+    if (!usable) sendButton.disabled = true;
+    else sendButton.disabled = state.running;
   }
 
-  function showFrameError(frame) {
-    if (frame.code === "not_running") return; // Stop raced with the end of the turn
-    frameError.textContent = frame.message;
+  function showFrameError(message, sticky = false) {
+    frameError.textContent = message;
     frameError.hidden = false;
     clearTimeout(showFrameError.timer);
-    showFrameError.timer = setTimeout(() => (frameError.hidden = true), 6000);
+    if (!sticky) showFrameError.timer = setTimeout(() => (frameError.hidden = true), 8000);
   }
+
+  function showFrameErrorFrame(frame) {
+    if (frame.code === "not_running") return; // Stop raced with the end of the turn
+    showFrameError(FRAME_ERRORS[frame.code] || "The server did not accept that. Try again in a moment.");
+  }
+
+  // Scrolling: follow the newest event unless the reader scrolled up.
+  let pinned = true;
+  function atBottom() {
+    return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
+  }
+  window.addEventListener("scroll", () => {
+    pinned = atBottom();
+    jumpButton.hidden = pinned;
+  }, { passive: true });
+  function scrollToBottom() {
+    window.scrollTo(0, document.documentElement.scrollHeight);
+    pinned = true;
+    jumpButton.hidden = true;
+  }
+  function stickToBottom() {
+    if (pinned) scrollToBottom();
+    else jumpButton.hidden = false;
+  }
+  jumpButton.addEventListener("click", () => {
+    scrollToBottom();
+    promptBox.focus({ preventScroll: true });
+  });
+  // Whatever makes the transcript taller while the reader is at the bottom (Markdown rendered
+  // late, off-screen blocks laid out for the first time, which content-visibility defers),
+  // keep the bottom in view.
+  if ("ResizeObserver" in window) {
+    new ResizeObserver(() => {
+      if (pinned) scrollToBottom();
+    }).observe(transcript);
+  }
+
+  // --- the composer, stop, and clicks in the transcript ----------------------------------------
 
   function newId() {
     // crypto.randomUUID needs a secure context; getRandomValues does not.
@@ -450,14 +1325,33 @@
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = promptBox.value;
-    if (!text.trim() || state.running) return;
+    if (!text.trim()) {
+      showFrameError("Type a message first.");
+      return;
+    }
+    if (state.running) {
+      showFrameError(FRAME_ERRORS.turn_running);
+      return;
+    }
     // Re-sending the same text reuses the id, so a prompt sent just before a disconnect is
     // never run twice.
     if (!state.pendingPrompt || state.pendingPrompt.text !== text) {
       state.pendingPrompt = { id: newId(), text };
     }
-    if (!send({ type: "prompt", id: state.pendingPrompt.id, text })) {
-      showFrameError({ message: "Not connected. Your message is kept; send it again in a moment." });
+    const frame = JSON.stringify({ type: "prompt", id: state.pendingPrompt.id, text });
+    const bytes = new TextEncoder().encode(frame).length;
+    if (bytes > MAX_FRAME_BYTES) {
+      state.pendingPrompt = null;
+      showFrameError(
+        `This message is too long to send (${(bytes / 1048576).toFixed(1)} MB; the limit is 1 MB). ` +
+        "It's still in the box: shorten it, or put the long part in a file in the workspace.",
+        true,
+      );
+      return;
+    }
+    frameError.hidden = true;
+    if (!sendText(frame)) {
+      showFrameError("Not connected. Your message is kept; send it again in a moment.");
     }
   });
 
@@ -468,18 +1362,49 @@
     }
   });
 
-  stopButton.addEventListener("click", () => send({ type: "cancel" }));
+  function stop() {
+    if (!state.running) return;
+    if (send({ type: "cancel" })) announce("Stopping…");
+    else showFrameError("Not connected: the agent could not be stopped yet.");
+  }
+  stopButton.addEventListener("click", stop);
+
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape" || event.defaultPrevented || !state.running) return;
+    if (event.target.closest && event.target.closest(".sidebar, details[open] > summary")) return;
+    event.preventDefault();
+    stop();
+  });
 
   transcript.addEventListener("click", (event) => {
-    const button = event.target.closest(".permission button[data-option]");
-    if (!button || button.disabled) return;
-    const block = button.closest(".permission");
-    if (send({ type: "permission", request: block.dataset.request, option: button.dataset.option })) {
-      block.querySelectorAll("button").forEach((b) => (b.disabled = true));
+    const target = event.target;
+    const option = target.closest(".permission .options button[data-option]");
+    if (option && !option.disabled) {
+      const block = option.closest(".permission");
+      if (send({ type: "permission", request: block.dataset.request, option: option.dataset.option })) {
+        block.querySelectorAll(".options button").forEach((b) => (b.disabled = true));
+        option.classList.add("chosen");
+        // The buttons are disabled now: keep the keyboard where the answer is shown.
+        const answer = meta.get(block).answer;
+        answer.textContent = "Sending your answer…";
+        answer.focus();
+      } else {
+        showFrameError("Not connected. Answer again in a moment.");
+      }
+      return;
     }
+    const toggle = target.closest(".toggle-more:not(.diff-toggle)");
+    if (toggle) return toggleCollapsible(toggle);
+    const copy = target.closest(".code-block .copy");
+    if (copy) return copyText(copy, copy.closest(".code-block").querySelector("code").textContent);
+    const more = target.closest(".show-all");
+    if (more && !more.disabled) return showAll(more);
+    const summary = target.closest(".thought > summary");
+    if (summary) meta.get(summary.parentElement).userOpened = true;
   });
 
   setRunning(state.running);
-  stickToBottom();
+  setSandbox({ status: state.sandboxStatus });
+  loadSession(); // the first load: it uses what the page preloaded, and the socket joins it
   connect();
 })();

@@ -1,7 +1,8 @@
 """A real server and a real browser: daphne in a subprocess, Debian's Chromium via Playwright.
 
-The server runs on a free loopback port against the test database, with the test hooks on
-(CRAFT_TEST_HOOKS=1) so a test can fail or slow down session loads and drop websockets.
+The server runs on a free loopback port against the test database. It serves the app behind
+`tests.browser.faults`, so that a test can fail, slow down or hang session loads and drop
+websockets from outside the product code.
 Screenshots go to the test run's output folder (CRAFT_TEST_OUTPUT, default `test-output/`).
 """
 
@@ -29,6 +30,10 @@ from ..craft.wsclient import session_cookie
 CHROMIUM = os.environ.get("CRAFT_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 OUTPUT = Path(os.environ.get("CRAFT_TEST_OUTPUT", settings.BASE_DIR / "test-output"))
+# axe-core, vendored with its license (tests/browser/vendor/axe-LICENSE.txt).
+AXE = Path(__file__).parent / "vendor" / "axe-4.14.1.min.js"
+DESKTOP = {"width": 1440, "height": 900}
+PHONE = {"width": 390, "height": 844}
 
 
 def pytest_collection_modifyitems(items):
@@ -43,6 +48,37 @@ def screenshot_path(name: str) -> Path:
     return folder / name
 
 
+async def snap(page, name: str) -> None:
+    """Screenshot the page as it is now, on a laptop (1440 by 900) and on a phone (390 by 844)."""
+    size = page.viewport_size
+    for suffix, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
+        await page.set_viewport_size(viewport)
+        await page.screenshot(path=screenshot_path(f"{name}-{suffix}.png"))
+    await page.set_viewport_size(size)
+
+
+async def axe_violations(page, impacts=("serious", "critical")) -> list[dict]:
+    """Run axe-core on the page; return its violations of the given impacts (WCAG 2.x A/AA)."""
+    if not await page.evaluate("typeof window.axe !== 'undefined'"):
+        await page.add_script_tag(path=str(AXE))
+    results = await page.evaluate(
+        """async () => {
+            const r = await axe.run(document, {runOnly: {type: "tag", values:
+                ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]}});
+            return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+                nodes: v.nodes.slice(0, 5).map(
+                    n => n.target.join(" ") + " :: " + n.failureSummary)}));
+        }"""
+    )
+    return [v for v in results if v["impact"] in impacts]
+
+
+async def assert_accessible(page, what: str) -> None:
+    """Fail with axe's findings if the page has serious or critical violations."""
+    violations = await axe_violations(page)
+    assert violations == [], f"{what}: " + json.dumps(violations, indent=1)
+
+
 class LiveServer:
     def __init__(self, url: str, process: subprocess.Popen, log: Path) -> None:
         self.url = url
@@ -50,19 +86,20 @@ class LiveServer:
         self.log = log
 
     def hook(self, path: str, **fields: object) -> dict:
-        """POST to a test hook and return its JSON answer."""
+        """POST to the fault injector (tests/browser/faults.py) and return its JSON answer."""
         data = "&".join(f"{k}={v}" for k, v in fields.items()).encode()
-        with urllib.request.urlopen(f"{self.url}/test-hooks/{path}", data=data, timeout=10) as r:
+        with urllib.request.urlopen(f"{self.url}/_faults/{path}", data=data, timeout=10) as r:
             return json.load(r)
 
     def loads(self, session_id: object) -> int:
-        with urllib.request.urlopen(f"{self.url}/test-hooks/loads/", timeout=10) as r:
+        with urllib.request.urlopen(f"{self.url}/_faults/loads/", timeout=10) as r:
             return json.load(r)["loads"].get(str(session_id), 0)
 
 
 @contextlib.contextmanager
 def serve(extra_env: dict[str, str], sandboxes: Path):
-    """Serve the app with daphne, as `make run` does, against the test database."""
+    """Serve the app with daphne, as `make run` does (behind the fault injector), against the
+    test database."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     port = free_port()
@@ -71,7 +108,6 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "CRAFT_TEST_HOOKS": "1",
         "CRAFT_SANDBOX_ROOT": str(sandboxes),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         **extra_env,
@@ -80,8 +116,10 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
     log = OUTPUT / f"daphne-{port}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "craft.asgi:application"],
+            [sys.executable, "-m", "daphne", "--websocket-max-message-size", "4194304",
+                 "--websocket-max-frame-size", "4194304",
+                 "-b", "127.0.0.1", "-p", str(port),
+             "tests.browser.faults:application"],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -129,13 +167,26 @@ async def browser():
         await browser.close()
 
 
+async def signed_in_page(browser, server, user):
+    cookie = (await db_sync_to_async(session_cookie)(user)).split("=", 1)[1]
+    context = await browser.new_context(viewport={"width": 1280, "height": 860})
+    await context.add_cookies([{"name": "sessionid", "value": cookie, "url": server.url}])
+    page = await context.new_page()
+    page.set_default_timeout(15000)
+    return page
+
+
 @pytest_asyncio.fixture
 async def page(browser, craft_server, owner):
     """A browser page signed in as the owner."""
-    cookie = (await db_sync_to_async(session_cookie)(owner)).split("=", 1)[1]
-    context = await browser.new_context(viewport={"width": 1280, "height": 860})
-    await context.add_cookies([{"name": "sessionid", "value": cookie, "url": craft_server.url}])
-    page = await context.new_page()
-    page.set_default_timeout(15000)
+    page = await signed_in_page(browser, craft_server, owner)
     yield page
-    await context.close()
+    await page.context.close()
+
+
+@pytest_asyncio.fixture
+async def staff_page(browser, craft_server, staff):
+    """A browser page signed in as a staff member."""
+    page = await signed_in_page(browser, craft_server, staff)
+    yield page
+    await page.context.close()

@@ -15,7 +15,7 @@ from craft.db import db_sync_to_async
 from craft.models import Session
 from tests.kubeapi import KubeTestServer
 
-from .conftest import screenshot_path, serve
+from .conftest import serve, snap
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -55,17 +55,17 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     status = page.locator("#sandbox-status")
     await expect(status).to_have_attribute("data-status", "provisioning")
     await expect(status.locator(".sandbox-detail")).to_contain_text("pod Pending")
-    await page.screenshot(path=screenshot_path("kubernetes-provisioning.png"))
+    await snap(page, "kubernetes-provisioning")
     await expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=20000)
     await expect(status).to_have_attribute("data-status", "running")
 
     await page.fill("#prompt", "write from-browser.txt hello pod")
     await page.press("#prompt", "Enter")
     await page.locator("#transcript .permission").get_by_role("button", name="Allow").click()
-    await expect(page.locator("#transcript .turn-end")).to_have_text("Done")
+    await expect(page.locator("#transcript .turn-end .label")).to_have_text("Done")
     await page.fill("#prompt", "pid")
     await page.press("#prompt", "Enter")
-    await expect(page.locator("#transcript .turn-end")).to_have_count(2)
+    await expect(page.locator("#transcript .turn-end .label")).to_have_count(2)
 
     session = await db_sync_to_async(Session.objects.get)(owner=owner)
     pod = f"craft-sandbox-{session.sandbox_id}"
@@ -74,4 +74,4 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     agents = [e for e in kube_server.execs if "sandboxes.demo_agent" in e.argv]
     assert len(agents) == 1
     await expect(page.locator("#transcript .msg.agent").last).to_have_text(f"pid {agents[0].pid}")
-    await page.screenshot(path=screenshot_path("kubernetes-chat.png"))
+    await snap(page, "kubernetes-chat")

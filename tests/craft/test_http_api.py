@@ -58,8 +58,16 @@ def test_a_session_is_created_listed_renamed_and_deleted(api, owner):
     renamed = send(api, "patch", f"/api/sessions/{session_id}/", {"title": "Renamed"})
     assert renamed.json()["title"] == "Renamed"
     assert renamed.json()["sandbox"]["status"] == "running"
+    assert renamed.json()["last_seq"] == 1
+    events = api.get(f"/api/sessions/{session_id}/events/").json()["events"]
+    assert [(e["kind"], e["data"]) for e in events] == [
+        ("session_title", {"title": "Renamed", "source": "user"})
+    ]
+    again = send(api, "patch", f"/api/sessions/{session_id}/", {"title": "Renamed"})
+    assert again.json()["last_seq"] == 1  # an unchanged title stores nothing
     blank = send(api, "patch", f"/api/sessions/{session_id}/", {"title": " "})
     assert blank.status_code == 400
+    assert "blank" in blank.json()["error"]["message"]
 
     workspace = Path(Sandbox.objects.get(owner=owner).reference) / "sessions" / session_id
     assert workspace.is_dir()
@@ -92,10 +100,30 @@ def test_events_are_paged_after_a_seq(api, owner):
     assert bad.status_code == 400
 
 
+def test_one_event_is_served_in_full(api, owner):
+    session = open_session(owner)
+    big = "x" * 3_000_000
+    events = [
+        ("user_message", {"id": "a", "text": "hi"}),
+        ("tool_call_update", {"toolCallId": "c", "content": big}),
+    ]
+    append_events(session.pk, events)
+    body = api.get(f"/api/sessions/{session.pk}/events/2/").json()
+    assert body["seq"] == 2
+    assert body["kind"] == "tool_call_update"
+    assert body["data"] == {"toolCallId": "c", "content": big}
+    assert body["created_at"]
+    missing = api.get(f"/api/sessions/{session.pk}/events/3/")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+
+
 def test_someone_elses_session_is_404(api, stranger):
     theirs = open_session(stranger)
+    append_events(theirs.pk, [("user_message", {"id": "a", "text": "private"})])
     assert api.get(f"/api/sessions/{theirs.pk}/").status_code == 404
     assert api.get(f"/api/sessions/{theirs.pk}/events/").status_code == 404
+    assert api.get(f"/api/sessions/{theirs.pk}/events/1/").status_code == 404
     assert send(api, "delete", f"/api/sessions/{theirs.pk}/").status_code == 404
     assert Session.objects.filter(pk=theirs.pk).exists()
 

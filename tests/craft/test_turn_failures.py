@@ -8,6 +8,9 @@ until a cancel has arrived.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 
 import pytest
@@ -178,4 +181,43 @@ async def test_a_cancel_just_before_the_turn_ends_leaves_one_turn_end(session, c
     log = await log_of(session)
     assert len([1 for _, kind, _ in log if kind == "turn_end"]) == 5
     assert await running_turns(session) == 0
+    await comm.disconnect()
+
+
+async def test_a_hung_agent_s_turn_ends_by_the_idle_timeout_and_the_next_prompt_works(
+    session, cookie, settings
+):
+    settings.CRAFT_TURN_IDLE_SECONDS = 1
+    settings.CRAFT_CANCEL_GRACE_SECONDS = 0.5
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    pid = int((await agent_pid(comm, "h0")).split()[1])
+    await comm.send_json_to({"type": "prompt", "id": "h1", "text": "slow 100 0.05"})
+    await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    os.kill(pid, signal.SIGSTOP)  # the agent hangs mid-turn
+    try:
+        frames = await receive_until(comm, is_turn_end, timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # (it is gone by now unless the test failed)
+    assert frames[-2]["kind"] == "agent_error"
+    assert frames[-2]["data"]["message"] == (
+        "The agent sent nothing for 1 seconds, so Craft stopped it."
+    )
+    assert frames[-1]["data"] == {"stop_reason": "interrupted"}
+    assert await agent_pid(comm, "h2") != f"pid {pid}"
+    await comm.disconnect()
+
+
+async def test_waiting_for_a_permission_answer_is_not_silence(session, cookie, settings):
+    settings.CRAFT_TURN_IDLE_SECONDS = 0.5
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "w1", "text": "write a.txt one"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "permission_request")
+    await asyncio.sleep(1.5)
+    request = frames[-1]["data"]["request"]
+    await comm.send_json_to({"type": "permission", "request": request, "option": "allow"})
+    frames = await receive_until(comm, is_turn_end)
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
     await comm.disconnect()

@@ -360,3 +360,23 @@ async def test_updates_after_the_prompt_response_are_stored_too(session, cookie,
     assert texts == ["user_message", "on time", "turn_end", "late 1", "late 2"]
     assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5]
     await comm.disconnect()
+
+
+async def test_deleting_the_session_closes_its_open_sockets_with_4404(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await db_sync_to_async(services.delete_session)(session)
+    error = await next_error(comm)
+    assert error["code"] == "session_deleted"
+    assert (await comm.receive_output(timeout=5))["code"] == 4404
+
+
+async def test_a_prompt_on_a_deleted_session_is_answered_and_the_socket_closed(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    # Deleted behind the socket's back: no notice reaches it.
+    await db_sync_to_async(lambda: type(session).objects.filter(pk=session.pk).delete())()
+    await comm.send_json_to({"type": "prompt", "id": "late", "text": "anyone there?"})
+    error = await next_error(comm)
+    assert error["code"] == "session_deleted"
+    assert (await comm.receive_output(timeout=5))["code"] == 4404

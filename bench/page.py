@@ -1,0 +1,270 @@
+"""Measure how long the chat page takes to render a session of N stored events in Chromium.
+
+It uses the benchmarks' throwaway site (bench/harness.py), stores N events in one session (a
+realistic mix: user messages, agent text and thoughts streamed in chunks, plans, tool calls with
+their updates, diffs and output, permission requests and answers, turn ends), serves the app
+with daphne, and opens the session page in headless Chromium (Debian's, through Playwright) with a
+cold cache for every run. A run's time is from navigation start until the element of the last
+event is in the page; it also reports the time to first byte of the page, when the history
+requests ran, and when the frame showing the result was ready (styled, laid out, scrolled to
+the bottom).
+
+    .venv/bin/python -m bench.page [--events 5000] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import uuid
+from typing import Any
+
+from .harness import Figure, Site, median
+
+CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+# Set before any page script runs: note the moment the last event's mark enters the page.
+WATCH_SCRIPT = """
+(() => {
+  const selector = '#transcript [data-seq="%d"]';
+  const observer = new MutationObserver(() => {
+    if (document.querySelector(selector)) {
+      window.__benchRendered = performance.now();
+      observer.disconnect();
+      // The frame that shows it: styled, laid out and scrolled to the bottom.
+      requestAnimationFrame(() => setTimeout(() => (window.__benchPainted = performance.now())));
+    }
+  });
+  observer.observe(document, { childList: true, subtree: true });
+})();
+"""
+
+READ_TIMINGS = """
+() => {
+  const nav = performance.getEntriesByType("navigation")[0];
+  const loads = performance.getEntriesByType("resource")
+    .filter((e) => e.name.includes("/events/?"));
+  return {
+    rendered: window.__benchRendered,
+    painted: window.__benchPainted,
+    ttfb: nav.responseStart,
+    dom_content_loaded: nav.domContentLoadedEventEnd,
+    history_start: loads.length ? Math.min(...loads.map((e) => e.startTime)) : null,
+    history_end: loads.length ? Math.max(...loads.map((e) => e.responseEnd)) : null,
+    history_requests: loads.length,
+  };
+}
+"""
+
+
+# --- the session's events --------------------------------------------------------------------
+
+PROSE = (
+    "the build fails because the test runner cannot find the fixture so I will look at how "
+    "conftest loads it and then change the path before running the suite again"
+)
+WORDS = PROSE.split(" ")
+
+CODE = "```python\ndef add(a: int, b: int) -> int:\n    return a + b\n\n\nprint(add(2, 3))\n```\n"
+
+
+def _chunks(text: str, size: int = 6) -> list[str]:
+    words = text.split(" ")
+    return [" ".join(words[i : i + size]) + " " for i in range(0, len(words), size)]
+
+
+def _say(kind: str, text: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (kind, {"sessionUpdate": kind, "content": {"type": "text", "text": chunk}})
+        for chunk in _chunks(text)
+    ]
+
+
+def _plan(done: int) -> tuple[str, dict[str, Any]]:
+    steps = ["Read the failing test", "Fix the fixture path", "Run the suite", "Report back"]
+    entries = [
+        {
+            "content": step,
+            "priority": "medium",
+            "status": "completed" if i < done else "in_progress" if i == done else "pending",
+        }
+        for i, step in enumerate(steps)
+    ]
+    return ("plan", {"sessionUpdate": "plan", "entries": entries})
+
+
+def _tool(n: int, workspace: str, with_permission: bool) -> list[tuple[str, dict[str, Any]]]:
+    call_id = f"call-{n}"
+    path = f"{workspace}/src/module_{n}.py"
+    if n % 3 == 0:
+        title, kind = f"Run pytest tests/test_{n}.py", "execute"
+        content = [
+            {
+                "type": "content",
+                "content": {
+                    "type": "text",
+                    "text": "".join(
+                        f"tests/test_{n}.py::test_case_{i} PASSED\n" for i in range(30)
+                    ),
+                },
+            }
+        ]
+    elif n % 3 == 1:
+        title, kind = f"Edit src/module_{n}.py", "edit"
+        old = "".join(f"line {i} of the module\n" for i in range(20))
+        content = [
+            {
+                "type": "diff",
+                "path": path,
+                "oldText": old,
+                "newText": old.replace("line 7 of", "changed line 7 of"),
+            }
+        ]
+    else:
+        title, kind = f"Read src/module_{n}.py", "read"
+        content = [
+            {
+                "type": "content",
+                "content": {
+                    "type": "text",
+                    "text": "".join(f"def function_{i}():\n    pass\n" for i in range(15)),
+                },
+            }
+        ]
+    call = {
+        "toolCallId": call_id,
+        "title": title,
+        "kind": kind,
+        "status": "pending",
+        "locations": [{"path": path}],
+        "rawInput": {"path": path},
+    }
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("tool_call", {"sessionUpdate": "tool_call", **call})
+    ]
+    if with_permission:
+        options = [
+            {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+            {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+        ]
+        request = f"req-{n}"
+        events.append(
+            (
+                "permission_request",
+                {"request": request, "toolCall": {**call, "content": content}, "options": options},
+            )
+        )
+        events.append(("permission_answer", {"request": request, "option": "allow"}))
+    update = {"sessionUpdate": "tool_call_update", "toolCallId": call_id}
+    events.append(("tool_call_update", {**update, "status": "in_progress"}))
+    events.append(("tool_call_update", {**update, "status": "completed", "content": content}))
+    return events
+
+
+def session_events(count: int, workspace: str) -> list[tuple[str, dict[str, Any]]]:
+    """Return `count` events of a plausible session: turns of about a hundred events each."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    turn = 0
+    tools = 0
+    while len(events) < count:
+        turn += 1
+        prose = " ".join(WORDS[(turn + i) % len(WORDS)] for i in range(120))
+        events.append(
+            ("user_message", {"id": f"prompt-{turn}", "text": f"Step {turn}: {prose[:90]}"})
+        )
+        events += _say("agent_thought_chunk", prose[:300])
+        events.append(_plan(0))
+        events += _say("agent_message_chunk", f"**Plan for step {turn}.** {prose}\n\n")
+        for step in range(3):
+            tools += 1
+            events += _tool(tools, workspace, with_permission=step == 1)
+            events.append(_plan(step + 1))
+        reply = f"Done with step {turn}:\n\n- `src/module_{tools}.py` changed\n- {prose[:200]}\n\n"
+        events += _say("agent_message_chunk", reply + (CODE if turn % 2 else ""))
+        events.append(("turn_end", {"stop_reason": "end_turn"}))
+    events = events[:count]
+    events[-1] = ("turn_end", {"stop_reason": "end_turn"})
+    return events
+
+
+def store(site: Site, events: int) -> tuple[str, str]:
+    """Create a user with one session holding `events` events; return (cookie, session id)."""
+    from craft.eventlog import append_events
+    from craft.models import Session
+    from craft.views import session_workspace
+
+    user, cookie = site.user(f"page-{uuid.uuid4().hex[:6]}")
+    session = Session.objects.get(pk=site.session(user, "A long session"))
+    stored = session_events(events, session_workspace(session))
+    for start in range(0, len(stored), 500):
+        append_events(session.pk, stored[start : start + 500])
+    return cookie.split("=", 1)[1], str(session.pk)
+
+
+async def _time_runs(url: str, cookie: str, session_id: str, events: int, runs: int) -> list[dict]:
+    from playwright.async_api import async_playwright
+
+    results = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            for run in range(runs + 1):  # the first run warms the server up and is not counted
+                context = await browser.new_context(viewport={"width": 1440, "height": 900})
+                await context.add_cookies([{"name": "sessionid", "value": cookie, "url": url}])
+                await context.add_init_script(WATCH_SCRIPT % events)
+                page = await context.new_page()
+                await page.goto(f"{url}/sessions/{session_id}/")
+                await page.wait_for_function("window.__benchPainted !== undefined", timeout=60000)
+                timings = await page.evaluate(READ_TIMINGS)
+                await context.close()
+                if run:
+                    results.append(timings)
+        finally:
+            await browser.close()
+    return results
+
+
+TARGET_MS = 400.0
+
+
+async def run(site: Site, runs: int = 5, events: int = 5000) -> list[Figure]:
+    cookie, session_id = store(site, events)
+    with site.serve() as server:
+        timings = await _time_runs(server.url, cookie, session_id, events, runs)
+    rendered = [t["rendered"] for t in timings]
+    ms = median(rendered)
+    return [
+        Figure(
+            f"session page, {events:,} events, rendered in Chromium",
+            ms,
+            "ms",
+            f"<= {TARGET_MS:g} ms",
+            ms <= TARGET_MS if events == 5000 else None,
+            f"TTFB {median([t['ttfb'] for t in timings]):.0f} ms, best {min(rendered):.0f} ms, "
+            f"worst {max(rendered):.0f} ms, history requests "
+            f"{timings[-1]['history_requests']}",
+        )
+    ]
+
+
+def main(argv: Any = None) -> None:
+    from .__main__ import print_table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    site = Site()
+    try:
+        site.setup_django()
+        print_table(site.database, asyncio.run(run(site, args.runs, args.events)))
+    finally:
+        site.close()
+
+
+if __name__ == "__main__":
+    main()

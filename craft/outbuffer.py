@@ -1,0 +1,20 @@
+"""How many bytes a websocket has queued for its client but not sent yet (under daphne).
+
+ASGI gives an application no way to notice a client that does not read: `send` never blocks,
+and what the client does not take piles up in the server. Under daphne, a consumer's `send`
+is `functools.partial(Server.handle_reply, protocol)`, and the protocol's Twisted transport
+holds what the kernel has not taken yet; `unsent_bytes` reads that. Anywhere else (Channels'
+test communicator, another server) it answers None and nothing is limited.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def unsent_bytes(send: Any) -> int | None:
+    protocol = next(iter(getattr(send, "args", ())), None)
+    transport = getattr(protocol, "transport", None)
+    if transport is None or not hasattr(transport, "_tempDataLen"):
+        return None
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen

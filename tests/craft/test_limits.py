@@ -1,0 +1,156 @@
+"""Limits with clear errors, and memory that stays bounded whatever an agent sends."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import websocket
+
+from craft import services
+from craft.db import db_sync_to_async
+from craft.models import Event, Session
+from sandboxes.demo_agent import big_text
+
+from ..server import Daphne, Socket
+from .test_http_api import api, send  # noqa: F401 (a fixture)
+from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def vm_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+def test_a_person_has_at_most_the_configured_number_of_sessions(api, owner, settings):  # noqa: F811
+    settings.CRAFT_MAX_SESSIONS_PER_USER = 2
+    assert [send(api, "post", "/api/sessions/", {}).status_code for _ in range(2)] == [201, 201]
+    refused = send(api, "post", "/api/sessions/", {})
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "too_many_sessions"
+    assert Session.objects.filter(owner=owner).count() == 2
+
+
+@pytest.mark.asyncio
+async def test_a_message_over_the_limit_is_skipped_and_recorded_and_the_turn_goes_on(
+    owner, settings
+):
+    settings.CRAFT_MAX_MESSAGE_BYTES = 1024 * 1024
+    session = await db_sync_to_async(services.open_session)(owner, "big")
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "b1", "text": "big 3"})
+    frames = await receive_until(comm, is_turn_end, timeout=30)
+    (skipped,) = [f["data"] for f in frames if f.get("kind") == "message_too_large"]
+    assert skipped["limit"] == 1024 * 1024 and skipped["bytes"] > 3 * 1024 * 1024
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    # Under the limit, a long message arrives whole, split into frames that fit.
+    await comm.send_json_to({"type": "prompt", "id": "b2", "text": "big 0.9"})
+    frames = await receive_until(comm, is_turn_end, timeout=30)
+    texts = [f["data"]["content"]["text"] for f in frames if f.get("kind") == "agent_message_chunk"]
+    assert len(texts) > 1 and "".join(texts) == big_text(0.9)
+    await comm.disconnect()
+
+
+def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_limit(
+    tmp_path, owner
+):
+    session = services.open_session(owner, "huge")
+    limit = 16 * 1024 * 1024
+    server = Daphne(tmp_path, CRAFT_MAX_MESSAGE_BYTES=str(limit)).start()
+    try:
+        sock = Socket(server, owner, session.pk)
+        sock.send({"type": "resume", "after": 0})
+        sock.send({"type": "prompt", "id": "warm", "text": "hello"})
+        sock.until(lambda f: f.get("kind") == "turn_end")
+        before = vm_kib(server.process.pid, "VmRSS")
+        sock.send({"type": "prompt", "id": "huge", "text": "big 100"})
+        frames = sock.until(lambda f: f.get("kind") == "turn_end")
+        peak = vm_kib(server.process.pid, "VmHWM")
+        sock.close()
+    finally:
+        server.signal(signal.SIGTERM)
+        server.wait(30)
+    assert [f["kind"] for f in frames if f.get("type") == "event"][-2:] == [
+        "message_too_large",
+        "turn_end",
+    ]
+    grown = (peak - before) * 1024
+    assert grown < 4 * limit, f"the server grew by {grown / 2**20:.0f} MiB"
+    stored = Event.objects.filter(session=session, kind="message_too_large").get()
+    assert json.loads(json.dumps(stored.data))["bytes"] > 100 * 2**20
+
+
+def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_path, owner):
+    from craft.eventlog import append_events
+
+    session = services.open_session(owner, "slow readers")
+    line = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x" * 1000}}
+    for _ in range(20):
+        append_events(session.pk, [("agent_message_chunk", line)] * 1000)
+    limit = 1024 * 1024  # without it, these five sockets grew daphne by 177 MiB
+    server = Daphne(
+        tmp_path, CRAFT_SOCKET_BUFFER_BYTES=str(limit), CRAFT_SOCKET_STALL_SECONDS="2"
+    ).start()
+    try:
+        before = vm_kib(server.process.pid, "VmRSS")
+        readers = [Socket(server, owner, session.pk) for _ in range(5)]
+        for sock in readers:
+            sock.send({"type": "resume", "after": 0})  # 20 MB each, and nobody reads
+        time.sleep(4)
+        grown = (vm_kib(server.process.pid, "VmRSS") - before) * 1024
+        closed = [closed_by_server(sock.ws) for sock in readers]
+        # A client that reads resumes from where it was and gets every event.
+        sock = Socket(server, owner, session.pk)
+        sock.send({"type": "resume", "after": 0})
+        seqs = [f["seq"] for f in sock.until(lambda f: f.get("seq") == 20_000)]
+        sock.close()
+    finally:
+        server.signal(signal.SIGTERM)
+        server.wait(30)
+    assert grown < 64 * 2**20, f"daphne grew by {grown / 2**20:.0f} MiB for 5 slow readers"
+    assert closed == [True] * 5
+    assert seqs == list(range(1, 20_001))
+
+
+def closed_by_server(ws) -> bool:
+    """Read what is there; True once the server closed the connection (4408, or a reset: a
+    client that does not read does not answer the close either, so the server drops it)."""
+    ws.settimeout(15)
+    try:
+        while True:
+            opcode, frame = ws.recv_data_frame(control_frame=True)
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                return int.from_bytes(frame.data[:2], "big") == 4408
+    except (ConnectionResetError, websocket.WebSocketConnectionClosedException):
+        return True
+    except websocket.WebSocketTimeoutException:
+        return False
+    finally:
+        ws.shutdown()
+
+
+def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, owner):
+    session = services.open_session(owner, "paste")
+    server = Daphne(tmp_path).start()
+    try:
+        sock = Socket(server, owner, session.pk)
+        sock.send({"type": "prompt", "id": "paste", "text": "a" * (2 * 1024 * 1024)})
+        error = sock.frame()
+        sock.send({"type": "resume", "after": 0})
+        sock.send({"type": "cancel"})
+        after = sock.frame()
+        sock.close()
+    finally:
+        server.signal(signal.SIGTERM)
+        server.wait(30)
+    assert error["type"] == "error" and error["code"] == "prompt_too_long"
+    assert after == {"type": "error", "code": "not_running", "message": "no turn is running"}
+    assert not Event.objects.filter(session=session).exists()
