@@ -180,7 +180,9 @@ class ExecProcess:
             ws = WebSocket(sslopt=_ssl_options(configuration, ws_url), skip_utf8_validation=False)
             opened.append(ws)
             options = _connect_options(configuration, url, headers or {})
-            ws.connect(ws_url, timeout=timeout, **options)
+            # A socket timeout a little past the deadline: the deadline below always comes
+            # first, and the socket timeout only ends a connect that shutdown cannot reach.
+            ws.connect(ws_url, timeout=timeout + 1, **options)
             return ws
 
         def connect() -> None:
@@ -220,7 +222,9 @@ class ExecProcess:
                 return result.result()  # it made it after all
             for ws in opened:
                 _shut_down(ws)
-            helper.join(1.0)
+            helper.join(2.0)
+            raise SandboxError(f"exec in pod {pod}: no handshake within {timeout:g} s") from None
+        except (TimeoutError, WebSocketTimeoutException):
             raise SandboxError(f"exec in pod {pod}: no handshake within {timeout:g} s") from None
         except Exception as exc:
             raise SandboxError(exec_failure(pod, exc)) from exc
