@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from .acp import AgentConnection, AgentError
 from .backends import Health, SandboxError, get_backend
-from .connections import agent_connections
+from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
 
 logger = logging.getLogger(__name__)
@@ -308,6 +308,8 @@ def agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
         return agent_connections.get_or_start(
             sandbox.pk, session_id, lambda: start_agent_connection(sandbox, session_id)
         )
+    except TooManyAgents:
+        raise  # the server is full, the sandbox is fine
     except (SandboxError, AgentError) as exc:
         # Outside the cache's lock: marking the sandbox gone stops its connections.
         gone = _found_gone(sandbox, "found when starting an agent")
