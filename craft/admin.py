@@ -1,11 +1,21 @@
-"""Sessions and their events in the admin; events are the record, so they are read-only."""
+"""Sessions and their events in the admin; events are the record, so they are read-only.
+
+The sandbox inventory (`sandboxes.admin`) is extended here with what only this app knows:
+each sandbox's sessions, its running turns, and its sessions' last activity (for idle time).
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib import admin
+from django.db.models import Count, Max, Q, QuerySet
 from django.http import HttpRequest
 
-from .models import Event, Session
+from sandboxes.admin import SandboxAdmin
+from sandboxes.models import Sandbox
+
+from .models import Event, Session, Turn
 
 
 class EventInline(admin.TabularInline):
@@ -32,3 +42,55 @@ class SessionAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+class SessionInline(admin.TabularInline):
+    # The inventory shows a sandbox's sessions; editing them belongs to the session admin.
+    model = Session
+    fields = ("title", "owner", "created_at", "updated_at", "last_seq")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class SandboxWithSessionsAdmin(SandboxAdmin):
+    """The sandbox inventory, with sessions, running turns and session activity."""
+
+    list_display = [
+        *SandboxAdmin.list_display[:5],
+        "session_count",
+        "running_turns",
+        *SandboxAdmin.list_display[5:],
+    ]
+    inlines = [*SandboxAdmin.inlines, SessionInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Sandbox]:
+        running = Q(sessions__turns__state=Turn.State.RUNNING)
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _session_count=Count("sessions", distinct=True),
+                _running_turns=Count("sessions__turns", filter=running, distinct=True),
+                _session_activity=Max("sessions__updated_at"),
+            )
+        )
+
+    def session_activity(self, sandbox: Sandbox) -> datetime | None:
+        return getattr(sandbox, "_session_activity", None)
+
+    @admin.display(description="sessions", ordering="_session_count")
+    def session_count(self, sandbox: Sandbox) -> int:
+        return sandbox._session_count  # type: ignore[attr-defined]
+
+    @admin.display(description="running turns", ordering="_running_turns")
+    def running_turns(self, sandbox: Sandbox) -> int:
+        return sandbox._running_turns  # type: ignore[attr-defined]
+
+
+admin.site.unregister(Sandbox)
+admin.site.register(Sandbox, SandboxWithSessionsAdmin)

@@ -6,7 +6,8 @@ all of it:
 * **Start**: register this worker and close the turns of workers that are gone (after a crash
   or SIGKILL, the restarted server closes its predecessor's turns at once, without waiting
   for anyone to prompt). Then housekeeping runs every few seconds: a heartbeat, and closing the
-  turns of workers that stopped answering.
+  turns of workers that stopped answering. The sandbox reaper runs beside it, on a thread of
+  its own (`sandboxes.reaper`: idle agents, stuck, idle, orphan and vanished sandboxes).
 * **SIGTERM / SIGINT**: refuse new turns; give running turns `CRAFT_SHUTDOWN_GRACE_SECONDS` to
   finish; cancel the others and record them as interrupted; stop every agent actively (its
   process group is killed, or its exec closed: an agent need not exit when its input ends);
@@ -23,12 +24,14 @@ from typing import Any
 from django.conf import settings
 
 from sandboxes import services as sandbox_services
+from sandboxes.reaper import periodic_reaper
 
 from . import workers
 from .db import readers
 from .eventlog import writer
 from .ownership import listener, ownership
 from .runner import SHUTTING_DOWN, runners
+from .session_activity import session_activity
 from .turns import close_turns_of_gone_workers
 
 logger = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ class Lifecycle:
         self.starting: asyncio.Future[None] | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._leases: asyncio.Task[None] | None = None
+        self._reaping: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         closed = await readers.run(start_worker)
@@ -64,6 +68,7 @@ class Lifecycle:
         loop = asyncio.get_running_loop()
         self._housekeeping = loop.create_task(self._keep_house())
         self._leases = loop.create_task(self._keep_leases())
+        self._reaping = loop.create_task(periodic_reaper.run(session_activity))
 
     async def _keep_house(self) -> None:
         while True:
@@ -86,7 +91,7 @@ class Lifecycle:
     async def shutdown(self) -> None:
         """Stop this worker cleanly; see the module docstring."""
         runners.closing = True
-        for task in (self._housekeeping, self._leases):
+        for task in (self._housekeeping, self._leases, self._reaping):
             if task is not None:
                 task.cancel()
         grace = settings.CRAFT_SHUTDOWN_GRACE_SECONDS

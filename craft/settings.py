@@ -368,3 +368,36 @@ CRAFT_K8S_EGRESS_BLOCKED = env_list(
         "::1/128",
     ],
 )
+
+# Reaping (see docs/reliability.md). Each server process stops its own idle agents every few
+# seconds and runs a sandbox pass every CRAFT_REAPER_INTERVAL_SECONDS; `manage.py reap` runs
+# the sandbox pass from outside.
+# An agent connection without a running turn, unused this long, is stopped (0: never).
+CRAFT_AGENT_IDLE_SECONDS = env_float("CRAFT_AGENT_IDLE_SECONDS", 900.0)
+# A sandbox without session activity, running turn or live agent this long is terminated
+# (0: never).
+CRAFT_SANDBOX_IDLE_SECONDS = env_float("CRAFT_SANDBOX_IDLE_SECONDS", 0.0)
+# A sandbox provisioning (or terminating) for longer is stuck: its server died or hung.
+CRAFT_SANDBOX_PROVISIONING_TIMEOUT = env_float(
+    "CRAFT_SANDBOX_PROVISIONING_TIMEOUT", 300.0, minimum=5.0
+)
+CRAFT_SANDBOX_TERMINATING_TIMEOUT = env_float(
+    "CRAFT_SANDBOX_TERMINATING_TIMEOUT", 120.0, minimum=5.0
+)
+CRAFT_REAPER_INTERVAL_SECONDS = env_float("CRAFT_REAPER_INTERVAL_SECONDS", 60.0, minimum=1.0)
+if 0 < CRAFT_SANDBOX_IDLE_SECONDS < 2 * CRAFT_REAPER_INTERVAL_SECONDS:
+    # A live agent is marked on its sandbox once per reaper interval: a shorter idle time
+    # could terminate a sandbox whose agent another process still holds.
+    raise ImproperlyConfigured(
+        "CRAFT_SANDBOX_IDLE_SECONDS must be 0 (never) or at least twice "
+        f"CRAFT_REAPER_INTERVAL_SECONDS ({2 * CRAFT_REAPER_INTERVAL_SECONDS:g}), "
+        f"got {CRAFT_SANDBOX_IDLE_SECONDS:g}"
+    )
+if CRAFT_SANDBOX_PROVISIONING_TIMEOUT <= CRAFT_K8S_READY_TIMEOUT:
+    raise ImproperlyConfigured(
+        "CRAFT_SANDBOX_PROVISIONING_TIMEOUT must be longer than CRAFT_K8S_READY_TIMEOUT "
+        f"({CRAFT_K8S_READY_TIMEOUT:g}), or pods still starting would be taken as stuck"
+    )
+
+# The most agent connections one server process keeps (each is a process or an exec).
+CRAFT_MAX_AGENT_CONNECTIONS = env_int("CRAFT_MAX_AGENT_CONNECTIONS", 200, minimum=1)

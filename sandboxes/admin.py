@@ -1,44 +1,38 @@
-"""The sandbox inventory for staff: who has what, in which state, with how many agents."""
+"""The sandbox inventory for staff: who has what, in which state, idle how long, and what the
+reaper did. The `craft` app extends it with the sandboxes' sessions and running turns."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib import admin, messages
-from django.db.models import Count, QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
-
-from craft.models import Session
 
 from . import services
 from .backends import get_backend
-from .models import Sandbox
+from .models import ReaperAction, Sandbox
 
-
-class SessionInline(admin.TabularInline):
-    # The inventory shows a sandbox's sessions; editing them belongs to the session admin.
-    model = Session
-    fields = ("title", "owner", "created_at", "updated_at", "last_seq")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+REAPER_LOG_LENGTH = 20
 
 
 @admin.register(Sandbox)
 class SandboxAdmin(admin.ModelAdmin):
+    """Deleting a sandbox terminates it first (see `services.terminate_before_delete`)."""
+
     list_display = [
         "id",
         "owner",
         "status",
         "backend",
         "reference",
-        "session_count",
         "live_connections",
-        "last_activity_at",
+        "idle",
+        "latest_reaper_action",
         "age",
     ]
     list_filter = ["status", "backend"]
@@ -52,34 +46,75 @@ class SandboxAdmin(admin.ModelAdmin):
         "status_detail",
         "error",
         "created_at",
+        "status_changed_at",
         "last_activity_at",
+        "idle",
         "terminated_at",
         "live_connections",
         "health",
+        "reaper_log",
     ]
-    inlines = [SessionInline]
     actions = ["terminate", "stop_idle_connections"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Sandbox]:
+        latest = ReaperAction.objects.filter(sandbox=OuterRef("pk")).order_by("-at", "-id")
         return (
             super()
             .get_queryset(request)
             .select_related("owner")
-            .annotate(_session_count=Count("sessions"))
+            .annotate(
+                _latest_action_kind=Subquery(latest.values("kind")[:1]),
+                _latest_action_at=Subquery(latest.values("at")[:1]),
+            )
         )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Sandboxes are created by provisioning, never by hand.
         return False
 
-    @admin.display(description="sessions", ordering="_session_count")
-    def session_count(self, sandbox: Sandbox) -> int:
-        return sandbox._session_count  # type: ignore[attr-defined]
+    def session_activity(self, sandbox: Sandbox) -> datetime | None:
+        """Return when the sandbox's sessions were last active (the craft app knows)."""
+        return None
 
     @admin.display(description="live agents")
     def live_connections(self, sandbox: Sandbox) -> int:
         # Connections live in server processes; this counts the ones of this process.
         return services.live_connection_count(sandbox.pk)
+
+    @admin.display(description="idle for")
+    def idle(self, sandbox: Sandbox) -> str:
+        """Time since the last use: sessions, agents, the sandbox's own activity."""
+        if sandbox.status == Sandbox.Status.TERMINATED:
+            return "-"
+        return timesince(sandbox.idle_since(self.session_activity(sandbox)), timezone.now())
+
+    @admin.display(description="latest reaper action", ordering="_latest_action_at")
+    def latest_reaper_action(self, sandbox: Sandbox) -> str:
+        kind = getattr(sandbox, "_latest_action_kind", None)
+        at = getattr(sandbox, "_latest_action_at", None)
+        if kind is None or at is None:
+            return "-"
+        return f"{ReaperAction.Kind(kind).label}, {timesince(at, timezone.now())} ago"
+
+    @admin.display(description="reaper actions (latest first)")
+    def reaper_log(self, sandbox: Sandbox) -> SafeString | str:
+        actions = sandbox.reaper_actions.all()[:REAPER_LOG_LENGTH]
+        if not actions:
+            return "none"
+        rows = format_html_join(
+            "",
+            "<li>{} — {}{}: {}</li>",
+            (
+                (
+                    timezone.localtime(a.at).strftime("%Y-%m-%d %H:%M:%S"),
+                    a.get_kind_display(),
+                    f" ({a.target})" if a.target else "",
+                    a.reason,
+                )
+                for a in actions
+            ),
+        )
+        return format_html("<ul>{}</ul>", rows)
 
     @admin.display(description="age", ordering="created_at")
     def age(self, sandbox: Sandbox) -> str:
@@ -118,3 +153,19 @@ class SandboxAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return bool(request.user.is_staff and request.user.has_perm("sandboxes.change_sandbox"))
+
+
+@admin.register(ReaperAction)
+class ReaperActionAdmin(admin.ModelAdmin):
+    """Everything the reaper did, orphans without a sandbox included; read-only."""
+
+    list_display = ["at", "kind", "sandbox", "target", "reason"]
+    list_filter = ["kind"]
+    search_fields = ["target", "reason", "sandbox__id", "sandbox__owner__username"]
+    list_select_related = ["sandbox__owner"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -3,49 +3,97 @@
 One session has one agent process, reused for every prompt: an agent keeps its conversation in
 memory, so a new process per message would forget the previous turns. The cache creates a
 connection on first use, hands the same one back while it is alive, replaces it when it died,
-and stops connections when their session or sandbox goes away.
+and stops connections when their session or sandbox goes away, or when they sat idle.
 
 Creation happens under a per-key lock: two concurrent first prompts for one session start one
-agent, never two (a check-then-create race would leave two agents working in one folder).
+agent, never two (a check-then-create race would leave two agents working in one folder). Only
+the keys concerned are locked: stopping sandbox A's agents waits for agent starts in A (so that
+they are stopped too), never for starts in B. A key's lock is dropped once the key has no
+connection and nobody holds or waits for the lock.
+
+The cache holds at most `CRAFT_MAX_AGENT_CONNECTIONS` agents (starts under way included). A
+start beyond that stops the longest-idle connection without a running turn first; when every
+connection is in a turn, the start is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from uuid import UUID
 
+from django.conf import settings
+
 from .acp import AgentConnection
+from .backends import SandboxError
 
 logger = logging.getLogger(__name__)
 
 Key = tuple[UUID, UUID]
 
 
+class TooManyAgents(SandboxError):
+    """The cache is full of connections that are all in a turn."""
+
+
+@dataclass
+class _KeyLock:
+    lock: threading.Lock
+    users: int = 0  # threads holding or waiting for `lock`; the entry goes when none is left
+
+
 class ConnectionCache:
     """Thread-safe map of live `AgentConnection`s; methods block, call them off the event loop."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards the two dicts, never held while starting agents
+    def __init__(self, max_size: int | None = None) -> None:
+        self._lock = threading.Lock()  # guards the dicts and counts, never held while waiting
         self._connections: dict[Key, AgentConnection] = {}
-        self._key_locks: dict[Key, threading.Lock] = {}
+        self._key_locks: dict[Key, _KeyLock] = {}
+        self._starting = 0  # starts under way (they count against the maximum)
+        self._max_size = max_size
 
-    def _key_lock(self, key: Key) -> threading.Lock:
+    @property
+    def max_size(self) -> int:
+        return self._max_size or settings.CRAFT_MAX_AGENT_CONNECTIONS
+
+    @contextlib.contextmanager
+    def _locked(self, key: Key, *, blocking: bool = True) -> Iterator[bool]:
+        """Hold the key's lock (yield True), or yield False if `blocking` is off and it is taken.
+
+        The entry is counted while used, so that it is never dropped while someone holds or
+        waits for it (two locks for one key would let two agents start).
+        """
         with self._lock:
-            return self._key_locks.setdefault(key, threading.Lock())
+            entry = self._key_locks.get(key)
+            if entry is None:
+                entry = self._key_locks[key] = _KeyLock(threading.Lock())
+            entry.users += 1
+        acquired = entry.lock.acquire(blocking)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                entry.lock.release()
+            with self._lock:
+                entry.users -= 1
+                if not entry.users and key not in self._connections:
+                    del self._key_locks[key]
 
     def get_or_start(
         self, sandbox_id: UUID, session_id: UUID, start: Callable[[], AgentConnection]
     ) -> AgentConnection:
         """Return the session's live connection, starting one with `start()` if needed.
 
-        A cached connection that is no longer running is stopped and replaced.
+        A cached connection that is no longer running is stopped and replaced. Raises
+        TooManyAgents when the cache is full and every connection in it is in a turn.
         """
         key = (sandbox_id, session_id)
-        with self._key_lock(key):
+        with self._locked(key):
             with self._lock:
                 connection = self._connections.get(key)
             if connection is not None:
@@ -53,10 +101,55 @@ class ConnectionCache:
                     return connection
                 logger.info("agent for session %s is gone; starting a new one", session_id)
                 self._discard(key, connection)
-            connection = start()
+            self._reserve_place(key)
+            try:
+                connection = start()
+            except BaseException:
+                with self._lock:
+                    self._starting -= 1
+                raise
             with self._lock:
+                self._starting -= 1
                 self._connections[key] = connection
             return connection
+
+    def _reserve_place(self, key: Key) -> None:
+        """Count one more start, first stopping the longest-idle connection if the cache is full.
+
+        Connections whose agent died go first, then the idle ones, longest idle first; one in
+        a turn (or an open permission request) is never evicted. A connection whose key lock
+        is taken (being started, stopped or handed out right now) is passed over.
+        """
+        while True:
+            with self._lock:
+                if len(self._connections) + self._starting < self.max_size:
+                    self._starting += 1
+                    return
+                candidates = sorted(
+                    (
+                        (conn.is_running, conn.last_used_at, other, conn)
+                        for other, conn in self._connections.items()
+                        if other != key and not conn.turn_active
+                    ),
+                    key=lambda item: (item[0], item[1]),
+                )
+            if not any(self._evict(other, conn) for _, _, other, conn in candidates):
+                raise TooManyAgents(
+                    f"this server already runs {self.max_size} agents, all of them busy "
+                    "(CRAFT_MAX_AGENT_CONNECTIONS); try again when one of them has finished"
+                )
+
+    def _evict(self, key: Key, connection: AgentConnection) -> bool:
+        with self._locked(key, blocking=False) as acquired:
+            if not acquired:
+                return False
+            with self._lock:
+                if self._connections.get(key) is not connection or connection.turn_active:
+                    return False
+                del self._connections[key]
+        logger.info("evicting the agent of session %s: the cache is full", key[1])
+        self._stop(key, connection)
+        return True
 
     def get(self, sandbox_id: UUID, session_id: UUID) -> AgentConnection | None:
         with self._lock:
@@ -65,7 +158,7 @@ class ConnectionCache:
     def stop_session(self, sandbox_id: UUID, session_id: UUID) -> bool:
         """Stop and forget the session's connection; return whether there was one."""
         key = (sandbox_id, session_id)
-        with self._key_lock(key):
+        with self._locked(key):
             with self._lock:
                 connection = self._connections.get(key)
             if connection is None:
@@ -74,24 +167,55 @@ class ConnectionCache:
             return True
 
     def stop_sandbox(self, sandbox_id: UUID) -> int:
-        """Stop every connection of the sandbox (none of another's); return how many."""
-        return self._stop_where(lambda key, _conn: key[0] == sandbox_id)
+        """Stop every connection of the sandbox (none of another's); return how many.
+
+        It waits for agent starts under way in this sandbox (and stops what they started),
+        never for starts in another sandbox.
+        """
+        return self._stop_where(lambda key: key[0] == sandbox_id, wait_for_starts=True)
 
     def stop_idle(self, sandbox_id: UUID | None, idle_seconds: float) -> int:
         """Stop connections without a running turn, unused for `idle_seconds`."""
         now = time.monotonic()
+        return self._stop_where(
+            lambda key: sandbox_id is None or key[0] == sandbox_id,
+            lambda conn: not conn.turn_active and now - conn.last_used_at >= idle_seconds,
+        )
 
-        def idle(key: Key, conn: AgentConnection) -> bool:
-            return (
-                (sandbox_id is None or key[0] == sandbox_id)
-                and not conn.turn_active
-                and now - conn.last_used_at >= idle_seconds
-            )
+    def idle_keys(self, idle_seconds: float) -> list[Key]:
+        """Return the keys of connections without a running turn, unused for `idle_seconds`."""
+        now = time.monotonic()
+        with self._lock:
+            return [
+                key
+                for key, conn in self._connections.items()
+                if not conn.turn_active and now - conn.last_used_at >= idle_seconds
+            ]
 
-        return self._stop_where(idle)
+    def stop_if_idle(self, key: Key, idle_seconds: float) -> bool:
+        """Stop the key's connection if it is still idle for `idle_seconds` and in no turn.
+
+        Return whether it was stopped. A connection whose key is busy right now (being
+        started or handed out) is left alone.
+        """
+        now = time.monotonic()
+        with self._locked(key, blocking=False) as acquired:
+            if not acquired:
+                return False
+            with self._lock:
+                connection = self._connections.get(key)
+                if (
+                    connection is None
+                    or connection.turn_active
+                    or now - connection.last_used_at < idle_seconds
+                ):
+                    return False
+                del self._connections[key]
+        self._stop(key, connection)
+        return True
 
     def stop_all(self) -> int:
-        return self._stop_where(lambda _key, _conn: True)
+        return self._stop_where(lambda _key: True, wait_for_starts=True)
 
     def count(self, sandbox_id: UUID | None = None) -> int:
         """Return how many live connections this process holds (for one sandbox or all)."""
@@ -102,18 +226,43 @@ class ConnectionCache:
                 if (sandbox_id is None or key[0] == sandbox_id) and conn.is_running
             )
 
-    def _stop_where(self, matches: Callable[[Key, AgentConnection], bool]) -> int:
+    def sandboxes(self) -> set[UUID]:
+        """Return the sandboxes this process holds live connections of."""
         with self._lock:
-            # Keys with a lock include connections being started right now: waiting for their
-            # key lock lets a start finish, so that it is stopped too rather than missed.
-            keys = list(self._key_locks)
+            return {key[0] for key, conn in self._connections.items() if conn.is_running}
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._connections)
+
+    def _stop_where(
+        self,
+        key_matches: Callable[[Key], bool],
+        connection_matches: Callable[[AgentConnection], bool] = lambda _conn: True,
+        *,
+        wait_for_starts: bool = False,
+    ) -> int:
+        """Stop the connections whose key and connection match; return how many.
+
+        Keys are matched before any key lock is taken, so only the matching keys are locked.
+        With `wait_for_starts`, a matching key whose agent is being started right now is
+        waited for, so that its new connection is stopped too rather than missed; without,
+        keys that are busy are skipped.
+        """
+        with self._lock:
+            keys = {key for key in self._connections if key_matches(key)}
+            if wait_for_starts:
+                keys |= {key for key in self._key_locks if key_matches(key)}
         doomed: list[tuple[Key, AgentConnection]] = []
         for key in keys:
-            with self._key_lock(key), self._lock:
-                connection = self._connections.get(key)
-                if connection is not None and matches(key, connection):
-                    del self._connections[key]
-                    doomed.append((key, connection))
+            with self._locked(key, blocking=wait_for_starts) as acquired:
+                if not acquired:
+                    continue
+                with self._lock:
+                    connection = self._connections.get(key)
+                    if connection is not None and connection_matches(connection):
+                        del self._connections[key]
+                        doomed.append((key, connection))
         # Stopping one agent can take seconds (it may ignore the end of its input and need
         # signals): stop them all at once.
         if len(doomed) > 1:

@@ -18,13 +18,19 @@ class SandboxQuerySet(models.QuerySet["Sandbox"]):
     def owned_by(self, user: User | AnonymousUser) -> "SandboxQuerySet":
         return self.filter(owner=user)
 
+    def in_status_since(self, status: str, before: datetime) -> "SandboxQuerySet":
+        """Return sandboxes that entered `status` before `before` and are still in it."""
+        return self.filter(status=status, status_changed_at__lt=before)
+
 
 class Sandbox(models.Model):
     """One user's isolated place to run agents: a folder (local) or a pod (kubernetes).
 
     Lifecycle: provisioning -> running -> terminating -> terminated, and failed from
-    provisioning (a failed sandbox can be provisioned again). Each user has at most one sandbox
-    that is not terminated; terminated ones stay as the inventory's history.
+    provisioning or when its folder or pod is found gone (a failed sandbox is provisioned
+    again). Each user has at most one sandbox that is not terminated; terminated ones stay as
+    the inventory's history. `status_changed_at` says since when it is in its status, so that
+    one stuck in provisioning or terminating can be told from one that is merely slow.
     """
 
     class Status(models.TextChoices):
@@ -46,6 +52,9 @@ class Sandbox(models.Model):
     status_detail = models.CharField(max_length=500, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    # Last use: an agent started or prompted, a session created, or (written by each server
+    # process's reaper) a live agent connection in some server process.
     last_activity_at = models.DateTimeField(default=timezone.now)
     terminated_at = models.DateTimeField(null=True, blank=True)
 
@@ -70,3 +79,52 @@ class Sandbox(models.Model):
 
     def age(self, now: datetime | None = None) -> timedelta:
         return (now or timezone.now()) - self.created_at
+
+    def idle_since(self, session_activity: datetime | None = None) -> datetime:
+        """Return when the sandbox was last in use: its own activity or its sessions' latest."""
+        if session_activity is None:
+            return self.last_activity_at
+        return max(self.last_activity_at, session_activity)
+
+    def is_idle(
+        self, now: datetime, idle: timedelta, session_activity: datetime | None = None
+    ) -> bool:
+        """Return whether nothing used the sandbox for `idle` (see `idle_since`)."""
+        return now - self.idle_since(session_activity) >= idle
+
+
+class ReaperAction(models.Model):
+    """Something Craft did on its own to a sandbox or its agents, and why (for the inventory).
+
+    The reaper writes one for each agent it stops, sandbox it terminates or re-claims, orphan
+    it removes and sandbox it finds gone; a failed exec or health check that shows a sandbox
+    gone writes one too. `sandbox` is empty for orphans that have no row.
+    """
+
+    class Kind(models.TextChoices):
+        STOPPED_IDLE_AGENT = "stopped_idle_agent", "stopped an idle agent"
+        STOPPED_AGENT = "stopped_agent", "stopped the agent of a sandbox that is not running"
+        TERMINATED_IDLE = "terminated_idle", "terminated an idle sandbox"
+        RECLAIMED_PROVISIONING = "reclaimed_provisioning", "re-claimed a stuck provisioning"
+        RETRIED_TERMINATING = "retried_terminating", "retried a stuck termination"
+        REMOVED_ORPHAN = "removed_orphan", "removed an orphan"
+        MARKED_GONE = "marked_gone", "marked a vanished sandbox failed"
+
+    sandbox = models.ForeignKey(
+        Sandbox,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="reaper_actions",
+    )
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    # What was acted on: a session id (agents), a folder or a pod or service name (orphans).
+    target = models.CharField(max_length=255, blank=True)
+    reason = models.TextField()
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.get_kind_display()} {self.target}".strip()

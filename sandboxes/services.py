@@ -7,17 +7,21 @@ The `craft` app uses this module, never the backends or the connection cache dir
 from __future__ import annotations
 
 import logging
+import time
+from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db import connection as db_connection
 from django.utils import timezone
 
-from .acp import AgentConnection
-from .backends import SandboxError, get_backend
-from .connections import agent_connections
-from .models import Sandbox
+from .acp import AgentConnection, AgentError
+from .backends import Health, SandboxError, get_backend
+from .connections import TooManyAgents, agent_connections
+from .models import ReaperAction, Sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -27,27 +31,40 @@ class SandboxUnavailable(SandboxError):
 
 
 def provision_sandbox(user: User) -> Sandbox:
-    """Return the user's live sandbox, creating and provisioning it if there is none.
+    """Return the user's live sandbox, provisioned: created now, or the one there is.
 
-    Concurrent calls for one user create exactly one row: the partial unique constraint on
-    owner makes a second insert fail, and the loser reads the winner's row. Only the caller
-    that moves the row into `provisioning` (a conditional update) talks to the backend; the
-    others return the row as it is. A failed sandbox is provisioned again (the retry path).
-    Backend errors leave the sandbox `failed` with the error text; they are not raised.
+    Single flight: concurrent calls for one user, in any server process, create one row (the
+    partial unique constraint on owner makes a second insert fail, and the loser reads the
+    winner's row), and only the caller that claims the row with a conditional update talks
+    to the backend. The others wait for that provisioning to end, polling the row without
+    holding a database connection. A provisioning that has not ended
+    CRAFT_SANDBOX_PROVISIONING_TIMEOUT after it began is stuck (the server doing it died):
+    a waiting caller takes it over. So a caller waits at most twice that timeout (a
+    provisioning taken over just before its first deadline), then returns the row as it is.
+    A failed sandbox is provisioned again (the retry path), and so is a running one whose
+    folder or pod is found gone. Backend errors leave the sandbox `failed` with the error
+    text; they are not raised.
     """
-    sandbox = _get_or_create_row(user)
-    claimed = (
-        Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.FAILED).update(
-            status=Sandbox.Status.PROVISIONING, error="", status_detail="retrying"
-        )
-        == 1
-    )
-    if sandbox.status == Sandbox.Status.PROVISIONING and getattr(sandbox, "_created", False):
-        claimed = True
-    if claimed:
-        _run_provisioning(sandbox)
-    sandbox.refresh_from_db()
-    return sandbox
+    timeout = settings.CRAFT_SANDBOX_PROVISIONING_TIMEOUT
+    deadline = time.monotonic() + 2 * timeout
+    pause = 0.02
+    while True:
+        sandbox = _get_or_create_row(user)
+        claimed_at = _claim(sandbox, timeout)
+        if claimed_at is not None:
+            _run_provisioning(sandbox, claimed_at)
+            sandbox.refresh_from_db()
+            return sandbox
+        if sandbox.status == Sandbox.Status.RUNNING:
+            if _found_gone(sandbox, "found when opening a session"):
+                continue  # now failed: the next round provisions it again
+            return sandbox
+        if sandbox.status != Sandbox.Status.PROVISIONING or time.monotonic() >= deadline:
+            return sandbox
+        # Someone else provisions it: wait without holding one of the pool's connections.
+        _release_database_connection()
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def _get_or_create_row(user: User) -> Sandbox:
@@ -68,27 +85,126 @@ def _get_or_create_row(user: User) -> Sandbox:
     return sandbox
 
 
-def _run_provisioning(sandbox: Sandbox) -> None:
+def _claim(sandbox: Sandbox, timeout: float) -> datetime | None:
+    """Claim the sandbox's provisioning for this caller; return the claim's time, or None.
+
+    A new row is ours; a failed one, or one stuck in provisioning for `timeout` seconds, is
+    ours if our conditional update is the one that changes it. The claim's time (the row's
+    `status_changed_at`) is what this caller's later writes are conditional on, so a claim
+    that was taken over never overwrites its successor.
+    """
+    if getattr(sandbox, "_created", False):
+        return sandbox.status_changed_at
+    now = timezone.now()
+    if sandbox.status == Sandbox.Status.FAILED:
+        claimed = Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.FAILED).update(
+            status=Sandbox.Status.PROVISIONING,
+            error="",
+            status_detail="retrying",
+            status_changed_at=now,
+        )
+        return now if claimed else None
+    stuck_since = now - timedelta(seconds=timeout)
+    if sandbox.status == Sandbox.Status.PROVISIONING and sandbox.status_changed_at < stuck_since:
+        claimed = Sandbox.objects.filter(
+            pk=sandbox.pk,
+            status=Sandbox.Status.PROVISIONING,
+            status_changed_at=sandbox.status_changed_at,
+        ).update(status_detail="retrying", status_changed_at=now)
+        if claimed:
+            record_action(
+                ReaperAction.Kind.RECLAIMED_PROVISIONING,
+                f"provisioning had not finished after {timeout:g} s; provisioning it again",
+                sandbox_id=sandbox.pk,
+            )
+            return now
+    return None
+
+
+def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
     backend = get_backend(sandbox.backend)
+    ours = Sandbox.objects.filter(
+        pk=sandbox.pk, status=Sandbox.Status.PROVISIONING, status_changed_at=claimed_at
+    )
 
     def progress(detail: str) -> None:
-        Sandbox.objects.filter(pk=sandbox.pk).update(status_detail=detail[:500])
+        ours.update(status_detail=detail[:500])
 
     try:
         reference = backend.provision(sandbox, progress)
     except Exception as exc:
         logger.warning("provisioning sandbox %s failed: %s", sandbox.pk, exc)
-        Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.PROVISIONING).update(
-            status=Sandbox.Status.FAILED, error=str(exc) or exc.__class__.__name__
+        ours.update(
+            status=Sandbox.Status.FAILED,
+            error=str(exc) or exc.__class__.__name__,
+            status_changed_at=timezone.now(),
         )
         return
-    Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.PROVISIONING).update(
+    now = timezone.now()
+    ours.update(
         status=Sandbox.Status.RUNNING,
         reference=reference,
         status_detail="ready",
         error="",
-        last_activity_at=timezone.now(),
+        status_changed_at=now,
+        last_activity_at=now,
     )
+
+
+def _release_database_connection() -> None:
+    """Hand this thread's database connection back (to the pool) while it waits or blocks.
+
+    Not inside a transaction, which needs its connection (tests run in one).
+    """
+    if not db_connection.in_atomic_block:
+        db_connection.close()
+
+
+def mark_gone(sandbox: Sandbox, detail: str, found_by: str) -> ReaperAction | None:
+    """Mark a running sandbox whose folder or pod is gone `failed`; return the recorded
+    action, or None when it was not running (any more).
+
+    The error says what happened and what to do, in words fit for its user. The sandbox's
+    agent connections in this process are stopped (their agents lost their sandbox), and the
+    next session provisions it again.
+    """
+    now = timezone.now()
+    message = f"{_sentence(detail)} ({found_by}). A new session sets the sandbox up again."
+    changed = Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.RUNNING).update(
+        status=Sandbox.Status.FAILED,
+        error=message,
+        status_detail="gone",
+        status_changed_at=now,
+    )
+    if not changed:
+        return None
+    logger.warning("sandbox %s is gone: %s", sandbox.pk, message)
+    action = record_action(ReaperAction.Kind.MARKED_GONE, message, sandbox_id=sandbox.pk)
+    agent_connections.stop_sandbox(sandbox.pk)
+    return action
+
+
+def _sentence(text: str) -> str:
+    text = text.strip().rstrip(".")
+    return text[:1].upper() + text[1:]
+
+
+def health_of(sandbox: Sandbox) -> Health | None:
+    """Ask the backend about the sandbox now; None when it cannot tell (an API error)."""
+    try:
+        return get_backend(sandbox.backend).health(sandbox)
+    except Exception as exc:
+        logger.warning("health check of sandbox %s failed: %s", sandbox.pk, exc)
+        return None
+
+
+def _found_gone(sandbox: Sandbox, found_by: str) -> bool:
+    """Check a sandbox that failed us: if its folder or pod is gone, mark it failed."""
+    health = health_of(sandbox)
+    if health is None or not health.gone:
+        return False
+    mark_gone(sandbox, health.detail, found_by)
+    return True
 
 
 def terminate_sandbox(sandbox: Sandbox) -> Sandbox:
@@ -97,8 +213,12 @@ def terminate_sandbox(sandbox: Sandbox) -> Sandbox:
     Idempotent. Resources already gone count as freed; if the backend fails, the sandbox stays
     `terminating` with the error, and calling this again retries.
     """
-    Sandbox.objects.filter(pk=sandbox.pk).exclude(status=Sandbox.Status.TERMINATED).update(
-        status=Sandbox.Status.TERMINATING, status_detail="terminating"
+    Sandbox.objects.filter(pk=sandbox.pk).exclude(
+        status__in=[Sandbox.Status.TERMINATED, Sandbox.Status.TERMINATING]
+    ).update(
+        status=Sandbox.Status.TERMINATING,
+        status_detail="terminating",
+        status_changed_at=timezone.now(),
     )
     sandbox.refresh_from_db()
     if sandbox.status == Sandbox.Status.TERMINATED:
@@ -111,24 +231,49 @@ def terminate_sandbox(sandbox: Sandbox) -> Sandbox:
         Sandbox.objects.filter(pk=sandbox.pk).update(error=f"terminate failed: {exc}")
         sandbox.refresh_from_db()
         return sandbox
+    now = timezone.now()
     Sandbox.objects.filter(pk=sandbox.pk).update(
-        status=Sandbox.Status.TERMINATED, status_detail="terminated", terminated_at=timezone.now()
+        status=Sandbox.Status.TERMINATED,
+        status_detail="terminated",
+        status_changed_at=now,
+        terminated_at=now,
     )
     sandbox.refresh_from_db()
     return sandbox
 
 
+def terminate_before_delete(sender: type[Sandbox], instance: Sandbox, **kwargs: Any) -> None:
+    """Terminate a sandbox whose row is being deleted (the admin, a deleted user), so that
+    no agent, folder or pod outlives it. Resources a failing backend leaves behind have no
+    row any more: the reaper removes them as orphans."""
+    if instance.status != Sandbox.Status.TERMINATED:
+        terminate_sandbox(instance)
+
+
 def require_running(sandbox: Sandbox) -> None:
     """Raise SandboxUnavailable unless the sandbox is running now (read from the database)."""
-    status = Sandbox.objects.filter(pk=sandbox.pk).values_list("status", flat=True).first()
-    if status != Sandbox.Status.RUNNING:
-        raise SandboxUnavailable(f"sandbox is {status or 'gone'}")
+    row = Sandbox.objects.filter(pk=sandbox.pk).values("status", "error").first()
+    if row is None:
+        raise SandboxUnavailable("your sandbox is gone")
+    if row["status"] != Sandbox.Status.RUNNING:
+        why = f": {row['error']}" if row["error"] else ""
+        raise SandboxUnavailable(f"your sandbox is {row['status']}{why}")
 
 
 def create_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
-    """Create the session's workspace folder in the sandbox."""
+    """Create the session's workspace folder in the sandbox.
+
+    If that fails because the sandbox's folder or pod is gone, the sandbox is marked failed
+    (the next session provisions it again) and SandboxUnavailable says so.
+    """
     require_running(sandbox)
-    get_backend(sandbox.backend).create_workspace(sandbox, session_id)
+    try:
+        get_backend(sandbox.backend).create_workspace(sandbox, session_id)
+    except SandboxError:
+        if _found_gone(sandbox, "found when creating a session's workspace"):
+            require_running(sandbox)  # raises, with the sandbox's new error
+        raise
+    touch_sandbox(sandbox.pk)
 
 
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
@@ -154,23 +299,40 @@ def connect_agent(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
 def agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
     """Like `connect_agent`, for a sandbox the caller has just seen running.
 
-    It does no database work: it can block for an agent's start (seconds on Kubernetes)
-    without holding a database connection.
+    It does no database work on the way (it can block for an agent's start, seconds on
+    Kubernetes, without holding a database connection). Only when the start fails does it
+    check the sandbox: if its folder or pod is gone, the sandbox is marked failed and
+    SandboxUnavailable says so in words fit for the user.
     """
-    backend = get_backend(sandbox.backend)
-
-    def start() -> AgentConnection:
-        process = backend.start_agent(sandbox, session_id)
-        connection = AgentConnection(
-            process,
-            cwd=backend.workspace_path(sandbox, session_id),
-            max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
+    try:
+        return agent_connections.get_or_start(
+            sandbox.pk, session_id, lambda: start_agent_connection(sandbox, session_id)
         )
-        connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT)
-        logger.info("started agent %s for session %s", process.ident, session_id)
-        return connection
+    except TooManyAgents:
+        raise  # the server is full, the sandbox is fine
+    except (SandboxError, AgentError) as exc:
+        # Outside the cache's lock: marking the sandbox gone stops its connections.
+        gone = _found_gone(sandbox, "found when starting an agent")
+        if gone:
+            row = Sandbox.objects.filter(pk=sandbox.pk).values_list("error", flat=True).first()
+            _release_database_connection()
+            raise SandboxUnavailable(row or "your sandbox is gone") from exc
+        _release_database_connection()
+        raise
 
-    return agent_connections.get_or_start(sandbox.pk, session_id, start)
+
+def start_agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
+    """Start the agent in the session's workspace and open its ACP session (uncached)."""
+    backend = get_backend(sandbox.backend)
+    process = backend.start_agent(sandbox, session_id)
+    connection = AgentConnection(
+        process,
+        cwd=backend.workspace_path(sandbox, session_id),
+        max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
+    )
+    connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT)
+    logger.info("started agent %s for session %s", process.ident, session_id)
+    return connection
 
 
 def touch_sandbox(sandbox_id: UUID) -> None:
@@ -190,3 +352,17 @@ def stop_all_agents() -> int:
 
 def live_connection_count(sandbox_id: UUID | None = None) -> int:
     return agent_connections.count(sandbox_id)
+
+
+def record_action(
+    kind: str, reason: str, *, sandbox_id: UUID | None = None, target: str = ""
+) -> ReaperAction:
+    """Write down something Craft did on its own, for the inventory."""
+    action = ReaperAction(kind=kind, reason=reason, sandbox_id=sandbox_id, target=target[:255])
+    try:
+        with transaction.atomic():
+            action.save()
+    except IntegrityError:  # the sandbox's row was deleted meanwhile
+        action.sandbox_id = None
+        action.save()
+    return action

@@ -52,9 +52,11 @@ def test_the_role_grants_exactly_what_the_kubernetes_backend_calls():
     assert granted == {
         ("pods", "create"),
         ("pods", "get"),
+        ("pods", "list"),  # the reaper's inventory
         ("pods", "delete"),
         ("pods/exec", "create"),
         ("services", "create"),
+        ("services", "list"),  # the reaper's inventory
         ("services", "delete"),
         ("events", "list"),
         ("networkpolicies", "create"),

@@ -11,9 +11,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from .base import Health, SandboxBackend, SandboxError
+from .base import Health, Resource, SandboxBackend, SandboxError
 
-__all__ = ["Health", "SandboxBackend", "SandboxError", "get_backend"]
+__all__ = ["Health", "Resource", "SandboxBackend", "SandboxError", "get_backend"]
 
 
 @cache

@@ -18,8 +18,24 @@ class SandboxError(Exception):
 
 @dataclass(frozen=True)
 class Health:
+    """What a health check found; `gone` means the folder or pod no longer exists (or is
+    being deleted), so the sandbox cannot come back without being provisioned again."""
+
     ok: bool
     detail: str
+    gone: bool = False
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Something a backend holds for a sandbox, found by its own marks (see `inventory`)."""
+
+    sandbox_id: UUID
+    kind: str  # "folder", "pod", "service"
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
 
 
 class SandboxBackend(Protocol):
@@ -48,4 +64,12 @@ class SandboxBackend(Protocol):
     def start_agent(self, sandbox: "Sandbox", session_id: UUID) -> "AgentProcess":
         """Start the configured agent command in the session's workspace."""
 
-    def health(self, sandbox: "Sandbox") -> Health: ...
+    def health(self, sandbox: "Sandbox") -> Health:
+        """Check the sandbox now; `gone` only when its folder or pod certainly no longer is."""
+
+    def inventory(self) -> list[Resource]:
+        """Return every resource this backend holds for sandboxes (to find orphans and
+        sandboxes whose resources vanished). Raises SandboxError when it cannot look."""
+
+    def remove(self, resource: Resource) -> None:
+        """Delete one resource that `inventory` returned; gone already counts as removed."""

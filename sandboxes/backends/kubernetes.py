@@ -10,7 +10,8 @@ ApiClient behind the API object it is given while it runs (kubernetes-client/pyt
 #928): a REST call made on that ApiClient from another thread in that window is sent as a
 websocket handshake and fails with `ApiException(status=0, reason="Handshake status 200 OK")`,
 and two overlapping streams can leave the patch installed for good. So the REST ApiClient is
-never passed to `stream()`, and every exec gets an ApiClient of its own.
+never passed to `stream()` (nor to the same swap that `ExecProcess` uses to open its
+websocket with a deadline), and every exec gets an ApiClient of its own.
 
 Only this module imports the kubernetes client.
 """
@@ -23,6 +24,8 @@ import json
 import logging
 import os
 import queue
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -32,19 +35,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+import certifi
 from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
-from kubernetes.stream import stream
+from kubernetes.stream import ws_client
+from kubernetes.stream.stream import _websocket_request
+from urllib3.exceptions import HTTPError
 from websocket import (
     ABNF,
+    WebSocket,
+    WebSocketBadStatusException,
     WebSocketException,
     WebSocketTimeoutException,
 )
 
 from ..acp import LineTooLong
-from .base import Health, Progress, SandboxError
+from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
@@ -72,6 +80,9 @@ CD_AND_EXEC = 'cd "$1" && shift && exec "$@"'
 # One policy per sandbox namespace, for every sandbox pod in it.
 NETWORK_POLICY = "craft-sandbox-isolation"
 SANDBOX_LABEL = {"app.kubernetes.io/name": "craft-sandbox"}
+# How Craft finds its pods and services again (the inventory): labels it sets on both.
+MANAGED_SELECTOR = "app.kubernetes.io/name=craft-sandbox,app.kubernetes.io/managed-by=craft"
+SANDBOX_ID_LABEL = "craft.dev/sandbox"
 
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 V5_PROTOCOL = "v5.channel.k8s.io"
@@ -132,9 +143,8 @@ class ExecProcess:
         self._status: dict[str, Any] | None = None
         self._exit_code: int | None = None
         self._done = threading.Event()
-        self._client = self._handshake(api_client, namespace, pod, argv, handshake_timeout)
-        self._ws = self._client.sock
-        self.protocol = self._client.subprotocol or ""
+        self._ws = self._handshake(api_client, namespace, pod, argv, handshake_timeout)
+        self.protocol = _subprotocol(self._ws)
         # recv() wakes up at least this often, to ping and to check for idleness.
         self._ws.settimeout(max(0.5, idle_timeout / 3))
         self._reader = threading.Thread(target=self._read, name=f"exec-{pod}", daemon=True)
@@ -143,19 +153,44 @@ class ExecProcess:
     @staticmethod
     def _handshake(
         api_client: k8s.ApiClient, namespace: str, pod: str, argv: list[str], timeout: float
-    ) -> Any:
-        """Open the exec websocket, giving up after `timeout` seconds.
+    ) -> WebSocket:
+        """Open the exec websocket within `timeout` seconds, or close it and fail clearly.
 
-        The client's handshake has no timeout of its own (`_request_timeout` is ignored without
-        preloading), so it runs in a helper thread that we stop waiting for; a connection that
-        completes after we gave up is closed at once.
+        The client's `stream()` opens its websocket without any timeout (`_request_timeout`
+        is ignored without preloading): a handshake that the API server never answers would
+        hold a thread and a socket for good. So the client only builds the request (URL,
+        query, auth headers, through the same `call_api` swap that `stream()` does, on this
+        exec's own ApiClient) and Craft opens the websocket itself, with a socket timeout, on
+        a helper thread. When the deadline passes first, the socket is shut down, which ends
+        the helper at once; a websocket that opens after that is closed.
         """
-        result: Future[Any] = Future()
-        abandoned = threading.Event()
+        opened: list[WebSocket] = []
+        result: Future[WebSocket] = Future()
+        handover = threading.Lock()
+        abandoned = False
+
+        def open_websocket(
+            configuration: k8s.Configuration,
+            _method: str,
+            url: str,
+            headers: dict[str, Any] | None = None,
+            **_ignored: Any,
+        ) -> WebSocket:
+            ws_url = ws_client.get_websocket_url(url)
+            ws = WebSocket(sslopt=_ssl_options(configuration, ws_url), skip_utf8_validation=False)
+            opened.append(ws)
+            options = _connect_options(configuration, url, headers or {})
+            # A socket timeout a little past the deadline: the deadline below always comes
+            # first, and the socket timeout only ends a connect that shutdown cannot reach.
+            ws.connect(ws_url, timeout=timeout + 1, **options)
+            return ws
 
         def connect() -> None:
+            nonlocal abandoned
             try:
-                ws = stream(
+                ws = _websocket_request(
+                    open_websocket,
+                    None,
                     k8s.CoreV1Api(api_client).connect_get_namespaced_pod_exec,
                     pod,
                     namespace,
@@ -165,25 +200,34 @@ class ExecProcess:
                     stdout=True,
                     stderr=True,
                     tty=False,
-                    binary=True,
                     _preload_content=False,
                 )
             except BaseException as exc:
                 result.set_exception(exc)
                 return
-            if abandoned.is_set():
-                ws.close()
-            else:
-                result.set_result(ws)
+            with handover:
+                if abandoned:
+                    _close_quietly(ws)
+                else:
+                    result.set_result(ws)
 
-        threading.Thread(target=connect, name=f"exec-handshake-{pod}", daemon=True).start()
+        helper = threading.Thread(target=connect, name=f"exec-handshake-{pod}", daemon=True)
+        helper.start()
         try:
             return result.result(timeout=timeout)
         except FutureTimeout:
-            abandoned.set()
+            with handover:
+                abandoned = True
+            if result.done() and result.exception() is None:
+                return result.result()  # it made it after all
+            for ws in opened:
+                _shut_down(ws)
+            helper.join(2.0)
             raise SandboxError(f"exec in pod {pod}: no handshake within {timeout:g} s") from None
-        except ApiException as exc:
-            raise SandboxError(f"exec in pod {pod} refused: {exc.reason or exc.status}") from exc
+        except (TimeoutError, WebSocketTimeoutException):
+            raise SandboxError(f"exec in pod {pod}: no handshake within {timeout:g} s") from None
+        except Exception as exc:
+            raise SandboxError(exec_failure(pod, exc)) from exc
 
     # --- AgentProcess ---------------------------------------------------------------------
 
@@ -362,6 +406,101 @@ def exit_code_of(status: dict[str, Any]) -> int:
     return -1
 
 
+def _ssl_options(configuration: k8s.Configuration, url: str) -> dict[str, Any]:
+    """Return websocket TLS options as the client's own `create_websocket` builds them."""
+    if not (url.startswith("wss://") and configuration.verify_ssl):
+        options: dict[str, Any] = {"cert_reqs": ssl.CERT_NONE}
+    else:
+        options = {
+            "cert_reqs": ssl.CERT_REQUIRED,
+            "ca_certs": configuration.ssl_ca_cert or certifi.where(),
+        }
+        if configuration.assert_hostname is not None:
+            options["check_hostname"] = configuration.assert_hostname
+    if configuration.cert_file:
+        options["certfile"] = configuration.cert_file
+    if configuration.key_file:
+        options["keyfile"] = configuration.key_file
+    if configuration.tls_server_name:
+        options["server_hostname"] = configuration.tls_server_name
+    return options
+
+
+def _connect_options(
+    configuration: k8s.Configuration, url: str, headers: dict[str, Any]
+) -> dict[str, Any]:
+    """Return websocket connect options (auth header, subprotocols, proxy) like the client."""
+    header = [f"sec-websocket-protocol: {V5_PROTOCOL},v4.channel.k8s.io"]
+    if "authorization" in headers:
+        header.append(f"authorization: {headers['authorization']}")
+    options: dict[str, Any] = {"header": header}
+    if configuration.proxy or configuration.proxy_headers:
+        options = ws_client.websocket_proxycare(options, configuration, url, headers)
+    return options
+
+
+def _subprotocol(ws: WebSocket) -> str:
+    """Return the subprotocol the API server chose (we sent the header ourselves, as the
+    client does, so websocket-client did not record it)."""
+    for name, value in (ws.getheaders() or {}).items():
+        if name.lower() == "sec-websocket-protocol":
+            return str(value)
+    return ws.getsubprotocol() or ""
+
+
+def _shut_down(ws: WebSocket) -> None:
+    """Break a handshake in progress: shutdown() wakes a thread blocked on the socket."""
+    raw = ws.sock
+    if raw is None:
+        return  # still connecting: the socket timeout ends that
+    try:
+        raw.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _close_quietly(ws: WebSocket) -> None:
+    try:
+        ws.close(timeout=1)
+    except Exception:
+        pass
+    try:
+        ws.shutdown()
+    except Exception:
+        pass
+
+
+def exec_failure(pod: str, exc: BaseException) -> str:
+    """Return why an exec could not start, in words fit for a user (no headers, no reprs)."""
+    if isinstance(exc, WebSocketBadStatusException):
+        message = _status_message(exc.resp_body) or str(exc.status_message or "").strip()
+        detail = f"{message} ({exc.status_code})" if message else f"HTTP {exc.status_code}"
+        if exc.status_code == 404:
+            return f"the sandbox's pod {pod} is gone: {detail}"
+        if exc.status_code in (401, 403):
+            return f"exec in pod {pod} refused: {detail}"
+        return f"exec in pod {pod} failed: {detail}"
+    if isinstance(exc, ApiException):
+        return f"exec in pod {pod} failed: {_reason(exc)}"
+    if isinstance(exc, OSError):
+        why = exc.strerror or str(exc) or "connection failed"
+        return f"cannot reach the Kubernetes API to exec in pod {pod}: {why}"
+    if isinstance(exc, WebSocketException):
+        return f"the exec connection to pod {pod} failed during its handshake"
+    logger.warning("exec in pod %s failed", pod, exc_info=exc)
+    return f"exec in pod {pod} failed unexpectedly (see the server log)"
+
+
+def _status_message(body: bytes | None) -> str:
+    """Return the `message` of a Kubernetes Status object in an HTTP body, or ""."""
+    try:
+        status = json.loads(body or b"")
+    except ValueError:
+        return ""
+    message = status.get("message") if isinstance(status, dict) else None
+    return str(message)[:500] if message else ""
+
+
 # --- the backend --------------------------------------------------------------------------
 
 
@@ -506,10 +645,53 @@ class KubernetesBackend:
         try:
             pod = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
         except ApiException as exc:
+            if _is_status(exc, 404):
+                return Health(False, "the sandbox's pod is gone", gone=True)
             return Health(False, f"pod unreadable: {_reason(exc)}")
+        if pod.metadata.deletion_timestamp is not None:
+            return Health(False, "the sandbox's pod is being deleted", gone=True)
         if pod_is_ready(pod):
             return Health(True, "pod ready")
         return Health(False, pod_failure(pod) or f"pod {pod.status.phase}")
+
+    def inventory(self) -> list[Resource]:
+        """Return Craft's sandbox pods and services in the namespace, found by their labels.
+
+        Pods already being deleted are left out: they are on their way.
+        """
+        try:
+            pods = self.core.list_namespaced_pod(
+                self.namespace, label_selector=MANAGED_SELECTOR
+            ).items
+            services = self.core.list_namespaced_service(
+                self.namespace, label_selector=MANAGED_SELECTOR
+            ).items
+        except ApiException as exc:
+            raise SandboxError(f"cannot list sandbox pods and services: {_reason(exc)}") from exc
+        except (HTTPError, OSError) as exc:
+            raise SandboxError(f"cannot reach the Kubernetes API: {exc}") from exc
+        found = []
+        for kind, items in (("pod", pods), ("service", services)):
+            for item in items:
+                if kind == "pod" and item.metadata.deletion_timestamp is not None:
+                    continue
+                try:
+                    sandbox_id = UUID((item.metadata.labels or {}).get(SANDBOX_ID_LABEL, ""))
+                except ValueError:
+                    continue
+                found.append(Resource(sandbox_id, kind, item.metadata.name))
+        return found
+
+    def remove(self, resource: Resource) -> None:
+        delete = {
+            "pod": self.core.delete_namespaced_pod,
+            "service": self.core.delete_namespaced_service,
+        }[resource.kind]
+        try:
+            delete(resource.name, self.namespace, grace_period_seconds=5)
+        except ApiException as exc:
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot delete {resource}: {_reason(exc)}") from exc
 
     # --- workspaces and agents -----------------------------------------------------------
 

@@ -25,7 +25,7 @@ from django.conf import settings
 
 from ..acp import LineTooLong
 from . import containment
-from .base import Health, Progress, SandboxError
+from .base import Health, Progress, Resource, SandboxError
 from .containment import SandboxUser
 
 if TYPE_CHECKING:
@@ -284,7 +284,7 @@ class LocalBackend:
     def health(self, sandbox: Sandbox) -> Health:
         root = self._root(sandbox)
         if not root.is_dir():
-            return Health(False, "sandbox folder is missing")
+            return Health(False, "the sandbox's folder is gone", gone=True)
         if self.uids:
             try:
                 user = self.pool.user_of(root)
@@ -292,3 +292,31 @@ class LocalBackend:
                 return Health(False, str(exc))
             return Health(True, f"folder present, runs as uid {user.uid}")
         return Health(True, "folder present")
+
+    def inventory(self) -> list[Resource]:
+        """Return the sandbox folders under the current root (named by sandbox id).
+
+        Folders of sandboxes provisioned under an earlier root are not seen.
+        """
+        try:
+            entries = list(self.sandbox_root.iterdir())
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SandboxError(f"cannot list the sandbox folders: {exc.strerror}") from exc
+        found = []
+        for entry in entries:
+            try:
+                sandbox_id = UUID(entry.name)
+            except ValueError:
+                continue  # .craft (the server's own files) and anything else not ours
+            if entry.is_dir() and not entry.is_symlink():
+                found.append(Resource(sandbox_id, "folder", str(entry)))
+        return found
+
+    def remove(self, resource: Resource) -> None:
+        folder = Path(resource.name)
+        if folder.parent != self.sandbox_root or folder.name != str(resource.sandbox_id):
+            raise SandboxError(f"{folder} is not a sandbox folder of this server")
+        # rmtree never follows links an agent may have planted (it works on folder fds).
+        shutil.rmtree(folder, ignore_errors=True)

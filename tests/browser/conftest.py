@@ -140,7 +140,9 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
+            # Turns a test left running make the server wait out its shutdown grace.
             process.kill()
+            process.wait(10)  # reaped, or the Popen warns (an error here) once it is dropped
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import ast
+from datetime import timedelta
+from pathlib import Path
+
 import pytest
+from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
 
 from craft import services as craft_services
-from craft.eventlog import append_event
+from craft.eventlog import append_event, append_events
+from craft.models import Session
 from sandboxes import services
-from sandboxes.models import Sandbox
+from sandboxes.connections import agent_connections
+from sandboxes.models import ReaperAction, Sandbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,3 +104,96 @@ def test_a_sandbox_page_shows_the_backends_health_check(client, staff, busy_sand
     client.force_login(staff)
     page = client.get(reverse("admin:sandboxes_sandbox_change", args=[busy_sandbox.pk]))
     assert "ok: folder present" in page.content.decode()
+
+
+# --- deleting goes through terminate -------------------------------------------------------
+
+
+def test_deleting_a_sandbox_in_the_admin_terminates_it_first(client, staff, busy_sandbox):
+    agent = agent_connections.keys()
+    assert agent, "the fixture's agent is live"
+    folder = Path(busy_sandbox.reference)
+    client.force_login(staff)
+    url = reverse("admin:sandboxes_sandbox_delete", args=[busy_sandbox.pk])
+    assert client.post(url, {"post": "yes"}).status_code == 302
+    assert not Sandbox.objects.filter(pk=busy_sandbox.pk).exists()
+    assert agent_connections.count() == 0, "its agents were stopped"
+    assert not folder.exists(), "its folder was freed"
+
+
+def test_bulk_deleting_sandboxes_in_the_admin_terminates_each(client, staff, owner, stranger):
+    folders = [Path(craft_services.open_session(u).sandbox.reference) for u in (owner, stranger)]
+    client.force_login(staff)
+    client.post(
+        CHANGELIST,
+        {
+            "action": "delete_selected",
+            "post": "yes",
+            "_selected_action": [str(s.pk) for s in Sandbox.objects.all()],
+        },
+    )
+    assert Sandbox.objects.count() == 0
+    assert [f.exists() for f in folders] == [False, False]
+
+
+def test_deleting_a_user_terminates_their_sandbox(owner, busy_sandbox):
+    folder = Path(busy_sandbox.reference)
+    owner.delete()
+    assert agent_connections.count() == 0
+    assert not folder.exists()
+
+
+# --- idle time, running turns, reaper actions ----------------------------------------------
+
+
+def test_the_changelist_shows_idle_time_running_turns_and_the_latest_reaper_action(
+    client, staff, busy_sandbox
+):
+    first, second = Session.objects.filter(sandbox=busy_sandbox).order_by("created_at")
+    append_events(first.pk, [("user_message", {"id": "p1", "text": "go"})], client_id="p1")
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    Session.objects.filter(sandbox=busy_sandbox).update(updated_at=an_hour_ago)
+    Sandbox.objects.filter(pk=busy_sandbox.pk).update(last_activity_at=an_hour_ago)
+    services.record_action(
+        ReaperAction.Kind.STOPPED_IDLE_AGENT,
+        "no prompt for 15 min",
+        sandbox_id=busy_sandbox.pk,
+        target=f"session {second.pk}",
+    )
+    client.force_login(staff)
+    html = client.get(CHANGELIST).content.decode()
+    assert '<td class="field-running_turns">1</td>' in html
+    assert '<td class="field-idle">1\xa0hour</td>' in html
+    assert "stopped an idle agent, 0\xa0minutes ago" in html
+
+    page = client.get(reverse("admin:sandboxes_sandbox_change", args=[busy_sandbox.pk]))
+    assert f"stopped an idle agent (session {second.pk}): no prompt for 15 min" in (
+        page.content.decode()
+    )
+
+
+def test_the_reaper_actions_are_listed_with_orphans(client, staff):
+    services.record_action(
+        ReaperAction.Kind.REMOVED_ORPHAN, "no sandbox owns it", target="pod craft-sandbox-x"
+    )
+    client.force_login(staff)
+    response = client.get(reverse("admin:sandboxes_reaperaction_changelist"))
+    assert response.status_code == 200
+    assert "pod craft-sandbox-x" in response.content.decode()
+
+
+def test_the_sandboxes_app_never_imports_the_craft_app():
+    """The border of STYLE.md: craft uses sandboxes, never the other way round."""
+    sources = Path(settings.BASE_DIR, "sandboxes").rglob("*.py")
+    offenders = []
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            offenders += [f"{source.name}: {n}" for n in names if n.split(".")[0] == "craft"]
+    assert offenders == []

@@ -15,8 +15,9 @@ import uuid
 import pytest
 
 from sandboxes import services
-from sandboxes.acp import TurnEnd
-from sandboxes.connections import agent_connections
+from sandboxes.acp import AgentConnection, PermissionRequest, TurnEnd, TurnFailed
+from sandboxes.backends import SandboxError, get_backend
+from sandboxes.connections import TooManyAgents, agent_connections
 
 from ..conftest import run_concurrently
 from .agents import reply_text, run_turn
@@ -127,3 +128,143 @@ def test_stopping_idle_connections_spares_a_running_turn(sandbox, session_id):
     assert not idle.is_running
     busy.cancel()
     assert done.wait(5)
+
+
+# --- locking: only the keys concerned -----------------------------------------------------
+
+
+class HeldStart:
+    """An agent start that blocks until released: a slow start (a pod exec handshake, say)."""
+
+    def __init__(self, sandbox, session_id) -> None:
+        self.sandbox, self.session_id = sandbox, session_id
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.result: list = []
+        self.thread = threading.Thread(target=self._run)
+
+    def _start(self):
+        self.entered.set()
+        self.release.wait(30)
+        backend = get_backend(self.sandbox.backend)
+        process = backend.start_agent(self.sandbox, self.session_id)
+        connection = AgentConnection(
+            process, cwd=backend.workspace_path(self.sandbox, self.session_id)
+        )
+        connection.start(timeout=15)
+        return connection
+
+    def _run(self) -> None:
+        self.result.append(
+            agent_connections.get_or_start(self.sandbox.pk, self.session_id, self._start)
+        )
+
+    def __enter__(self) -> HeldStart:
+        self.thread.start()
+        assert self.entered.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.thread.join(30)
+
+
+def test_terminating_a_sandbox_does_not_wait_for_an_agent_start_in_another(
+    sandbox, session_id, stranger
+):
+    mine = services.connect_agent(sandbox, session_id)
+    theirs = services.provision_sandbox(stranger)
+    with HeldStart(theirs, new_session(theirs)) as held:
+        # Before, terminating waited for every key's lock, this start's included.
+        threading.Timer(5, held.release.set).start()
+        started = time.monotonic()
+        services.terminate_sandbox(sandbox)
+        assert time.monotonic() - started < 2, "terminate waited for another sandbox's start"
+        assert not mine.is_running
+        assert not held.result, "the other start is still under way"
+    assert held.result[0].is_running
+    assert agent_connections.count(theirs.pk) == 1
+
+
+def test_terminating_a_sandbox_waits_for_its_own_agent_start_and_stops_it(sandbox, session_id):
+    with HeldStart(sandbox, session_id) as held:
+        terminating = threading.Thread(target=services.terminate_sandbox, args=(sandbox,))
+        terminating.start()
+        terminating.join(0.5)
+        assert terminating.is_alive(), "terminate must wait for this sandbox's start"
+        held.release.set()
+        terminating.join(15)
+        assert not terminating.is_alive()
+    assert not held.result[0].is_running, "what the start started was stopped too"
+    assert agent_connections.count(sandbox.pk) == 0
+
+
+def test_key_locks_are_dropped_once_a_key_has_no_connection(sandbox, session_id):
+    def failing_start():
+        raise SandboxError("no agent today")
+
+    sessions = [session_id, new_session(sandbox), new_session(sandbox)]
+    for sid in sessions:
+        services.connect_agent(sandbox, sid)
+    assert len(agent_connections._key_locks) == 3
+    with pytest.raises(SandboxError):
+        agent_connections.get_or_start(sandbox.pk, uuid.uuid4(), failing_start)
+    assert len(agent_connections._key_locks) == 3, "a failed start leaves no lock behind"
+    services.remove_session_workspace(sandbox, sessions[0])
+    assert len(agent_connections._key_locks) == 2
+    services.terminate_sandbox(sandbox)
+    assert agent_connections._key_locks == {}
+
+
+# --- the maximum size ---------------------------------------------------------------------
+
+
+def start_turn(connection, text: str) -> tuple[threading.Event, list]:
+    """Start a turn without waiting for it; return an event set at its end, and its items."""
+    done, items = threading.Event(), []
+
+    def sink(item) -> None:
+        items.append(item)
+        if isinstance(item, TurnEnd | TurnFailed):
+            done.set()
+
+    connection.prompt(text, sink)
+    return done, items
+
+
+def test_a_full_cache_evicts_the_longest_idle_connection_first(sandbox, settings):
+    settings.CRAFT_MAX_AGENT_CONNECTIONS = 2
+    oldest = services.connect_agent(sandbox, new_session(sandbox))
+    newer = services.connect_agent(sandbox, new_session(sandbox))
+    run_turn(oldest, "hello")
+    run_turn(newer, "hello")  # used last: `oldest` has been idle longer
+    third = services.connect_agent(sandbox, new_session(sandbox))
+    assert not oldest.is_running
+    assert newer.is_running and third.is_running
+    assert agent_connections.count() == 2
+
+
+def test_a_full_cache_never_evicts_a_turn_or_an_open_permission_request(sandbox, settings):
+    settings.CRAFT_MAX_AGENT_CONNECTIONS = 3
+    working = services.connect_agent(sandbox, new_session(sandbox))
+    asking = services.connect_agent(sandbox, new_session(sandbox))
+    idle = services.connect_agent(sandbox, new_session(sandbox))
+    # The busy ones are the longest idle: a cache that ignored turns would pick them first.
+    working_done, _ = start_turn(working, "slow 200 0.05")
+    asking_done, asked = start_turn(asking, "write a.txt hello")
+    deadline = time.monotonic() + 10
+    while not any(isinstance(item, PermissionRequest) for item in asked):
+        assert time.monotonic() < deadline, "no permission request"
+        time.sleep(0.02)
+
+    fourth = services.connect_agent(sandbox, new_session(sandbox))
+    assert not idle.is_running
+    assert working.is_running and asking.is_running and fourth.is_running
+
+    start_turn(fourth, "slow 200 0.05")
+    with pytest.raises(TooManyAgents, match="CRAFT_MAX_AGENT_CONNECTIONS"):
+        services.connect_agent(sandbox, new_session(sandbox))
+    assert working.is_running and asking.is_running and fourth.is_running
+    for connection in (working, asking, fourth):
+        connection.cancel()
+    assert working_done.wait(10) and asking_done.wait(10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from craft import services as craft_services
 from craft.models import Session
 from sandboxes import services
-from sandboxes.models import Sandbox
+from sandboxes.models import ReaperAction, Sandbox
 
 from ..conftest import run_concurrently
 
@@ -85,3 +86,16 @@ def test_nothing_starts_in_a_terminated_sandbox(owner):
     services.terminate_sandbox(session.sandbox)
     with pytest.raises(services.SandboxUnavailable):
         services.connect_agent(session.sandbox, session.pk)
+
+
+def test_a_request_takes_over_a_provisioning_that_stopped(owner, settings):
+    settings.CRAFT_SANDBOX_PROVISIONING_TIMEOUT = 1.0
+    # A server began provisioning this sandbox and died: nobody will finish it.
+    stuck = Sandbox.objects.create(owner=owner, backend="local", status="provisioning")
+    started = time.monotonic()
+    results = run_concurrently(lambda: services.provision_sandbox(owner), 3)
+    waited = time.monotonic() - started
+    assert {(s.pk, s.status) for s in results} == {(stuck.pk, Sandbox.Status.RUNNING)}
+    assert 0.9 < waited < 5, "they waited for the provisioning, then one took it over"
+    (action,) = ReaperAction.objects.filter(sandbox=stuck)
+    assert action.kind == ReaperAction.Kind.RECLAIMED_PROVISIONING

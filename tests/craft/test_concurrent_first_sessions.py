@@ -1,0 +1,87 @@
+"""New users opening their first sessions all at once: one sandbox each, every request served.
+
+A real daphne process, the real database, 50 requests released together from 50 threads.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from craft.models import Session
+from sandboxes.models import Sandbox
+
+from ..server import Daphne
+from .wsclient import session_cookie
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+USERS, REQUESTS_EACH = 10, 5
+
+
+def post_session(url: str, cookie: str, title: str) -> tuple[int, dict]:
+    csrf = secrets.token_hex(16)  # any 32 characters; the cookie and the header must agree
+    request = urllib.request.Request(
+        f"{url}/api/sessions/",
+        data=json.dumps({"title": title}).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Cookie": f"{cookie}; csrftoken={csrf}",
+            "X-CSRFToken": csrf,
+            "Origin": url,
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as failed:
+        with failed:
+            return failed.status, json.load(failed)
+
+
+def test_new_users_opening_sessions_in_parallel_all_succeed_with_one_sandbox_each(tmp_path):
+    users = [
+        get_user_model().objects.create_user(f"newcomer{i}", password="x") for i in range(USERS)
+    ]
+    cookies = {u.pk: session_cookie(u) for u in users}
+    server = Daphne(tmp_path).start()
+    try:
+        barrier = threading.Barrier(USERS * REQUESTS_EACH)
+        answers: list[tuple[int, int, dict]] = []
+
+        def open_one(user, n: int) -> None:
+            barrier.wait()
+            status, body = post_session(server.url, cookies[user.pk], f"try {n}")
+            answers.append((user.pk, status, body))
+
+        threads = [
+            threading.Thread(target=open_one, args=(user, n))
+            for user in users
+            for n in range(REQUESTS_EACH)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        server.stop()
+
+    failures = [(status, body) for _, status, body in answers if status != 201]
+    assert failures == [], f"{len(failures)} of {len(answers)} failed: {failures[:3]}"
+    assert len(answers) == USERS * REQUESTS_EACH
+    for user in users:
+        sandboxes = Sandbox.objects.filter(owner=user)
+        assert [s.status for s in sandboxes] == [Sandbox.Status.RUNNING]
+        sessions = Session.objects.filter(owner=user)
+        assert sessions.count() == REQUESTS_EACH
+        assert {s.sandbox_id for s in sessions} == {sandboxes[0].pk}
+        assert {body["sandbox"] for pk, _, body in answers if pk == user.pk} == {
+            str(sandboxes[0].pk)
+        }
