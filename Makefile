@@ -11,7 +11,7 @@ DAPHNE_OPTIONS := --websocket-max-message-size 4194304 --websocket-max-frame-siz
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test bench lint format venv dev-venv browser migrate clean
+.PHONY: run run-cluster test bench lint format venv dev-venv browser haproxy migrate clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,17 @@ run: migrate
 	@echo "Serving Craft on http://127.0.0.1:$(PORT)/"
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/daphne $(DAPHNE_OPTIONS) -b 127.0.0.1 -p $(PORT) craft.asgi:application
 
+# Several daphne workers behind HAProxy on PostgreSQL and Redis (docs/deployment.md):
+# WORKERS=3 by default; DATABASE_URL and REDIS_URL may point elsewhere.
+WORKERS ?= 3
+run-cluster: venv haproxy
+	$(BIN)/python deploy/cluster/run.py --workers $(WORKERS) --port $(PORT)
+
+haproxy:
+	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
+	  echo "Installing Debian's haproxy for make run-cluster"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
+
 # Debian's Chromium for the browser tests (Playwright's own browser download is not used).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -51,7 +62,7 @@ format: dev-venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: dev-venv browser lint
+test: dev-venv browser haproxy lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The benchmarks of bench/ as one table (SQLite; BENCH_DATABASE_URL=postgres://... for PostgreSQL).

@@ -11,6 +11,7 @@ from datetime import datetime
 from django.contrib import admin
 from django.db.models import Count, Max, Q, QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from sandboxes.admin import SandboxAdmin
 from sandboxes.models import Sandbox
@@ -35,13 +36,25 @@ class EventInline(admin.TabularInline):
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
-    list_display = ["title", "owner", "sandbox", "last_seq", "updated_at"]
+    list_display = ["title", "owner", "sandbox", "last_seq", "updated_at", "worker"]
+    list_select_related = ["owner", "sandbox", "lease"]
     search_fields = ["title", "owner__username", "id"]
-    readonly_fields = ["id", "owner", "sandbox", "agent_session_id", "last_seq", "created_at"]
+    readonly_fields = [
+        "id", "owner", "sandbox", "agent_session_id", "last_seq", "created_at", "worker",
+    ]  # fmt: skip
     inlines = [EventInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description="worker (lease)")
+    def worker(self, session: Session) -> str:
+        """Which server process runs the session's agent (craft.ownership), if any."""
+        lease = getattr(session, "lease", None)
+        if lease is None:
+            return "-"
+        state = "held" if lease.expires_at > timezone.now() else "expired"
+        return f"{lease.owner} ({state}, token {lease.token})"
 
 
 class SessionInline(admin.TabularInline):

@@ -1,9 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from . import api, views
+from . import api, health, views
 
 urlpatterns = [
+    path("healthz", health.alive, name="healthz"),
+    path("readyz", health.ready, name="readyz"),
     path("", views.home, name="home"),
     path("sessions/new/", views.new_session, name="new_session"),
     path("sandbox/status/", views.sandbox_status, name="sandbox_status"),

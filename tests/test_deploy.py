@@ -18,6 +18,7 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
     ("apps/v1", "Deployment"): "V1Deployment",
+    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
 }
 
 
@@ -93,3 +94,18 @@ def test_the_dockerfiles_copy_only_what_exists(image):
             for source in line.split()[1:-1]:
                 assert (Path(settings.BASE_DIR) / source).exists(), source
     assert "USER 1000" in dockerfile
+
+
+def test_the_deployment_runs_several_workers_that_drain_before_they_stop():
+    (deployment,) = by_kind("Deployment")
+    (budget,) = by_kind("PodDisruptionBudget")
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert deployment["spec"]["replicas"] >= 2
+    assert "REDIS_URL" in env and "DATABASE_URL" in env, "workers meet through these"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    grace = float(env["CRAFT_SHUTDOWN_GRACE_SECONDS"])
+    assert spec["terminationGracePeriodSeconds"] >= grace + 15
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]

@@ -10,6 +10,8 @@ import os
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,14 @@ def alive(pid: int) -> bool:
         return False
     # A zombie has exited; only its parent has not collected it yet.
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def readiness(server: Daphne) -> int:
+    try:
+        with urllib.request.urlopen(f"{server.url}/readyz", timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
 @pytest.fixture
@@ -137,7 +147,10 @@ def test_sigterm_lets_a_turn_finish_within_the_grace(servers, owner):
     sock.send({"type": "resume", "after": 0})
     sock.send({"type": "prompt", "id": "g1", "text": "slow 10 0.1"})
     sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    assert readiness(server) == 200
     server.signal(signal.SIGTERM)
+    # While the turn finishes, the worker says it takes no new work (load balancers move on).
+    wait_for(lambda: readiness(server) == 503, timeout=5, what="not ready while stopping")
     assert server.wait(30) == 0
     sock.close()
     chunks = Event.objects.filter(session=session, kind="agent_message_chunk").count()

@@ -197,3 +197,16 @@ def test_the_sandboxes_app_never_imports_the_craft_app():
             )
             offenders += [f"{source.name}: {n}" for n in names if n.split(".")[0] == "craft"]
     assert offenders == []
+
+
+def test_the_session_list_shows_which_worker_holds_each_live_session(client, staff, owner):
+    from craft.models import Lease
+
+    session = craft_services.open_session(owner, "leased")
+    Lease.objects.create(
+        session=session, owner="host/123/456", token=7,
+        expires_at=timezone.now() + timedelta(seconds=30),
+    )  # fmt: skip
+    client.force_login(staff)
+    page = client.get("/admin/craft/session/").content.decode()
+    assert "host/123/456 (held, token 7)" in page

@@ -1,0 +1,113 @@
+"""`make run-cluster`: daphne workers behind HAProxy on PostgreSQL and Redis, tried as a person
+would: chat through the proxy, kill the worker that runs the agent, chat on."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import websocket
+from django.conf import settings
+
+from craft.models import Lease
+from craft.services import open_session
+
+from .conftest import free_port
+from .craft.wsclient import session_cookie
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCRIPT = Path(settings.BASE_DIR) / "deploy" / "cluster" / "run.py"
+REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    if not (shutil.which("haproxy") or Path("/usr/sbin/haproxy").exists()):
+        pytest.fail("haproxy is missing: `make test` installs Debian's haproxy")
+    db = settings.DATABASES["default"]
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": REDIS_URL,
+        "CRAFT_VAR_DIR": str(tmp_path / "var"),
+        "CRAFT_SANDBOX_ROOT": str(settings.CRAFT_SANDBOX_ROOT),
+        "CRAFT_SESSION_LEASE_SECONDS": "3",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = (tmp_path / "cluster.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--workers", "2", "--port", str(port)],
+        env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    text = ""
+    while "Serving Craft" not in text:
+        text = (tmp_path / "cluster.log").read_text(errors="replace")
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the cluster did not start:\n{text[-3000:]}")
+        time.sleep(0.2)
+    pids = [int(p) for p in re.findall(r"worker pid (\d+)", text)]
+    yield port, pids, tmp_path / "cluster.log"
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(90)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+def ask_pid(ws, prompt_id: str) -> int:
+    ws.send(json.dumps({"type": "prompt", "id": prompt_id, "text": "pid"}))
+    mine = False
+    while True:
+        frame = json.loads(ws.recv())
+        assert frame["type"] != "error", frame
+        if frame.get("kind") == "user_message" and frame["data"]["id"] == prompt_id:
+            mine = True
+        if mine and frame.get("kind") == "agent_message_chunk":
+            return int(frame["data"]["content"]["text"].split()[1])
+
+
+def test_a_session_works_through_the_proxy_and_survives_its_worker(cluster, owner):
+    port, worker_pids, log = cluster
+    session = open_session(owner, "cluster")
+    cookie = session_cookie(owner)
+
+    def connect():
+        ws = websocket.create_connection(
+            f"ws://127.0.0.1:{port}/ws/sessions/{session.pk}/",
+            header=[f"Cookie: {cookie}"], origin=f"http://127.0.0.1:{port}", timeout=30,
+        )  # fmt: skip
+        hello = json.loads(ws.recv())
+        ws.send(json.dumps({"type": "resume", "after": hello["last_seq"]}))
+        return ws
+
+    # Round-robin: two connections land on the two workers; one agent serves both.
+    first, second = connect(), connect()
+    pid = ask_pid(first, "a")
+    assert ask_pid(second, "b") == pid
+    owner_pid = int(Lease.objects.get(session=session).owner.split("/")[1])
+    assert owner_pid in worker_pids
+    first.close()
+    second.close()
+    # The worker that runs the agent dies; the proxy and the other worker carry on.
+    os.kill(owner_pid, signal.SIGKILL)
+    ws = connect()
+    assert ask_pid(ws, "c") != pid, "a new agent, in the surviving worker"
+    ws.close()
+    deadline = time.monotonic() + 30
+    while "restarting it" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "the dead worker is started again"
+        time.sleep(0.2)
