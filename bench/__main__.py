@@ -2,9 +2,10 @@
 
 SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the same
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
-of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`).
+of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
+`bench.failover`).
 
-    .venv/bin/python -m bench [--quick] [--only hotpath,resume,page,idle]
+    .venv/bin/python -m bench [--quick] [--only hotpath,resume,page,idle,failover]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 
 from .harness import Figure, Site
 
-BENCHMARKS = ["hotpath", "resume", "page", "idle"]
+BENCHMARKS = ["hotpath", "resume", "page", "idle", "failover"]
 
 
 def print_table(database: str, figures: list[Figure]) -> None:
@@ -45,6 +46,7 @@ def main() -> None:
                 "resume": {"runs": 3 if args.quick else 5},
                 "page": {"runs": 3 if args.quick else 7},
                 "idle": {"sockets": 1000 if args.quick else 10_000},
+                "failover": {"rounds": 5 if args.quick else 10},
             }[name]
             figures += asyncio.run(module.run(site, **options))
     finally:

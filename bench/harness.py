@@ -156,13 +156,14 @@ class Site:
     # --- the server ------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def serve(self, *daphne_args: str) -> Iterator[Server]:
+    def serve(self, *daphne_args: str, **env: str) -> Iterator[Server]:
+        """Serve the site with daphne (`env` on top of the site's environment)."""
         port = free_port()
         log = (self.workdir / f"daphne-{port}.log").open("wb")
         process = subprocess.Popen(
             [sys.executable, "-m", "daphne", *daphne_args, "-b", "127.0.0.1", "-p", str(port),
              "craft.asgi:application"],
-            env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env={**self.env, **env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -232,14 +233,21 @@ class Client:
         return json.loads(message.data)
 
     async def prompt(self, text: str) -> float:
-        """Send a prompt, wait for its turn_end; return the seconds it took."""
+        """Send a prompt, wait for its turn_end; return the seconds it took.
+
+        Events of other turns (another socket's, arriving here too) are skipped.
+        """
         started = time.perf_counter()
-        await self.send({"type": "prompt", "id": uuid.uuid4().hex, "text": text})
+        prompt_id = uuid.uuid4().hex
+        await self.send({"type": "prompt", "id": prompt_id, "text": text})
+        mine = False
         while True:
             frame = await self.frame()
             if frame["type"] == "error":
                 raise RuntimeError(f"prompt refused: {frame}")
-            if frame.get("kind") == "turn_end":
+            if frame.get("kind") == "user_message":
+                mine = frame["data"].get("id") == prompt_id
+            elif mine and frame.get("kind") == "turn_end":
                 if frame["data"].get("stop_reason") != "end_turn":
                     raise RuntimeError(f"turn ended badly: {frame}")
                 return time.perf_counter() - started

@@ -210,7 +210,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     async def events_available(self, message: dict[str, Any]) -> None:
         """Another process stored events (the channel-layer doorbell): read them."""
         if message.get("origin") != live.PROCESS_ID:
-            self.deliver(message["last_seq"], message["last_seq"], None)
+            last = message["last_seq"]
+            self.deliver(message.get("first_seq", last), last, message.get("frames"))
 
     def _start_pump(self) -> None:
         if self._pump is None or self._pump.done():

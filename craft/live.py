@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 Notice = tuple[UUID, int, int, list[str] | None]  # session, first seq, last seq, frames
+# Doorbells to other processes carry the frames of batches up to this size.
+DOORBELL_FRAMES_BYTES = 64 * 1024
 
 
 def session_group(session_id: UUID) -> str:
@@ -65,21 +67,24 @@ class LiveHub:
         layer = get_channel_layer()
         if layer is None or isinstance(layer, InMemoryChannelLayer):
             return
-        last: dict[UUID, int] = {}
-        for session_id, _, last_seq, _ in notices:
-            last[session_id] = max(last_seq, last.get(session_id, 0))
-        for session_id, last_seq in last.items():
-            task = self.loop.create_task(_ring(layer, session_id, last_seq))
+        for session_id, first_seq, last_seq, frames in notices:
+            task = self.loop.create_task(_ring(layer, session_id, first_seq, last_seq, frames))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
 
-async def _ring(layer: Any, session_id: UUID, last_seq: int) -> None:
+async def _ring(
+    layer: Any, session_id: UUID, first_seq: int, last_seq: int, frames: list[str] | None
+) -> None:
+    message: dict[str, Any] = {
+        "type": "events.available", "first_seq": first_seq, "last_seq": last_seq,
+        "origin": PROCESS_ID,
+    }  # fmt: skip
+    # Small batches carry their frames: other processes' sockets send them without a read.
+    if frames is not None and sum(len(frame) for frame in frames) <= DOORBELL_FRAMES_BYTES:
+        message["frames"] = frames
     try:
-        await layer.group_send(
-            session_group(session_id),
-            {"type": "events.available", "last_seq": last_seq, "origin": PROCESS_ID},
-        )
+        await layer.group_send(session_group(session_id), message)
     except Exception:
         # The log is committed; other processes catch up on their next doorbell or resume.
         logger.exception("doorbell for session %s failed", session_id)

@@ -63,6 +63,7 @@ class Claim:
     token: int = 0
     owner: str = ""
     channel: str = ""
+    seconds_left: float = 0.0  # how long the owner's lease still runs (another's claim)
 
 
 def _lease_seconds() -> float:
@@ -98,7 +99,9 @@ def acquire(session_id: UUID) -> Claim:
         owner = Worker.objects.filter(pk=lease.owner).first()
         gone = workers.is_gone(lease.owner, {owner.pk: owner} if owner else {})
         if lease.expires_at > now and not gone:
-            return Claim(mine=False, owner=lease.owner, channel=owner.channel if owner else "")
+            left = (lease.expires_at - now).total_seconds()
+            channel = owner.channel if owner else ""
+            return Claim(mine=False, owner=lease.owner, channel=channel, seconds_left=left)
         previous = lease.owner
         lease.owner, lease.token, lease.expires_at = me, lease.token + 1, expires
         lease.save(update_fields=["owner", "token", "expires_at"])
@@ -145,6 +148,8 @@ class Ownership:
 
     def __init__(self) -> None:
         self.held: dict[UUID, Held] = {}
+        # Other workers' leases, as last read: (claim, until when to trust it, monotonic).
+        self.others: dict[UUID, tuple[Claim, float]] = {}
         self.on_lost: Callable[[UUID], Awaitable[None]] | None = None
 
     def token(self, session_id: UUID) -> int | None:
@@ -158,12 +163,23 @@ class Ownership:
         token = self.token(session_id)
         if token is not None:
             return Claim(mine=True, token=token, owner=workers.me().key)
+        known = self.others.get(session_id)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]  # forwarding needs no database read while the lease surely runs
         claim = await readers.run(acquire, session_id)
         if claim.mine:
+            self.others.pop(session_id, None)
             self._hold(session_id, claim.token)
         else:
             self.held.pop(session_id, None)
+            # Trusted for at most half of what is left of the owner's lease (and forgotten at
+            # once when the owner does not answer).
+            self.others[session_id] = (claim, time.monotonic() + claim.seconds_left / 2)
         return claim
+
+    def forget_owner(self, session_id: UUID) -> None:
+        """The owner last read did not answer: read the lease again next time."""
+        self.others.pop(session_id, None)
 
     def _hold(self, session_id: UUID, token: int) -> None:
         # Renewals come three times per lease period (craft.lifecycle); a lease this worker
@@ -316,6 +332,7 @@ async def route(
                 if reply.get("code"):
                     raise Refused(reply["code"], reply["message"])
                 return
+            ownership.forget_owner(session_id)
         if time.monotonic() > deadline:
             raise Refused(
                 "unavailable", "the server running this session does not answer; try again"
