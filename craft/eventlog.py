@@ -55,6 +55,7 @@ class Stored:
     first_seq: int
     last_seq: int
     frames: list[str]
+    size: int = 0  # characters of stored JSON
 
 
 def _encode(events: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
@@ -136,7 +137,7 @@ def _insert(
     if _TURN_KINDS.intersection(kind for kind, _ in events):
         _follow_turn(session_id, events, first, client_id, now)
     frames = [event_frame(first + i, kind, text) for i, (kind, text) in enumerate(encoded)]
-    return Stored(first, last, frames)
+    return Stored(first, last, frames, sum(len(text) for _, text in encoded))
 
 
 _TURN_KINDS = {"user_message", "permission_request", "permission_answer", "turn_end"}

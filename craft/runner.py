@@ -459,6 +459,7 @@ class SessionRunner:
                 await self._send_cancel(connection)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.CRAFT_TURN_TIMEOUT_SECONDS
+            stored_size, over, dropped = 0, False, 0
             while True:
                 try:
                     batch = await asyncio.wait_for(
@@ -468,14 +469,31 @@ class SessionRunner:
                     await self._time_out(connection, deadline - loop.time() <= 0)
                     continue
                 events, final = self._events_of(batch)
+                if over:  # past the turn's limit: what the agent still says is counted, not kept
+                    dropped += len([e for e in events if e[0] != "agent_error"])
+                    events = [e for e in events if e[0] == "agent_error"]
+                    self._interrupt = self._over_limit(dropped)
                 if final is not None:
                     return events, final
+                if not events:
+                    continue
                 try:
-                    await self._append(events)
+                    stored = await self._append(events)
                 except (Session.DoesNotExist, Fenced):
                     raise
                 except Exception as exc:
                     raise StorageFailed(exc, events) from exc
+                stored_size += stored.size if stored else 0
+                if stored_size > settings.CRAFT_MAX_TURN_BYTES and not over:
+                    over = True
+                    self._interrupt = self._over_limit(0)
+                    self._cancel_requested = True
+                    await self._send_cancel(connection)
+
+    def _over_limit(self, dropped: int) -> str:
+        megabytes = settings.CRAFT_MAX_TURN_BYTES / 2**20
+        said = f"; {dropped} later updates were not stored" if dropped else ""
+        return f"The agent's output passed {megabytes:g} MB in one turn, so Craft stopped it{said}."
 
     def _patience(self, left: float) -> float | None:
         """How long to wait for the agent's next item before the turn times out."""

@@ -314,6 +314,9 @@ CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum
 # CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects.
 CRAFT_SOCKET_BUFFER_BYTES = env_int("CRAFT_SOCKET_BUFFER_BYTES", 4 * 1024 * 1024, minimum=65536)
 CRAFT_SOCKET_STALL_SECONDS = env_float("CRAFT_SOCKET_STALL_SECONDS", 30.0, minimum=0.5)
+# What one turn may store; past it the turn is stopped and what the agent still sends is
+# counted, not stored (the turn's end says how much).
+CRAFT_MAX_TURN_BYTES = env_int("CRAFT_MAX_TURN_BYTES", 256 * 1024 * 1024, minimum=65536)
 # How many sessions one person may have (0: no limit).
 CRAFT_MAX_SESSIONS_PER_USER = env_int("CRAFT_MAX_SESSIONS_PER_USER", 500)
 # The longest message (one line of ACP JSON) Craft takes from an agent; a longer one is skipped
@@ -403,3 +406,6 @@ if CRAFT_SANDBOX_PROVISIONING_TIMEOUT <= CRAFT_K8S_READY_TIMEOUT:
 
 # The most agent connections one server process keeps (each is a process or an exec).
 CRAFT_MAX_AGENT_CONNECTIONS = env_int("CRAFT_MAX_AGENT_CONNECTIONS", 200, minimum=1)
+# Agents one person may have running at once in one server process (0: no limit); the
+# longest-idle one makes room for a new one, busy ones never do.
+CRAFT_MAX_AGENTS_PER_USER = env_int("CRAFT_MAX_AGENTS_PER_USER", 10)

@@ -114,30 +114,43 @@ class ConnectionCache:
             return connection
 
     def _reserve_place(self, key: Key) -> None:
-        """Count one more start, first stopping the longest-idle connection if the cache is full.
+        """Count one more start, first stopping the longest-idle connection if the sandbox
+        has as many agents as one user may run, or the cache is full.
 
         Connections whose agent died go first, then the idle ones, longest idle first; one in
         a turn (or an open permission request) is never evicted. A connection whose key lock
         is taken (being started, stopped or handed out right now) is passed over.
         """
+        per_sandbox = settings.CRAFT_MAX_AGENTS_PER_USER
         while True:
             with self._lock:
-                if len(self._connections) + self._starting < self.max_size:
+                mine = [other for other in self._connections if other[0] == key[0]]
+                if per_sandbox and len(mine) >= per_sandbox:
+                    candidates = self._eviction_order(key, mine)
+                    full = (
+                        f"you already have {per_sandbox} agents at work, the most one person "
+                        "can have; try again when one of them has finished"
+                    )
+                elif len(self._connections) + self._starting < self.max_size:
                     self._starting += 1
                     return
-                candidates = sorted(
-                    (
-                        (conn.is_running, conn.last_used_at, other, conn)
-                        for other, conn in self._connections.items()
-                        if other != key and not conn.turn_active
-                    ),
-                    key=lambda item: (item[0], item[1]),
-                )
-            if not any(self._evict(other, conn) for _, _, other, conn in candidates):
-                raise TooManyAgents(
-                    f"this server already runs {self.max_size} agents, all of them busy "
-                    "(CRAFT_MAX_AGENT_CONNECTIONS); try again when one of them has finished"
-                )
+                else:
+                    candidates = self._eviction_order(key, list(self._connections))
+                    full = (
+                        f"this server already runs {self.max_size} agents, all of them busy "
+                        "(CRAFT_MAX_AGENT_CONNECTIONS); try again when one of them has finished"
+                    )
+            if not any(self._evict(other, conn) for other, conn in candidates):
+                raise TooManyAgents(full)
+
+    def _eviction_order(self, key: Key, keys: list[Key]) -> list[tuple[Key, AgentConnection]]:
+        """Return the connections that may be evicted, dead ones first, then longest idle."""
+        candidates = [
+            (other, self._connections[other])
+            for other in keys
+            if other != key and not self._connections[other].turn_active
+        ]
+        return sorted(candidates, key=lambda pair: (pair[1].is_running, pair[1].last_used_at))
 
     def _evict(self, key: Key, connection: AgentConnection) -> bool:
         with self._locked(key, blocking=False) as acquired:

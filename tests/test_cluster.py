@@ -47,7 +47,8 @@ def cluster(tmp_path):
     }
     log = (tmp_path / "cluster.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--workers", "2", "--port", str(port)],
+        [sys.executable, str(SCRIPT), "--port", str(port),
+         "--worker-ports", f"{free_port()},{free_port()}"],
         env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     deadline = time.monotonic() + 90

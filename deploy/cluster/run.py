@@ -6,7 +6,7 @@ workers round-robin (no stickiness), each session's agent runs in the worker tha
 lease, frames reaching another worker are forwarded to it through Redis, and when a worker
 dies another takes its sessions over (docs/deployment.md).
 
-    python deploy/cluster/run.py [--workers 3] [--port 8000]
+    python deploy/cluster/run.py [--workers 3] [--port 8000] [--worker-ports 8001,8002,...]
 
 Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/craft, created if
 missing), REDIS_URL (default redis://127.0.0.1:6379/1), CRAFT_VAR_DIR (default var/cluster:
@@ -92,11 +92,11 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes], what: str) -> None
 class Cluster:
     """HAProxy and the workers; a worker that dies is started again."""
 
-    def __init__(self, env: dict[str, str], var: Path, workers: int, port: int) -> None:
+    def __init__(self, env: dict[str, str], var: Path, port: int, worker_ports: list[int]) -> None:
         self.env = env
         self.var = var
         self.port = port
-        self.ports = [port + 1 + i for i in range(workers)]
+        self.ports = worker_ports
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.proxy: subprocess.Popen[bytes] | None = None
 
@@ -154,7 +154,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--worker-ports",
+        help="comma-separated ports of the workers (default: the ports after --port)",
+    )
     args = parser.parse_args()
+    if args.worker_ports:
+        worker_ports = [int(port) for port in args.worker_ports.split(",")]
+    else:
+        worker_ports = [args.port + 1 + i for i in range(args.workers)]
     var = Path(os.environ.get("CRAFT_VAR_DIR", ROOT / "var" / "cluster")).resolve()
     env = {
         **os.environ,
@@ -168,7 +176,7 @@ def main() -> None:
     for command in (["migrate", "--noinput"], ["collectstatic", "--noinput", "-v", "0"],
                     ["ensure_admin"]):  # fmt: skip
         subprocess.run([sys.executable, "manage.py", *command], env=env, cwd=ROOT, check=True)
-    cluster = Cluster(env, var, args.workers, args.port)
+    cluster = Cluster(env, var, args.port, worker_ports)
 
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt

@@ -154,3 +154,25 @@ def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, 
     assert error["type"] == "error" and error["code"] == "prompt_too_long"
     assert after == {"type": "error", "code": "not_running", "message": "no turn is running"}
     assert not Event.objects.filter(session=session).exists()
+
+
+@pytest.mark.asyncio
+async def test_a_turn_past_its_byte_limit_is_stopped_and_says_what_was_not_stored(owner, settings):
+    settings.CRAFT_MAX_TURN_BYTES = 200_000
+    settings.CRAFT_CANCEL_GRACE_SECONDS = 0.5
+    session = await db_sync_to_async(services.open_session)(owner, "chatty")
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "c1", "text": "count 100000"})
+    frames = await receive_until(comm, is_turn_end, timeout=30)
+    assert frames[-1]["data"] == {"stop_reason": "interrupted"}
+    message = frames[-2]["data"]["message"]
+    assert message.startswith("The agent's output passed 0.190735 MB in one turn")
+    stored = await db_sync_to_async(
+        lambda: Event.objects.filter(session=session, kind="agent_message_chunk").count()
+    )()
+    assert 100 < stored < 100_000
+    await comm.send_json_to({"type": "prompt", "id": "c2", "text": "hello"})
+    frames = await receive_until(comm, is_turn_end, timeout=30)
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await comm.disconnect()

@@ -268,3 +268,22 @@ def test_a_full_cache_never_evicts_a_turn_or_an_open_permission_request(sandbox,
     for connection in (working, asking, fourth):
         connection.cancel()
     assert working_done.wait(10) and asking_done.wait(10)
+
+
+def test_one_person_runs_at_most_the_configured_number_of_agents(sandbox, settings, stranger):
+    settings.CRAFT_MAX_AGENTS_PER_USER = 2
+    idle = services.connect_agent(sandbox, new_session(sandbox))
+    busy = services.connect_agent(sandbox, new_session(sandbox))
+    done, _ = start_turn(busy, "slow 200 0.05")
+    # A third agent of the same person makes room by stopping the idle one...
+    third = services.connect_agent(sandbox, new_session(sandbox))
+    assert not idle.is_running and busy.is_running and third.is_running
+    # ...and when both are busy, a fourth is refused in words; other people are not limited.
+    start_turn(third, "slow 200 0.05")
+    with pytest.raises(TooManyAgents, match="the most one person can have"):
+        services.connect_agent(sandbox, new_session(sandbox))
+    other = services.provision_sandbox(stranger)
+    assert services.connect_agent(other, new_session(other)).is_running
+    for connection in (busy, third):
+        connection.cancel()
+    assert done.wait(10)
