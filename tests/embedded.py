@@ -21,7 +21,7 @@ from typing import Any
 import websocket
 from django.conf import settings
 
-from .conftest import free_port
+from .server import Daphne
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -103,16 +103,9 @@ def serve(env: dict[str, str], var_dir: Path) -> Iterator[SignedIn]:
     manage(env, "migrate", "--noinput")
     manage(env, "collectstatic", "--noinput", "-v", "0")
     password = re.search(r"with password (\S+)", manage(env, "ensure_admin")).group(1)
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "--websocket-max-message-size", "4194304",
-                 "--websocket-max-frame-size", "4194304",
-                 "-b", "127.0.0.1", "-p", str(port),
-         "craft.asgi:application"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    server = Daphne(var_dir, base_env=env).start()
+    assert server.process is not None
     try:
-        yield SignedIn(f"http://127.0.0.1:{port}", password, server)
+        yield SignedIn(server.url, password, server.process)
     finally:
         server.terminate()
-        server.wait(10)

@@ -1,6 +1,8 @@
-"""Daphne in a subprocess against the test database, to be started, stopped and killed.
+"""Daphne in a subprocess, started as `make run` and the deployment start it.
 
-For the tests that are about the server process itself: restarts, SIGTERM, SIGKILL.
+The one place tests start a server: the browser tests, the tests of `make run`'s embedded
+defaults, and the tests about the server process itself (restarts, SIGTERM, SIGKILL,
+several workers). By default it serves `craft.asgi` against the test database.
 """
 
 from __future__ import annotations
@@ -21,31 +23,50 @@ from django.conf import settings
 from .conftest import free_port
 from .craft.wsclient import session_cookie
 
+# As `make run` starts daphne: client frames of up to 4 MiB reach Craft (docs/deployment.md).
+DAPHNE_OPTIONS = [
+    "--websocket-max-message-size",
+    "4194304",
+    "--websocket-max-frame-size",
+    "4194304",
+]
+
+
+def test_database_env() -> dict[str, str]:
+    """This environment, pointed at the test database and the test's sandbox folder."""
+    db = settings.DATABASES["default"]
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CRAFT_SANDBOX_ROOT": str(settings.CRAFT_SANDBOX_ROOT),
+    }
+
 
 class Daphne:
-    """One daphne process serving craft.asgi (as `daphne craft.asgi:application` would)."""
+    """One daphne process serving an ASGI application (`craft.asgi` unless told otherwise)."""
 
-    def __init__(self, workdir: Path, **env: str) -> None:
-        db = settings.DATABASES["default"]
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        app: str = "craft.asgi:application",
+        base_env: dict[str, str] | None = None,
+        **env: str,
+    ) -> None:
+        self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / f"daphne-{self.port}.log"
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-            "CRAFT_SANDBOX_ROOT": str(settings.CRAFT_SANDBOX_ROOT),
-            **env,
-        }
+        self.env = {**(test_database_env() if base_env is None else base_env), **env}
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Daphne:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "--websocket-max-message-size", "4194304",
-                 "--websocket-max-frame-size", "4194304",
-                 "-b", "127.0.0.1", "-p", str(self.port),
-                 "craft.asgi:application"],
+                [sys.executable, "-m", "daphne", *DAPHNE_OPTIONS, "-b", "127.0.0.1",
+                 "-p", str(self.port), self.app],
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
             )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -69,9 +90,22 @@ class Daphne:
         return self.process.wait(timeout)
 
     def stop(self) -> None:
+        """Kill the server at once (a test that wants a clean stop sends SIGTERM itself)."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+    def terminate(self, timeout: float = 10) -> None:
+        """Stop the server cleanly; kill it if it takes longer than `timeout`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Turns a test left running make the server wait out its shutdown grace.
+            self.process.kill()
+            self.process.wait(10)  # reaped, or the Popen warns (an error here) once dropped
 
 
 class Socket:

@@ -12,8 +12,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -24,8 +22,8 @@ from playwright.async_api import async_playwright
 
 from craft.db import db_sync_to_async
 
-from ..conftest import free_port
 from ..craft.wsclient import session_cookie
+from ..server import Daphne
 
 CHROMIUM = os.environ.get("CRAFT_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -102,47 +100,21 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
     test database."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
-    port = free_port()
-    db = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "CRAFT_SANDBOX_ROOT": str(sandboxes),
-        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
-        **extra_env,
-    }
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    log = OUTPUT / f"daphne-{port}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "--websocket-max-message-size", "4194304",
-                 "--websocket-max-frame-size", "4194304",
-                 "-b", "127.0.0.1", "-p", str(port),
-             "tests.browser.faults:application"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/accounts/login/", timeout=1).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+    server = Daphne(
+        OUTPUT, app="tests.browser.faults:application",
+        CRAFT_SANDBOX_ROOT=str(sandboxes), DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
+        **extra_env,
+    )  # fmt: skip
     try:
-        yield LiveServer(url, process, log)
+        server.start()
+    except AssertionError as exc:
+        pytest.fail(str(exc))
+    assert server.process is not None
+    try:
+        yield LiveServer(server.url, server.process, server.log)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            # Turns a test left running make the server wait out its shutdown grace.
-            process.kill()
-            process.wait(10)  # reaped, or the Popen warns (an error here) once it is dropped
+        server.terminate()
 
 
 @pytest.fixture(scope="session")
