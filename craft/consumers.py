@@ -165,7 +165,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def handle_resume(self, frame: dict[str, Any]) -> None:
         after = frame.get("after", 0)
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             raise Refused("bad_frame", "resume needs 'after': a non-negative integer")
         if self._pump is not None:
             self._pump.cancel()
