@@ -36,7 +36,8 @@ def session(owner):
 
 @db_sync_to_async
 def kinds_of(session) -> list[str]:
-    return list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
+    events = Event.objects.filter(session=session).order_by("seq")
+    return list(events.values_list("kind", flat=True))
 
 
 async def logged(session, kind: str) -> None:

@@ -67,7 +67,7 @@ async def event(comm, kind: str) -> dict:
 
 async def test_the_agent_s_controls_are_stored_when_it_starts(session, cookie):
     comm = await connected(session, cookie)
-    frames, _ = await turn(comm, "a1", "hello")
+    await turn(comm, "a1", "hello")
     (info,) = await stored(session, "agent_info")
     assert info["agent"]["name"] == "craft-demo-agent"
     assert info["promptCapabilities"] == {"image": True, "audio": False, "embeddedContext": True}
@@ -204,7 +204,8 @@ async def test_attachments_that_do_not_fit_are_refused_and_nothing_is_stored(
     session, cookie, attachments, code
 ):
     comm = await connected(session, cookie)
-    await comm.send_json_to({"type": "prompt", "id": "x1", "text": "hi", "attachments": attachments})
+    frame = {"type": "prompt", "id": "x1", "text": "hi", "attachments": attachments}
+    await comm.send_json_to(frame)
     assert (await error(comm))["code"] == code
     assert await stored(session, "user_message") == []
     await comm.disconnect()
