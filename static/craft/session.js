@@ -149,6 +149,8 @@
   const QUIET_KINDS = new Set([
     "available_commands_update", "current_mode_update", "config_option_update",
     "config_options_update", "session_info_update", "usage_update", "agent_info",
+    // The person's own words: the page shows the prompt from Craft's user_message.
+    "user_message_chunk",
   ]);
 
   function agentErrorSummary(message) {
