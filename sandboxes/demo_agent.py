@@ -159,7 +159,8 @@ class Session:
         state = {name: getattr(self, name) for name in self.STATE_FIELDS}
         path = self.state_file
         path.parent.mkdir(exist_ok=True)
-        temporary = path.with_suffix(".tmp")
+        # One temporary file per thread: a turn and a settings change may save at once.
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         temporary.write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
         os.replace(temporary, path)
 
