@@ -16,6 +16,7 @@ from craft.db import db_sync_to_async
 from craft.eventlog import append_events
 from craft.models import Event
 from craft.services import open_session
+from sandboxes.demo_agent import FRESH_MARKER
 
 from .conftest import assert_accessible, serve, signed_in_page, snap
 from .test_chat_page import TURN_END, open_page, send_prompt
@@ -38,6 +39,18 @@ def session(owner):
 def kinds_of(session) -> list[str]:
     events = Event.objects.filter(session=session).order_by("seq")
     return list(events.values_list("kind", flat=True))
+
+
+@db_sync_to_async
+def agent_texts(session) -> list[str]:
+    """The agent's replies, one string per turn."""
+    replies: list[str] = []
+    for event in Event.objects.filter(session=session).order_by("seq"):
+        if event.kind == "user_message":
+            replies.append("")
+        elif event.kind == "agent_message_chunk" and replies:
+            replies[-1] += event.data["content"]["text"]
+    return replies
 
 
 async def logged(session, kind: str) -> None:
@@ -74,24 +87,42 @@ async def test_the_restart_divider_says_whether_the_context_came_back(page, craf
     ])  # fmt: skip
 
 
-async def test_a_killed_agent_comes_back_remembering_and_the_page_says_so(
-    page, craft_server, session
+@pytest.mark.parametrize(
+    ("restore", "reply", "divider"),
+    [
+        ("resume", "You asked me to remember: banana.", "Agent restarted — context restored"),
+        ("load", "You asked me to remember: banana.", "Agent restarted — context restored"),
+        ("none", FRESH_MARKER, "Agent restarted — the agent starts fresh"),
+    ],
+)
+async def test_a_killed_agent_comes_back_and_the_page_says_how(
+    browser, owner, tmp_path, restore, reply, divider
 ):
-    await open_page(page, craft_server, session)
-    await turn(page, "remember banana", 1)
-    await turn(page, "pid", 2)
-    pid = int((await page.locator(REPLY).last.inner_text()).split()[1])
-    os.kill(pid, signal.SIGKILL)
-    await asyncio.sleep(0.3)
-    await turn(page, "recall", 3)
-    await expect(page.locator(REPLY).last).to_have_text("You asked me to remember: banana.")
-    await expect(page.locator("#transcript .divider")).to_have_text(
-        "Agent restarted — context restored"
-    )
-    await snap(page, "agent-restarted")
-    await page.reload()
-    await expect(page.locator("#transcript .divider")).to_have_count(1)
-    assert (await kinds_of(session)).count("agent_restarted") == 1
+    session = await db_sync_to_async(open_session)(owner, "")
+    env = {"CRAFT_AGENT_COMMAND": f"craft-demo-agent --restore {restore}"}
+    with serve(env, tmp_path / "sandboxes") as server:
+        page = await signed_in_page(browser, server, owner)
+        try:
+            await open_page(page, server, session)
+            await turn(page, "remember banana", 1)
+            await turn(page, "pid", 2)
+            pid = int((await page.locator(REPLY).last.inner_text()).split()[1])
+            os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.3)
+            await turn(page, "recall", 3)
+            await expect(page.locator(REPLY).last).to_have_text(reply)
+            await expect(page.locator("#transcript .divider")).to_have_text(divider)
+            await snap(page, f"agent-restarted-{restore}")
+            await page.reload()
+            await expect(page.locator("#transcript .divider")).to_have_count(1)
+            kinds = await kinds_of(session)
+            assert kinds.count("agent_restarted") == 1
+            assert "user_message_chunk" not in kinds, "nothing the agent replayed was stored"
+            assert (await agent_texts(session)) == [
+                "I will remember banana.", f"pid {pid}", reply,
+            ]  # fmt: skip
+        finally:
+            await page.context.close()
 
 
 async def test_config_options_commands_usage_and_title_round_trip(page, craft_server, session):
