@@ -1489,7 +1489,11 @@
   function showFrameErrorFrame(frame) {
     if (frame.code === "not_running") return; // Stop raced with the end of the turn
     state.controlsDirty = true; // a refused change: the pickers go back to what the agent said
-    renderControls();
+    try {
+      renderControls();
+    } catch (error) {
+      console.error("could not show the agent's controls", error);
+    }
     showFrameError(FRAME_ERRORS[frame.code] || "The server did not accept that. Try again in a moment.");
   }
 

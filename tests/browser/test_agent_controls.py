@@ -217,3 +217,31 @@ async def test_files_are_mentioned_and_images_attached(page, craft_server, sessi
     )
     await expect(page.locator(REPLY).last).to_contain_text("I received 2 attachment(s)")
     await expect(page.locator("#attachments")).to_be_hidden()
+
+
+async def test_odd_controls_from_an_agent_never_wedge_the_page(page, craft_server, session):
+    odd = [
+        ("agent_info", {"configOptions": "model", "modes": [1], "promptCapabilities": None}),
+        ("config_option_update", {"configOptions": [
+            None, {"id": 3}, {"id": "model", "type": "select", "currentValue": 7,
+                              "options": [{"value": "a"}, {"group": "g", "options": [
+                                  {"value": "b", "name": "B"}, "junk"]}]},
+            {"id": "flag", "type": "boolean", "currentValue": True},
+        ]}),
+        ("current_mode_update", {"currentModeId": {"x": 1}}),
+        ("available_commands_update", {"availableCommands": [None, {"name": ""}, {"name": 5},
+                                                             {"name": "ok"}]}),
+        ("usage_update", {"used": "lots", "size": 0, "cost": {"amount": 1, "currency": "??"}}),
+        ("usage_update", {"used": 50, "size": 100, "cost": {"amount": 1, "currency": "NOPE!"}}),
+        ("user_message", {"id": "u1", "text": "hi", "attachments": [None, {"type": "image"}]}),
+        ("agent_restarted", {}),
+    ]  # fmt: skip
+    await store(session.pk, odd)
+    await open_page(page, craft_server, session)
+    seqs = await page.locator("#transcript [data-seq]").evaluate_all(
+        "nodes => nodes.map(n => Number(n.dataset.seq))"
+    )
+    assert sorted(seqs) == list(range(1, len(odd) + 1))
+    await expect(page.locator("#pickers select")).to_have_count(1)  # only the usable option
+    await expect(page.locator("#usage-text")).to_contain_text("Context 50%")
+    await expect(page.locator("#transcript .msg-attachments")).to_have_text("Attached: image")
