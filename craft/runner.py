@@ -722,7 +722,7 @@ class SessionRunner:
             options = await in_agent_thread(connection.set_config_option, config_id, value)
         except AgentError as exc:
             raise Refused("agent_refused", f"the agent refused: {exc}") from exc
-        await self._append(controls.config_event(options))
+        await self._append_control(controls.config_event(options))
 
     async def set_mode(self, mode_id: str) -> None:
         """Switch the agent to one of its modes; the log records the new mode."""
@@ -735,7 +735,17 @@ class SessionRunner:
             await in_agent_thread(connection.set_mode, mode_id)
         except AgentError as exc:
             raise Refused("agent_refused", f"the agent refused: {exc}") from exc
-        await self._append(controls.mode_event(mode_id))
+        await self._append_control(controls.mode_event(mode_id))
+
+    async def _append_control(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Store what a control changed; a worker that lost the session meanwhile stops."""
+        try:
+            await self._append(events)
+        except Fenced:
+            await self._drop_connection()
+            raise Refused(
+                "unavailable", "another server took this session over; try again"
+            ) from None
 
     def _watch_titles(self, events: list[tuple[str, dict[str, Any]]]) -> None:
         """Let the session's title follow the agent's (after the events that named it)."""

@@ -151,6 +151,27 @@ async def test_an_idle_agent_stopped_comes_back_with_its_memory(session, cookie)
     await comm.disconnect()
 
 
+async def test_an_agent_the_reaper_stopped_as_idle_comes_back_with_its_memory(
+    session, cookie, settings
+):
+    from craft.session_activity import SessionActivity
+    from sandboxes.reaper import stop_idle_agents
+
+    settings.CRAFT_AGENT_IDLE_SECONDS = 0.2
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await turn(comm, "i3", "remember quince")
+    await asyncio.sleep(0.3)
+    actions = await db_sync_to_async(stop_idle_agents)(SessionActivity())
+    assert [action.target for action in actions] == [f"session {session.pk}"]
+    frames, reply = await turn(comm, "i4", "recall")
+    assert reply == "You asked me to remember: quince."
+    assert [f["data"] for f in frames if f.get("kind") == "agent_restarted"] == [
+        {"restored": "resume"}
+    ]
+    await comm.disconnect()
+
+
 async def test_the_first_start_of_a_session_is_no_restart(session, cookie):
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
