@@ -65,7 +65,7 @@ def killed(pid: int) -> None:
     while time.monotonic() < deadline:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
+        except OSError:  # reaped meanwhile: the file goes, or reading it fails (ESRCH)
             return
         if state == "Z":
             return
