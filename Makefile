@@ -11,7 +11,7 @@ DAPHNE_OPTIONS := --websocket-max-message-size 4194304 --websocket-max-frame-siz
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run run-cluster test bench lint format venv dev-venv browser haproxy migrate clean
+.PHONY: run run-cluster test bench lint format venv dev-venv browser haproxy realagent migrate clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -62,12 +62,21 @@ format: dev-venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# A real third-party ACP agent for the opt-in realagent tests: opencode, at the version pinned
+# in tests/realagent/package.json (about 190 MB). `make test` runs those tests when it is there.
+REALAGENT := tests/realagent/node_modules/.bin/opencode
+
+realagent:
+	cd tests/realagent && npm install --no-audit --no-fund --no-package-lock
+
 test: dev-venv browser haproxy lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+	@if [ -x $(REALAGENT) ]; then $(BIN)/pytest -m realagent tests/realagent; \
+	else echo "Skipped the realagent tests: \`make realagent\` installs opencode for them."; fi
 
 # The benchmarks of bench/ as one table (SQLite; BENCH_DATABASE_URL=postgres://... for PostgreSQL).
 bench: dev-venv browser
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache
+	rm -rf $(VENV) var .pytest_cache .ruff_cache tests/realagent/node_modules

@@ -152,7 +152,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             )
         if not isinstance(text, str):
             raise Refused("bad_frame", "prompt needs a 'text' string")
-        await services.post_prompt(self.session_id, client_id, text)
+        await services.post_prompt(self.session_id, client_id, text, frame.get("attachments"))
 
     async def handle_cancel(self, frame: dict[str, Any]) -> None:
         await services.cancel_turn(self.session_id)
@@ -176,11 +176,25 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         self._catch_up = True
         self._start_pump()
 
+    async def handle_set_config_option(self, frame: dict[str, Any]) -> None:
+        config_id, value = frame.get("config"), frame.get("value")
+        if not isinstance(config_id, str) or not isinstance(value, str):
+            raise Refused("bad_frame", "set_config_option needs 'config' and 'value' strings")
+        await services.set_config_option(self.session_id, config_id, value)
+
+    async def handle_set_mode(self, frame: dict[str, Any]) -> None:
+        mode_id = frame.get("mode")
+        if not isinstance(mode_id, str):
+            raise Refused("bad_frame", "set_mode needs a 'mode' string")
+        await services.set_mode(self.session_id, mode_id)
+
     handlers = {
         "prompt": handle_prompt,
         "cancel": handle_cancel,
         "permission": handle_permission,
         "resume": handle_resume,
+        "set_config_option": handle_set_config_option,
+        "set_mode": handle_set_mode,
     }
 
     # --- live events --------------------------------------------------------------------------

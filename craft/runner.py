@@ -37,7 +37,9 @@ from django.db import DataError, IntegrityError
 from sandboxes import services as sandbox_services
 from sandboxes.acp import (
     AgentConnection,
+    AgentError,
     PermissionRequest,
+    PromptNotSent,
     TurnEnd,
     TurnFailed,
     TurnItem,
@@ -45,6 +47,7 @@ from sandboxes.acp import (
 )
 from sandboxes.models import Sandbox
 
+from . import controls
 from .db import db_sync_to_async
 from .eventlog import Fence, Fenced, Stored, writer
 from .models import Event, Session
@@ -89,11 +92,12 @@ def _prompt_seen(session_id: UUID, client_id: str) -> bool:
 
 
 @db_sync_to_async
-def _running_sandbox(session_id: UUID) -> Sandbox:
-    """Return the session's sandbox, checked to be running (raises SandboxUnavailable)."""
+def _start_of(session_id: UUID) -> tuple[Sandbox, str]:
+    """Return the session's sandbox, checked to be running, and the agent's last session id
+    (empty at the session's first start)."""
     session = Session.objects.select_related("sandbox").get(pk=session_id)
     sandbox_services.require_running(session.sandbox)
-    return session.sandbox
+    return session.sandbox, session.agent_session_id
 
 
 @db_sync_to_async
@@ -235,6 +239,9 @@ class SessionRunner:
         # (worker, token) of the lease under which this worker runs the session; set by
         # craft.ownership before each frame it handles here.
         self.fence: Fence | None = None
+        self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
+        # What the last agent of this runner takes in prompts (None: not known yet).
+        self._prompt_capabilities: dict[str, bool] | None = None
 
     @property
     def running(self) -> bool:
@@ -256,14 +263,26 @@ class SessionRunner:
         logger.warning("session %s: lease lost; stopping its agent here", self.session_id)
         await self._drop_connection()
 
-    async def prompt(self, client_id: str, text: str) -> bool:
-        """Store the prompt and start its turn; return False for a repeated client id."""
+    async def prompt(
+        self, client_id: str, text: str, attachments: list[controls.Attachment] | None = None
+    ) -> bool:
+        """Store the prompt and start its turn; return False for a repeated client id.
+
+        `attachments` (checked by `controls.parse_attachments`) go to the agent after the
+        text; the log keeps what they were, not an image's bytes.
+        """
         if not text.strip():
             raise Refused("empty_prompt", "a prompt needs some text")
         if len(text) > MAX_PROMPT_CHARS:
             raise Refused(
                 "prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters"
             )
+        attachments = attachments or []
+        if attachments and self._prompt_capabilities is not None:
+            try:
+                controls.check_capabilities(attachments, self._prompt_capabilities)
+            except controls.Invalid as invalid:
+                raise Refused(invalid.code, invalid.message) from None
         # The agent gets the prompt as it is stored: text no one could encode is cleaned.
         text = clean_text(text)
         async with self._lock:
@@ -275,7 +294,7 @@ class SessionRunner:
                 raise Refused("turn_running", "the agent is still working on the previous prompt")
             if self._late is not None:
                 await asyncio.gather(self._late, return_exceptions=True)
-            stored = await self._store_prompt(client_id, text)
+            stored = await self._store_prompt(client_id, text, attachments)
             if stored is None:
                 return False
             self._cancel_requested = False
@@ -283,7 +302,7 @@ class SessionRunner:
             # A fresh context: the turn must not inherit the consumer's context, which ends
             # when the browser leaves.
             self._task = asyncio.get_running_loop().create_task(
-                self._run_turn(text), context=contextvars.Context()
+                self._run_turn(text, attachments), context=contextvars.Context()
             )
         if not self._titled:
             self._titled = True
@@ -292,13 +311,18 @@ class SessionRunner:
                 await self._append([("session_title", {"title": title, "source": "prompt"})])
         return True
 
-    async def _store_prompt(self, client_id: str, text: str) -> Stored | None:
+    async def _store_prompt(
+        self, client_id: str, text: str, attachments: list[controls.Attachment] | None = None
+    ) -> Stored | None:
         """Store the user_message, which starts the session's durable turn.
 
         The database refuses a second running turn (another worker's, or one whose worker
         is gone and not yet closed: that one is closed here and the prompt stored after it).
         """
-        event = [("user_message", {"id": client_id, "text": text})]
+        data: dict[str, Any] = {"id": client_id, "text": text}
+        if attachments:
+            data["attachments"] = [attachment.stored() for attachment in attachments]
+        event = [("user_message", data)]
         try:
             return await self._append(event, client_id=client_id)
         except IntegrityError:
@@ -397,22 +421,38 @@ class SessionRunner:
                 await db_sync_to_async(sandbox_services.touch_sandbox)(self._sandbox_id)
             return cached
         self.connection = None
-        # Database work on the database threads, the agent's start on an agent thread: a
-        # start that takes seconds holds no database connection.
-        sandbox = await _running_sandbox(self.session_id)
+        async with self._starting:
+            if self.connection is not None and self.connection.is_running:
+                return self.connection  # started meanwhile, for a control or a turn
+            return await self._start_connection()
+
+    async def _start_connection(self) -> AgentConnection:
+        """Start the session's agent, reattached to its earlier agent session if any.
+
+        Database work on the database threads, the agent's start on an agent thread: a start
+        that takes seconds holds no database connection. The start's events (one
+        `agent_restarted` if an earlier agent process was replaced, and `agent_info`) are
+        queued before anything the agent sends outside a turn.
+        """
+        sandbox, reattach = await _start_of(self.session_id)
         connection = await in_agent_thread(
-            sandbox_services.agent_connection, sandbox, self.session_id
+            sandbox_services.agent_connection, sandbox, self.session_id, reattach or None
         )
         self._sandbox_id = sandbox.pk
         await _record_start(self.session_id, sandbox.pk, connection.agent_session_id)
         self._active_at = time.monotonic()
+        self._prompt_capabilities = connection.prompt_capabilities
+        if controls.first_use(connection):
+            await self._append(controls.start_events(connection))
         inbox = Inbox(asyncio.get_running_loop(), self._store_late_updates)
         connection.idle_sink = inbox.put
         self._inbox = inbox
         self.connection = connection
         return connection
 
-    async def _run_turn(self, text: str) -> None:
+    async def _run_turn(
+        self, text: str, attachments: list[controls.Attachment] | None = None
+    ) -> None:
         """Run one turn to its end; whatever happens, the log gets exactly one turn_end."""
         ending: list[tuple[str, dict[str, Any]]] = []
         try:
@@ -425,7 +465,7 @@ class SessionRunner:
                 if self._cancel_requested:
                     ending, reason = [], "cancelled"
                 else:
-                    ending, reason = await self._stream(connection, text)
+                    ending, reason = await self._send_turn(connection, text, attachments or [])
         except Fenced:
             # Another worker took the session over; it closed this turn. Nothing more here.
             await self._drop_connection()
@@ -445,8 +485,34 @@ class SessionRunner:
             ending, reason = [*ending, ("agent_error", {"message": self._interrupt})], "interrupted"
         await self._end(ending, reason)
 
+    async def _send_turn(
+        self, connection: AgentConnection, text: str, attachments: list[controls.Attachment]
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+        """Stream the turn; if the prompt could not even be written (the agent died just
+        before), the agent never got it: a new agent takes it, once."""
+        for attempt in (1, 2):
+            try:
+                controls.check_capabilities(attachments, connection.prompt_capabilities)
+            except controls.Invalid as invalid:
+                return [("agent_error", {"message": invalid.message})], "error"
+            blocks = controls.prompt_blocks(attachments, connection.cwd)
+            try:
+                return await self._stream(connection, text, blocks)
+            except PromptNotSent as exc:
+                logger.info("session %s: prompt not sent (%s)", self.session_id, exc)
+                await self._drop_connection()
+                if attempt == 2 or self._cancel_requested:
+                    message = f"the agent could not take the prompt: {exc}"
+                    return [("agent_error", {"message": message})], "error"
+            try:
+                connection = await self._connection()
+            except Exception as exc:
+                logger.warning("session %s: agent did not start: %s", self.session_id, exc)
+                return [("agent_error", {"message": str(exc)})], "error"
+        raise AssertionError("unreachable")
+
     async def _stream(
-        self, connection: AgentConnection, text: str
+        self, connection: AgentConnection, text: str, blocks: list[dict[str, Any]] | None = None
     ) -> tuple[list[tuple[str, dict[str, Any]]], str]:
         """Send the prompt and store the turn's items until its end; return the last events
         (not stored yet) and the stop reason."""
@@ -454,7 +520,7 @@ class SessionRunner:
         assert inbox is not None
         with inbox:
             # Writing the prompt can block (a full pipe, a slow exec websocket): not here.
-            await in_agent_thread(connection.prompt, text, inbox.put)
+            await in_agent_thread(connection.prompt, text, inbox.put, blocks)
             if self._cancel_requested:  # a cancel that came while the prompt was written
                 await self._send_cancel(connection)
             loop = asyncio.get_running_loop()
@@ -483,6 +549,7 @@ class SessionRunner:
                     raise
                 except Exception as exc:
                     raise StorageFailed(exc, events) from exc
+                self._watch_titles(events)
                 stored_size += stored.size if stored else 0
                 if stored_size > settings.CRAFT_MAX_TURN_BYTES and not over:
                     over = True
@@ -549,6 +616,8 @@ class SessionRunner:
                     await self._append(events)
                 except Exception:
                     logger.exception("session %s: storing late updates failed", self.session_id)
+                else:
+                    self._watch_titles(events)
 
     def _events_of(
         self, batch: list[TurnItem]
@@ -599,6 +668,7 @@ class SessionRunner:
         while True:
             try:
                 await self._append(last)
+                self._watch_titles(others)
                 return
             except Session.DoesNotExist:
                 logger.info("session %s was deleted during a turn", self.session_id)
@@ -624,6 +694,71 @@ class SessionRunner:
                 )  # fmt: skip
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    # --- the agent's controls (see craft.controls) -----------------------------------------
+
+    async def _control_connection(self) -> AgentConnection:
+        """Return the live agent connection for a control, starting the agent if needed."""
+        connection = self.connection
+        if connection is not None and connection.is_running:
+            return connection
+        if self.running:
+            raise Refused("agent_starting", "the agent is starting; try again in a moment")
+        try:
+            return await self._connection()
+        except Session.DoesNotExist:
+            raise
+        except Exception as exc:
+            raise Refused("agent_unavailable", f"the agent could not start: {exc}") from exc
+
+    async def set_config_option(self, config_id: str, value: str) -> None:
+        """Change one of the agent's session config options; the log records the new ones."""
+        connection = await self._control_connection()
+        try:
+            controls.check_config_choice(connection.config_options, config_id, value)
+        except controls.Invalid as invalid:
+            raise Refused(invalid.code, invalid.message) from None
+        try:
+            options = await in_agent_thread(connection.set_config_option, config_id, value)
+        except AgentError as exc:
+            raise Refused("agent_refused", f"the agent refused: {exc}") from exc
+        await self._append_control(controls.config_event(options))
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Switch the agent to one of its modes; the log records the new mode."""
+        connection = await self._control_connection()
+        try:
+            controls.check_mode(connection.modes, mode_id)
+        except controls.Invalid as invalid:
+            raise Refused(invalid.code, invalid.message) from None
+        try:
+            await in_agent_thread(connection.set_mode, mode_id)
+        except AgentError as exc:
+            raise Refused("agent_refused", f"the agent refused: {exc}") from exc
+        await self._append_control(controls.mode_event(mode_id))
+
+    async def _append_control(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Store what a control changed; a worker that lost the session meanwhile stops."""
+        try:
+            await self._append(events)
+        except Fenced:
+            await self._drop_connection()
+            raise Refused(
+                "unavailable", "another server took this session over; try again"
+            ) from None
+
+    def _watch_titles(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Let the session's title follow the agent's (after the events that named it)."""
+        for title in controls.agent_titles(events):
+            asyncio.get_running_loop().create_task(self._take_agent_title(title))
+
+    async def _take_agent_title(self, title: str) -> None:
+        try:
+            events = await controls.follow_agent_title(self.session_id, title)
+            if events:
+                await self._append(events)
+        except Exception:
+            logger.exception("session %s: taking the agent's title failed", self.session_id)
 
 
 class RunnerRegistry:

@@ -19,10 +19,10 @@ from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
-from . import live, ownership, workers
+from . import controls, live, ownership, workers
 from .eventlog import append_events
 from .models import Session
-from .runner import runners
+from .runner import Refused, runners
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +106,13 @@ def clean_title(title: str) -> str:
 
 
 async def handle_frame(session_id: uuid.UUID, frame: dict[str, Any]) -> None:
-    """Carry out a validated `prompt`, `cancel` or `permission` frame of a session.
+    """Carry out a validated `prompt`, `cancel`, `permission`, `set_config_option` or
+    `set_mode` frame of a session.
 
     In the worker that owns the session's agent (see craft.ownership): here, or forwarded to
     it. Raises `runner.Refused` with the error for the client (a prompt while a turn runs,
-    a cancel without one, an unknown permission request...). A repeated prompt id is
-    ignored.
+    a cancel without one, an unknown permission request, a config value the agent does not
+    offer...). A repeated prompt id is ignored.
     """
     await ownership.route(session_id, frame, _handle_here)
 
@@ -121,18 +122,59 @@ async def _handle_here(session_id: uuid.UUID, frame: dict[str, Any], token: int)
     runner.fence = (workers.me().key, token)
     kind = frame["type"]
     if kind == "prompt":
-        await runner.prompt(frame["id"], frame["text"])
+        attachments = _checked_attachments(frame.get("attachments"))
+        await runner.prompt(frame["id"], frame["text"], attachments)
     elif kind == "cancel":
         await runner.cancel()
     elif kind == "permission":
         await runner.answer_permission(frame["request"], frame["option"])
+    elif kind == "set_config_option":
+        await runner.set_config_option(frame["config"], frame["value"])
+    elif kind == "set_mode":
+        await runner.set_mode(frame["mode"])
     else:
         raise ValueError(f"not a session frame: {kind!r}")
 
 
-async def post_prompt(session_id: uuid.UUID, client_id: str, text: str) -> None:
-    """Store the prompt and start its turn in the background (see `handle_frame`)."""
-    await handle_frame(session_id, {"type": "prompt", "id": client_id, "text": text})
+def _checked_attachments(raw: object) -> list[controls.Attachment]:
+    try:
+        return controls.parse_attachments(raw)
+    except controls.Invalid as invalid:
+        raise Refused(invalid.code, invalid.message) from None
+
+
+async def post_prompt(
+    session_id: uuid.UUID, client_id: str, text: str, attachments: object = None
+) -> None:
+    """Store the prompt and start its turn in the background (see `handle_frame`).
+
+    `attachments` is the prompt frame's list of files and images (docs/websocket-api.md),
+    checked here before the frame goes anywhere. Raises `runner.Refused` for an empty or
+    oversized prompt, attachments that are malformed, too big or not taken by the agent,
+    or while a turn is running.
+    """
+    frame: dict[str, Any] = {"type": "prompt", "id": client_id, "text": text}
+    if attachments is not None:
+        _checked_attachments(attachments)
+        frame["attachments"] = attachments
+    await handle_frame(session_id, frame)
+
+
+async def set_config_option(session_id: uuid.UUID, config_id: str, value: str) -> None:
+    """Change one of the agent's session config options (starting the agent if needed).
+
+    The agent's answer, every option with its current value, is stored as a
+    `config_option_update` event. Raises `runner.Refused` for an option or value the agent
+    does not offer, or when the agent refuses.
+    """
+    await handle_frame(
+        session_id, {"type": "set_config_option", "config": config_id, "value": value}
+    )
+
+
+async def set_mode(session_id: uuid.UUID, mode_id: str) -> None:
+    """Switch the agent to one of its modes; stored as a `current_mode_update` event."""
+    await handle_frame(session_id, {"type": "set_mode", "mode": mode_id})
 
 
 async def cancel_turn(session_id: uuid.UUID) -> None:

@@ -89,6 +89,18 @@ class TurnInProgress(AgentError):
     """A prompt was sent while another turn of this connection was still running."""
 
 
+class PromptNotSent(AgentError):
+    """Writing `session/prompt` failed: the agent never got the prompt, another one may."""
+
+
+# How a connection opened its ACP session: a reattach to the stored session (`resume`, or
+# `load`, whose replay is not delivered), or a new one (`none`: the agent starts fresh).
+RESTORED = ("resume", "load", "none")
+# Updates that arrive outside a turn before anyone listens (some agents send their commands
+# right after the session/new answer) are held for the idle sink, up to this many.
+EARLY_UPDATES = 1_000
+
+
 # --- What a turn yields, in wire order ----------------------------------------------------
 
 
@@ -190,6 +202,12 @@ class AgentConnection:
         self.cwd = cwd
         self.agent_session_id: str | None = None
         self.agent_info: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        # None when start() was not asked to reattach; else one of RESTORED.
+        self.restored: str | None = None
+        # The session's controls as the agent last described them (see `controls`).
+        self.config_options: list[dict[str, Any]] | None = None
+        self.modes: dict[str, Any] | None = None
         self.created_at = time.monotonic()
         self.last_used_at = self.created_at
         self._ids = itertools.count()
@@ -204,12 +222,23 @@ class AgentConnection:
             target=self._read_loop, name=f"acp-reader-{process.ident}", daemon=True
         )
         # Updates that arrive outside a turn (some agents send them after the prompt response).
-        self.idle_sink: Sink | None = None
+        self._idle_sink: Sink | None = None
+        self._early: list[TurnItem] = []  # held until there is an idle sink
+        # The id of the session/resume or session/load request while it runs: until its
+        # answer, what the agent sends is a replay of what the client has already seen.
+        self._restoring: int | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Initialize the agent and open its ACP session in `cwd`; raise AgentError on failure."""
+    def start(self, timeout: float = 30.0, *, reattach: str | None = None) -> None:
+        """Initialize the agent and open its ACP session in `cwd`; raise AgentError on failure.
+
+        With `reattach` (the agent's session id from an earlier process), the agent is asked
+        to continue that session: `session/resume` if it advertises it, else `session/load`
+        if it advertises that, else (or if the agent refuses) a new session. `restored`
+        says which; nothing the agent sends before the resume or load answer is delivered
+        (a load replays the conversation, which the client already has).
+        """
         self._reader.start()
         try:
             init = self.request(
@@ -225,13 +254,98 @@ class AgentConnection:
                 timeout=timeout,
             )
             self.agent_info = dict(init.get("agentInfo") or {})
-            created = self.request(
-                "session/new", {"cwd": self.cwd, "mcpServers": []}, timeout=timeout
-            )
-            self.agent_session_id = str(created["sessionId"])
+            capabilities = init.get("agentCapabilities")
+            self.capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+            opened = None
+            if reattach:
+                opened = self._reattach(reattach, timeout)
+            if opened is None:
+                opened = self.request(
+                    "session/new", {"cwd": self.cwd, "mcpServers": []}, timeout=timeout
+                )
+                self.agent_session_id = str(opened["sessionId"])
+                self.restored = "none" if reattach else None
+            self._take_controls(opened)
         except (AgentError, KeyError, TypeError, AttributeError) as exc:
             self.stop()
             raise AgentError(f"agent did not start: {exc}") from exc
+
+    @property
+    def can_resume(self) -> bool:
+        sessions = self.capabilities.get("sessionCapabilities")
+        return isinstance(sessions, dict) and isinstance(sessions.get("resume"), dict)
+
+    @property
+    def can_load(self) -> bool:
+        return self.capabilities.get("loadSession") is True
+
+    @property
+    def prompt_capabilities(self) -> dict[str, bool]:
+        """Return which content beyond text and resource links the agent takes in prompts."""
+        raw = self.capabilities.get("promptCapabilities")
+        raw = raw if isinstance(raw, dict) else {}
+        return {key: raw.get(key) is True for key in ("image", "audio", "embeddedContext")}
+
+    def _reattach(self, session_id: str, timeout: float) -> dict[str, Any] | None:
+        """Resume or load the agent's earlier session; return the answer, None if neither.
+
+        Resume wins when the agent offers both: it restores the agent without a replay.
+        """
+        method = "session/resume" if self.can_resume else "session/load" if self.can_load else None
+        if method is None:
+            return None
+        params = {"sessionId": session_id, "cwd": self.cwd, "mcpServers": []}
+        with self._lock:
+            request_id = next(self._ids)
+            future: Future[Any] = Future()
+            self._pending[request_id] = future
+            self._restoring = request_id
+        try:
+            self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+            result = future.result(timeout=timeout)
+        except FutureTimeout:
+            raise AgentError(f"{method}: no answer within {timeout} s") from None
+        except AgentError as exc:
+            if not self.is_running:
+                raise
+            # The agent forgot the session (its files are gone): start a new one.
+            logger.info("agent %s refused %s: %s", self.process.ident, method, exc)
+            return None
+        finally:
+            with self._lock:
+                self._pending.pop(request_id, None)
+                self._restoring = None
+        self.agent_session_id = session_id
+        self.restored = method.removeprefix("session/")
+        return result if isinstance(result, dict) else {}
+
+    def _take_controls(self, answer: Any) -> None:
+        """Keep the config options and modes a session/new, resume or load answer carries."""
+        if not isinstance(answer, dict):
+            return
+        options = answer.get("configOptions")
+        if isinstance(options, list):
+            self.config_options = [o for o in options if isinstance(o, dict)]
+        modes = answer.get("modes")
+        if isinstance(modes, dict):
+            self.modes = dict(modes)
+
+    @property
+    def idle_sink(self) -> Sink | None:
+        return self._idle_sink
+
+    @idle_sink.setter
+    def idle_sink(self, sink: Sink | None) -> None:
+        """Set who hears updates outside turns; it first gets those that came before it."""
+        while True:
+            with self._lock:
+                early, self._early = self._early, []
+                if not early:
+                    self._idle_sink = sink
+                    return
+            for item in early:
+                if sink is not None:
+                    sink(item)
 
     @property
     def is_running(self) -> bool:
@@ -274,24 +388,26 @@ class AgentConnection:
     def notify(self, method: str, params: dict[str, Any]) -> None:
         self._write({"jsonrpc": "2.0", "method": method, "params": params})
 
-    def prompt(self, text: str, sink: Sink) -> None:
+    def prompt(self, text: str, sink: Sink, blocks: list[dict[str, Any]] | None = None) -> None:
         """Start a turn: send `session/prompt` and deliver its items to `sink` in wire order.
 
-        The sink is called on the reader thread (it must not block) and receives `Update`s and
-        `PermissionRequest`s, then exactly one `TurnEnd` or `TurnFailed`.
+        The prompt is `text` as a text block, then `blocks` (resource links, images: ACP
+        content blocks). The sink is called on the reader thread (it must not block) and
+        receives `Update`s and `PermissionRequest`s, then exactly one `TurnEnd` or
+        `TurnFailed`. Raises PromptNotSent, delivering nothing, when the prompt could not be
+        written (the agent is gone and never got it).
         """
         with self._lock:
             if self._turn is not None:
                 raise TurnInProgress("a turn is already running on this connection")
             if not self.is_running:
-                raise AgentError("agent is not running")
+                raise PromptNotSent("agent is not running")
             request_id = next(self._ids)
             turn = _Turn(sink=sink, prompt_id=request_id)
             self._turn = turn
             future: Future[Any] = Future()
             self._pending[request_id] = future
         self.last_used_at = time.monotonic()
-        future.add_done_callback(lambda f: self._finish_turn(turn, f))
         try:
             self._write(
                 {
@@ -300,15 +416,41 @@ class AgentConnection:
                     "method": "session/prompt",
                     "params": {
                         "sessionId": self.agent_session_id,
-                        "prompt": [{"type": "text", "text": text}],
+                        "prompt": [{"type": "text", "text": text}, *(blocks or [])],
                     },
                 }
             )
         except AgentError as exc:
             with self._lock:
                 self._pending.pop(request_id, None)
-            if not future.done():
-                future.set_exception(exc)
+                turn.finished = True
+                if self._turn is turn:
+                    self._turn = None
+            raise PromptNotSent(str(exc)) from exc
+        future.add_done_callback(lambda f: self._finish_turn(turn, f))
+
+    def set_config_option(self, config_id: str, value: str, timeout: float = 30.0) -> list[Any]:
+        """Ask the agent to change a session config option; return every option as it is now."""
+        result = self.request(
+            "session/set_config_option",
+            {"sessionId": self.agent_session_id, "configId": config_id, "value": value},
+            timeout=timeout,
+        )
+        options = result.get("configOptions") if isinstance(result, dict) else None
+        if not isinstance(options, list):
+            raise AgentError("session/set_config_option: the answer has no configOptions")
+        self.config_options = [o for o in options if isinstance(o, dict)]
+        return self.config_options
+
+    def set_mode(self, mode_id: str, timeout: float = 30.0) -> None:
+        """Ask the agent to switch to one of its modes."""
+        self.request(
+            "session/set_mode",
+            {"sessionId": self.agent_session_id, "modeId": mode_id},
+            timeout=timeout,
+        )
+        if self.modes is not None:
+            self.modes = {**self.modes, "currentModeId": mode_id}
 
     def iter_prompt(self, text: str, timeout: float | None = None) -> Iterator[TurnItem]:
         """Run a turn and yield its items (blocking); permission requests must be answered."""
@@ -466,6 +608,10 @@ class AgentConnection:
         if type(response_id) is int:  # our ids are ints; a list or object would not even hash
             with self._lock:
                 future = self._pending.pop(response_id, None)
+                if response_id == self._restoring:
+                    # Cleared here, on the reader thread, so that what comes after the answer
+                    # (commands, say) is delivered and only the replay before it is not.
+                    self._restoring = None
         if future is None:
             logger.warning("agent %s answered unknown id %.100r", self.process.ident, response_id)
             return
@@ -488,8 +634,21 @@ class AgentConnection:
         if not isinstance(update, dict):
             logger.warning("agent %s sent a session/update without update", self.process.ident)
             return
+        if self._restoring is not None:
+            return  # a replay of what the client already has (session/load, some resumes)
+        kind = str(update.get("sessionUpdate", "unknown"))
+        self._follow_controls(kind, update)
         # Unknown kinds are delivered as they are: the event log keeps everything.
-        self._deliver(Update(kind=str(update.get("sessionUpdate", "unknown")), data=update))
+        self._deliver(Update(kind=kind, data=update))
+
+    def _follow_controls(self, kind: str, update: dict[str, Any]) -> None:
+        """Keep `config_options` and `modes` as the agent's own updates change them."""
+        if kind == "config_option_update" and isinstance(update.get("configOptions"), list):
+            self.config_options = [o for o in update["configOptions"] if isinstance(o, dict)]
+        elif kind == "current_mode_update" and self.modes is not None:
+            mode = update.get("currentModeId", update.get("modeId"))
+            if isinstance(mode, str):
+                self.modes = {**self.modes, "currentModeId": mode}
 
     def _handle_agent_request(self, message: dict[str, Any]) -> None:
         method = message["method"]
@@ -550,10 +709,17 @@ class AgentConnection:
 
     def _deliver(self, item: TurnItem) -> None:
         turn = self._turn
-        sink = turn.sink if turn is not None else self.idle_sink
+        sink = turn.sink if turn is not None else self._idle_sink
         if sink is None:
-            logger.info("agent %s: %s outside a turn, dropped", self.process.ident, item)
-            return
+            with self._lock:
+                if self._idle_sink is None:
+                    if len(self._early) < EARLY_UPDATES:
+                        self._early.append(item)  # handed over when the idle sink is set
+                    else:
+                        logger.info("agent %s: %s outside a turn, dropped",
+                                    self.process.ident, item)  # fmt: skip
+                    return
+                sink = self._idle_sink
         try:
             sink(item)
         except Exception:

@@ -9,10 +9,15 @@ the session's working directory, read files, stream slowly so cancellation can b
 and misbehave on purpose (crash, print non-JSON, send huge lines or unknown update kinds)
 so the client's error handling can be tested.
 
-What it does not do: it has no model and does not understand prompts; it does not load
-or resume sessions, accept images, audio or embedded resources, connect to MCP servers,
-or use the client's terminal. It never touches files outside the session's working
-directory.
+It keeps each session's state (what it was asked to remember, the conversation, its
+settings) in a file in the session's working directory, so a new process can resume or
+load the session (`--restore` says which of the two it advertises). It offers slash
+commands, config options and modes (`--controls`), reports usage, and names the session
+when asked.
+
+What it does not do: it has no model and does not understand prompts; it does not accept
+audio, connect to MCP servers, or use the client's terminal. It never touches files
+outside the session's working directory.
 
 It uses only the standard library and imports nothing from the project, because it also
 runs inside sandbox container images and through Kubernetes pod exec.
@@ -37,8 +42,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 NAME = "craft-demo-agent"
-VERSION = "1.0.0"
+VERSION = "1.1.0"
 PROTOCOL_VERSION = 1
+
+# Where a session's state lives, relative to its working directory.
+STATE_DIR = ".craft-demo-agent"
+# The context window the agent reports in usage_update, in (pretend) tokens.
+CONTEXT_TOKENS = 100_000
+FRESH_MARKER = "I remember nothing: this is a fresh start."
+HISTORY_CHARS = 10_000
 
 # JSON-RPC 2.0 error codes.
 PARSE_ERROR = -32700
@@ -46,10 +58,35 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+RESOURCE_NOT_FOUND = -32002
 
 PERMISSION_OPTIONS = [
     {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
     {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+]
+# The `ask` scenario offers every kind of option ACP has, each under the agent's own name.
+ALL_PERMISSION_OPTIONS = [
+    {"optionId": "once", "name": "Yes, this time", "kind": "allow_once"},
+    {"optionId": "always", "name": "Yes, and don't ask again", "kind": "allow_always"},
+    {"optionId": "no", "name": "No, not this time", "kind": "reject_once"},
+    {"optionId": "never", "name": "No, and don't ask again", "kind": "reject_always"},
+]
+
+MODELS = [
+    ("fast", "Demo fast", "Answers at once"),
+    ("careful", "Demo careful", "Thinks before it answers"),
+]
+MODES = [
+    ("ask", "Ask", "Asks before changing files"),
+    ("code", "Code", "Changes files without asking"),
+]
+COMMANDS = [
+    ("remember", "Remember a word for later", "a word"),
+    ("recall", "Say what you asked me to remember", None),
+    ("config", "Say which model and mode are in use", None),
+    ("title", "Name this session", "a title"),
+    ("demo", "The guided tour", None),
+    ("plan", "Show a plan that progresses", None),
 ]
 
 DEMO_FILE = "hello.txt"
@@ -94,12 +131,65 @@ class RpcError(Exception):
 
 @dataclass
 class Session:
-    """One ACP session: a working directory and at most one running prompt turn."""
+    """One ACP session: a working directory and at most one running prompt turn.
+
+    What a later process needs to continue the session (`STATE_FIELDS`) is saved to
+    `<cwd>/.craft-demo-agent/<session id>.json` after every change.
+    """
 
     session_id: str
     cwd: Path
     turn: Turn | None = None
     tool_call_numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    memory: list[str] = field(default_factory=list)
+    # The conversation as (role, text) pairs, role "user" or "agent": replayed by session/load.
+    history: list[list[str]] = field(default_factory=list)
+    model: str = MODELS[0][0]
+    mode: str = MODES[0][0]
+    used: int = 0  # tokens "in context", for usage_update
+
+    STATE_FIELDS = ("memory", "history", "model", "mode", "used")
+
+    @property
+    def state_file(self) -> Path:
+        return state_file(self.cwd, self.session_id)
+
+    def save(self) -> None:
+        """Write the session's state atomically (a crash leaves the old or the new file)."""
+        state = {name: getattr(self, name) for name in self.STATE_FIELDS}
+        path = self.state_file
+        path.parent.mkdir(exist_ok=True)
+        # One temporary file per thread: a turn and a settings change may save at once.
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        temporary.write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+        os.replace(temporary, path)
+
+    def restore(self) -> None:
+        """Read the state a previous process saved; raise OSError or ValueError if none."""
+        state = json.loads(self.state_file.read_text(encoding="utf-8"))
+        if not isinstance(state, dict):
+            raise ValueError("the state file does not hold an object")
+        for name in self.STATE_FIELDS:
+            if name in state and isinstance(state[name], type(getattr(self, name))):
+                setattr(self, name, state[name])
+
+
+def state_file(cwd: Path, session_id: str) -> Path:
+    """Return where the state of `session_id` lives (its id is checked to be a file name)."""
+    if not re.fullmatch(r"demo-[0-9a-f]{32}", session_id):
+        raise RpcError(RESOURCE_NOT_FOUND, f"Resource not found: session {session_id}")
+    return cwd / STATE_DIR / f"{session_id}.json"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the agent advertises, chosen on its command line."""
+
+    restore: str = "both"  # which of session/resume and session/load: both, resume, load, none
+    controls: str = "both"  # config options, modes, both or none
+    images: bool = True
+    embedded_context: bool = True
+    replay_on_resume: bool = False  # replay history on session/resume too, as some agents do
 
 
 @dataclass
@@ -114,14 +204,23 @@ class PendingRequest:
 class Turn:
     """One running session/prompt: what a scenario sees of the connection."""
 
-    def __init__(self, agent: Agent, session: Session, text: str) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        session: Session,
+        text: str,
+        attachments: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.agent = agent
         self.session = session
         self.text = text
+        self.attachments = attachments or []
         words = text.split(maxsplit=1)
-        self.word = words[0].lower() if words else ""
+        # A slash command ("/recall") runs the scenario of the same name.
+        self.word = words[0].lower().removeprefix("/") if words else ""
         self.args = words[1] if len(words) > 1 else ""
         self.cancelled = threading.Event()
+        self.said: list[str] = []  # the agent's message text, for the session's history
 
     @property
     def cwd(self) -> Path:
@@ -145,6 +244,8 @@ class Turn:
 
     def chunk(self, text: str, kind: str = "agent_message_chunk") -> None:
         """Send one message (or thought) chunk."""
+        if kind == "agent_message_chunk" and len(self.said) < 1000:
+            self.said.append(text)
         self.update({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
 
     def stream(self, text: str, kind: str = "agent_message_chunk") -> None:
@@ -182,29 +283,43 @@ class Turn:
         A cancelled outcome, or a session/cancel while waiting, raises Cancelled.
         A JSON-RPC error or any other option counts as a rejection.
         """
+        return self.choose(tool_call, PERMISSION_OPTIONS) == "allow"
+
+    def choose(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> str | None:
+        """Ask the client to pick one of `options`; return the option id, None if none.
+
+        A cancelled outcome, or a session/cancel while waiting, raises Cancelled.
+        """
         params = {
             "sessionId": self.session.session_id,
             "toolCall": tool_call,
-            "options": PERMISSION_OPTIONS,
+            "options": options,
         }
         response = self.request("session/request_permission", params)
         if "error" in response:
             log(f"permission request failed, treating as rejected: {response['error']}")
-            return False
+            return None
         result = response.get("result")
         outcome = result.get("outcome") if isinstance(result, dict) else None
         if not isinstance(outcome, dict):
-            return False
+            return None
         if outcome.get("outcome") == "cancelled":
             raise Cancelled
-        return outcome.get("outcome") == "selected" and outcome.get("optionId") == "allow"
+        chosen = outcome.get("optionId")
+        if outcome.get("outcome") != "selected" or not isinstance(chosen, str):
+            return None
+        return chosen
 
 
 class Agent:
     """The ACP connection: reads client messages, runs turns, writes agent messages."""
 
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: BinaryIO, options: Options | None = None) -> None:
+        self.options = options or Options()
         self._out = out
+        # What to send once the answer to the request being handled is out (commands after
+        # session/new, say): ACP clients must take updates that follow an answer.
+        self._after_answer: list[Callable[[], None]] = []
         self._out_closed = False
         # One lock for stdout so concurrent turns never interleave partial lines.
         self._write_lock = threading.Lock()
@@ -302,11 +417,18 @@ class Agent:
             "authenticate": lambda params: {},
             "session/new": self.new_session,
             "session/prompt": lambda params: self.start_prompt(request_id, params),
+            "session/set_config_option": self.set_config_option,
+            "session/set_mode": self.set_mode,
         }
+        if self.options.restore in ("both", "resume"):
+            handlers["session/resume"] = lambda params: self.open_session(params, replay=False)
+        if self.options.restore in ("both", "load"):
+            handlers["session/load"] = lambda params: self.open_session(params, replay=True)
         handler = handlers.get(method) if isinstance(method, str) else None
         if handler is None:
             self.respond_error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")
             return
+        self._after_answer = []
         try:
             if not isinstance(params, dict):
                 raise RpcError(INVALID_PARAMS, f"Invalid params: {method} needs an object")
@@ -316,6 +438,8 @@ class Agent:
             return
         if result is not None:
             self.respond(request_id, result)
+        for send in self._after_answer:
+            send()
 
     def handle_notification(self, message: dict[str, Any]) -> None:
         """Act on session/cancel; ignore every other notification, as ACP allows."""
@@ -343,14 +467,22 @@ class Agent:
     # -- methods ---------------------------------------------------------------------
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Answer initialize: protocol version 1, no optional capabilities."""
+        """Answer initialize: protocol version 1 and the capabilities the options give."""
         client = params.get("clientInfo") or {}
         log(f"initialize from {client.get('name', 'unknown client')}")
+        options = self.options
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
-                "loadSession": False,
-                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+                "loadSession": options.restore in ("both", "load"),
+                "sessionCapabilities": (
+                    {"resume": {}} if options.restore in ("both", "resume") else {}
+                ),
+                "promptCapabilities": {
+                    "image": options.images,
+                    "audio": False,
+                    "embeddedContext": options.embedded_context,
+                },
             },
             "authMethods": [],
             "agentInfo": {"name": NAME, "title": "Craft demo agent", "version": VERSION},
@@ -364,10 +496,121 @@ class Agent:
         if not os.path.isdir(cwd):
             raise RpcError(INVALID_PARAMS, f"Invalid params: cwd is not a directory: {cwd}")
         session = Session(session_id=f"demo-{uuid.uuid4().hex}", cwd=Path(cwd))
+        self.save(session)
         with self._state_lock:
             self._sessions[session.session_id] = session
         log(f"new session {session.session_id} in {cwd}")
-        return {"sessionId": session.session_id}
+        self._after_answer.append(lambda: self.send_commands(session))
+        return {"sessionId": session.session_id, **self.controls(session)}
+
+    def open_session(self, params: dict[str, Any], *, replay: bool) -> dict[str, Any]:
+        """Continue a session an earlier process saved (session/resume, or session/load).
+
+        A load replays the conversation as updates before it answers; a resume does not
+        (unless `--replay-on-resume` asks it to misbehave that way).
+        """
+        session_id, cwd = params.get("sessionId"), params.get("cwd")
+        if not isinstance(session_id, str):
+            raise RpcError(INVALID_PARAMS, "Invalid params: sessionId must be a string")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: cwd is not a directory: {cwd!r}")
+        session = Session(session_id=session_id, cwd=Path(cwd))
+        try:
+            session.restore()
+        except (OSError, ValueError) as exc:
+            raise RpcError(RESOURCE_NOT_FOUND, f"Resource not found: {session_id}") from exc
+        with self._state_lock:
+            known = self._sessions.get(session_id)
+            if known is not None and known.turn is not None:
+                raise RpcError(INVALID_PARAMS, "This session is running a prompt")
+            self._sessions[session_id] = session
+        log(f"{'loaded' if replay else 'resumed'} session {session_id} in {cwd}")
+        if replay or self.options.replay_on_resume:
+            for role, text in session.history:
+                kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
+                update = {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+                self.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "session/update",
+                        "params": {"sessionId": session_id, "update": update},
+                    }
+                )
+        self._after_answer.append(lambda: self.send_commands(session))
+        return self.controls(session)
+
+    def save(self, session: Session) -> None:
+        """Save the session's state; a failure is logged (the session goes on in memory)."""
+        try:
+            session.save()
+        except OSError as exc:
+            log(f"cannot save session {session.session_id}: {exc}")
+
+    def controls(self, session: Session) -> dict[str, Any]:
+        """Return the configOptions and modes of a session/new, resume or load answer."""
+        answer: dict[str, Any] = {}
+        if self.options.controls in ("both", "config"):
+            answer["configOptions"] = config_options(session)
+        if self.options.controls in ("both", "modes"):
+            answer["modes"] = {
+                "currentModeId": session.mode,
+                "availableModes": [
+                    {"id": mode, "name": name, "description": text} for mode, name, text in MODES
+                ],
+            }
+        return answer
+
+    def send_commands(self, session: Session) -> None:
+        """Tell the client which slash commands the session offers."""
+        commands = []
+        for name, description, hint in COMMANDS:
+            command: dict[str, Any] = {"name": name, "description": description}
+            if hint:
+                command["input"] = {"hint": hint}
+            commands.append(command)
+        update = {"sessionUpdate": "available_commands_update", "availableCommands": commands}
+        self.send(
+            {
+                "jsonrpc": "2.0",
+                "method": "session/update",
+                "params": {"sessionId": session.session_id, "update": update},
+            }
+        )
+
+    def session_of(self, params: dict[str, Any]) -> Session:
+        session_id = params.get("sessionId")
+        with self._state_lock:
+            session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise RpcError(INVALID_PARAMS, f"Unknown session: {session_id}")
+        return session
+
+    def set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Change the model or the mode; answer with every config option as it is now."""
+        session = self.session_of(params)
+        config_id, value = params.get("configId"), params.get("value")
+        if self.options.controls not in ("both", "config"):
+            raise RpcError(METHOD_NOT_FOUND, "Method not found: session/set_config_option")
+        choices = {"model": [m[0] for m in MODELS], "mode": [m[0] for m in MODES]}
+        if config_id not in choices:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: no config option {config_id!r}")
+        if value not in choices[config_id]:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: {value!r} is not a {config_id}")
+        setattr(session, config_id, value)
+        self.save(session)
+        return {"configOptions": config_options(session)}
+
+    def set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Switch the session's mode."""
+        session = self.session_of(params)
+        if self.options.controls not in ("both", "modes"):
+            raise RpcError(METHOD_NOT_FOUND, "Method not found: session/set_mode")
+        mode = params.get("modeId")
+        if mode not in [m[0] for m in MODES]:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: no mode {mode!r}")
+        session.mode = str(mode)
+        self.save(session)
+        return {}
 
     def start_prompt(self, request_id: Any, params: dict[str, Any]) -> None:
         """Start a worker thread for the prompt; it sends the response when done."""
@@ -381,6 +624,9 @@ class Agent:
             and block.get("type") == "text"
             and isinstance(block.get("text"), str)
         )
+        attachments = [
+            block for block in prompt if isinstance(block, dict) and block.get("type") != "text"
+        ]
         session_id = params.get("sessionId")
         with self._state_lock:
             session = self._sessions.get(session_id) if isinstance(session_id, str) else None
@@ -388,7 +634,7 @@ class Agent:
                 raise RpcError(INVALID_PARAMS, f"Unknown session: {session_id}")
             if session.turn is not None:
                 raise RpcError(INVALID_PARAMS, "This session is already running a prompt")
-            turn = Turn(self, session, text)
+            turn = Turn(self, session, text, attachments)
             session.turn = turn
         worker = threading.Thread(
             target=self.run_turn, args=(turn, request_id), name="turn", daemon=True
@@ -404,6 +650,8 @@ class Agent:
         try:
             scenario = SCENARIOS.get(turn.word)
             try:
+                if turn.attachments:
+                    turn.chunk(describe_attachments(turn.attachments) + "\n")
                 (scenario.run if scenario else scenario_echo)(turn)
             except UsageError as exc:
                 turn.chunk(f"Usage: {exc}")
@@ -419,6 +667,7 @@ class Agent:
             log("scenario crashed:\n" + traceback.format_exc())
             error = (INTERNAL_ERROR, f"Internal error: {exc}")
         finally:
+            self.remember_turn(turn)
             # Free the session before answering, so the client may prompt again at once.
             with self._state_lock:
                 turn.session.turn = None
@@ -426,6 +675,25 @@ class Agent:
             self.respond_error(request_id, *error)
         else:
             self.respond(request_id, result)
+
+    def remember_turn(self, turn: Turn) -> None:
+        """Add the turn to the session's history, report usage, and save the session."""
+        session = turn.session
+        reply = "".join(turn.said)
+        # Long texts are kept cut: the history is for the demo's replays, not an archive.
+        session.history += [["user", turn.text[:HISTORY_CHARS]], ["agent", reply[:HISTORY_CHARS]]]
+        del session.history[:-200]  # a demo, not an archive
+        session.used = min(CONTEXT_TOKENS, session.used + (len(turn.text) + len(reply)) // 4 + 1)
+        self.save(session)
+        if turn.word not in ("crash", "fail") and not turn.cancelled.is_set():
+            turn.update(
+                {
+                    "sessionUpdate": "usage_update",
+                    "used": session.used,
+                    "size": CONTEXT_TOKENS,
+                    "cost": {"amount": round(session.used * 0.00001, 6), "currency": "USD"},
+                }
+            )
 
     def cancel(self, session_id: Any) -> None:
         """Cancel the session's running turn and stop it waiting on the client."""
@@ -568,6 +836,49 @@ def write_inside(cwd: Path, relative: str, content: str) -> None:
 def text_content(text: str) -> dict[str, Any]:
     """Return a tool call content item holding plain text."""
     return {"type": "content", "content": {"type": "text", "text": text}}
+
+
+def config_options(session: Session) -> list[dict[str, Any]]:
+    """Return the session's config options (model and mode) with their current values."""
+
+    def select(
+        config_id: str, name: str, category: str, current: str, values: list[tuple[str, str, str]]
+    ) -> dict[str, Any]:
+        return {
+            "id": config_id,
+            "name": name,
+            "category": category,
+            "type": "select",
+            "currentValue": current,
+            "options": [
+                {"value": value, "name": label, "description": text}
+                for value, label, text in values
+            ],
+        }
+
+    return [
+        select("model", "Model", "model", session.model, MODELS),
+        select("mode", "Mode", "mode", session.mode, MODES),
+    ]
+
+
+def describe_attachments(blocks: list[dict[str, Any]]) -> str:
+    """Say what came with the prompt besides its text (resource links, resources, images)."""
+    parts = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "resource_link":
+            parts.append(f"link to {block.get('name') or block.get('uri')} ({block.get('uri')})")
+        elif kind == "resource" and isinstance(block.get("resource"), dict):
+            resource = block["resource"]
+            size = len(resource["text"]) if isinstance(resource.get("text"), str) else 0
+            parts.append(f"resource {resource.get('uri')} ({size} characters)")
+        elif kind == "image" and isinstance(block.get("data"), str):
+            size = len(block["data"]) * 3 // 4
+            parts.append(f"image {block.get('mimeType')} (about {size} bytes)")
+        else:
+            parts.append(f"a block of type {kind!r} I do not read")
+    return f"I received {len(parts)} attachment(s): " + "; ".join(parts) + "."
 
 
 def parse_numbers(args: str, defaults: list[float], usage: str) -> list[float]:
@@ -879,6 +1190,60 @@ def scenario_fs(turn: Turn) -> None:
     turn.chunk(f"The client answered fs/read_text_file with a result ({size}).")
 
 
+def scenario_remember(turn: Turn) -> None:
+    """Remember the words after `remember`, in the session's state on disk."""
+    words = turn.args.split()
+    if not words:
+        raise UsageError("remember <word...>")
+    turn.session.memory += words
+    turn.chunk(f"I will remember {' '.join(words)}.")
+
+
+def scenario_recall(turn: Turn) -> None:
+    """Say what the session was asked to remember, or that it starts fresh."""
+    memory = turn.session.memory
+    turn.chunk(f"You asked me to remember: {' '.join(memory)}." if memory else FRESH_MARKER)
+
+
+def scenario_config(turn: Turn) -> None:
+    """Say which model and mode the session uses."""
+    turn.chunk(f"Model: {turn.session.model}. Mode: {turn.session.mode}.")
+
+
+def scenario_title(turn: Turn) -> None:
+    """Name the session (session_info_update with a title)."""
+    title = " ".join(turn.args.split())
+    if not title:
+        raise UsageError("title <text...>")
+    turn.update({"sessionUpdate": "session_info_update", "title": title})
+    turn.chunk(f"I named this session {title}.")
+
+
+def scenario_ask(turn: Turn) -> None:
+    """Ask a permission question with all four kinds of option; say which was chosen."""
+    tool_call_id = turn.new_tool_call_id()
+    tool_call = {
+        "toolCallId": tool_call_id,
+        "title": "Tidy the workspace",
+        "kind": "other",
+        "status": "pending",
+    }
+    turn.update({"sessionUpdate": "tool_call", **tool_call})
+    try:
+        chosen = turn.choose(tool_call, ALL_PERMISSION_OPTIONS)
+    except Cancelled:
+        turn.tool_call_update(tool_call_id, status="failed", content=[text_content("Cancelled")])
+        raise
+    names = {option["optionId"]: option for option in ALL_PERMISSION_OPTIONS}
+    option = names.get(chosen or "")
+    status = "completed" if option and option["kind"].startswith("allow") else "failed"
+    turn.tool_call_update(tool_call_id, status=status)
+    if option is None:
+        turn.chunk("You chose none of my options.")
+    else:
+        turn.chunk(f"You chose {option['name']} ({option['kind']}).")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A prompt's first word mapped to what the agent does."""
@@ -910,6 +1275,11 @@ SCENARIOS: dict[str, Scenario] = {
     "pid": Scenario(scenario_pid, "pid", "answer with the agent's process id"),
     "fail": Scenario(scenario_fail, "fail", "answer the prompt with a JSON-RPC error"),
     "fs": Scenario(scenario_fs, "fs [path=hello.txt]", "send fs/read_text_file, report answer"),
+    "remember": Scenario(scenario_remember, "remember <word...>", "remember words (on disk)"),
+    "recall": Scenario(scenario_recall, "recall", "say what it was asked to remember"),
+    "config": Scenario(scenario_config, "config", "say which model and mode are in use"),
+    "title": Scenario(scenario_title, "title <text...>", "name the session"),
+    "ask": Scenario(scenario_ask, "ask", "a permission request with all four kinds of option"),
 }
 
 
@@ -932,9 +1302,45 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"{NAME} {VERSION}")
-    parser.parse_args(argv)
-    log(f"version {VERSION} ready (pid {os.getpid()})")
-    return Agent(sys.stdout.buffer).serve(sys.stdin.buffer)
+    parser.add_argument(
+        "--restore",
+        choices=["both", "resume", "load", "none"],
+        default="both",
+        help="which of session/resume and session/load to offer (default: both)",
+    )
+    parser.add_argument(
+        "--controls",
+        choices=["both", "config", "modes", "none"],
+        default="both",
+        help="offer config options, modes, both or neither (default: both)",
+    )
+    parser.add_argument(
+        "--images",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="accept images in prompts (default: yes)",
+    )
+    parser.add_argument(
+        "--embedded-context",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="accept embedded resources in prompts (default: yes)",
+    )
+    parser.add_argument(
+        "--replay-on-resume",
+        action="store_true",
+        help="misbehave: replay the conversation on session/resume too, as some agents do",
+    )
+    args = parser.parse_args(argv)
+    options = Options(
+        restore=args.restore,
+        controls=args.controls,
+        images=args.images,
+        embedded_context=args.embedded_context,
+        replay_on_resume=args.replay_on_resume,
+    )
+    log(f"version {VERSION} ready (pid {os.getpid()}, {options})")
+    return Agent(sys.stdout.buffer, options).serve(sys.stdin.buffer)
 
 
 if __name__ == "__main__":

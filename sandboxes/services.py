@@ -283,20 +283,25 @@ def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
         get_backend(sandbox.backend).remove_workspace(sandbox, session_id)
 
 
-def connect_agent(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
+def connect_agent(
+    sandbox: Sandbox, session_id: UUID, reattach: str | None = None
+) -> AgentConnection:
     """Return the session's cached agent connection, starting the agent if there is none.
 
     The first call starts the agent in the session's workspace and opens its ACP session;
     later calls return the same connection while its process lives, or a new one if it died.
-    Raises SandboxUnavailable unless the sandbox is running.
+    A new agent is asked to continue the agent session `reattach` if given (see
+    `AgentConnection.start`). Raises SandboxUnavailable unless the sandbox is running.
     """
     require_running(sandbox)
-    connection = agent_connection(sandbox, session_id)
+    connection = agent_connection(sandbox, session_id, reattach)
     touch_sandbox(sandbox.pk)
     return connection
 
 
-def agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
+def agent_connection(
+    sandbox: Sandbox, session_id: UUID, reattach: str | None = None
+) -> AgentConnection:
     """Like `connect_agent`, for a sandbox the caller has just seen running.
 
     It does no database work on the way (it can block for an agent's start, seconds on
@@ -306,7 +311,7 @@ def agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
     """
     try:
         return agent_connections.get_or_start(
-            sandbox.pk, session_id, lambda: start_agent_connection(sandbox, session_id)
+            sandbox.pk, session_id, lambda: start_agent_connection(sandbox, session_id, reattach)
         )
     except TooManyAgents:
         raise  # the server is full, the sandbox is fine
@@ -321,8 +326,14 @@ def agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
         raise
 
 
-def start_agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnection:
-    """Start the agent in the session's workspace and open its ACP session (uncached)."""
+def start_agent_connection(
+    sandbox: Sandbox, session_id: UUID, reattach: str | None = None
+) -> AgentConnection:
+    """Start the agent in the session's workspace and open its ACP session (uncached).
+
+    The workspace is the same folder every time, so an agent that keeps its sessions there
+    can continue the agent session `reattach` (see `AgentConnection.start`).
+    """
     backend = get_backend(sandbox.backend)
     process = backend.start_agent(sandbox, session_id)
     connection = AgentConnection(
@@ -330,8 +341,11 @@ def start_agent_connection(sandbox: Sandbox, session_id: UUID) -> AgentConnectio
         cwd=backend.workspace_path(sandbox, session_id),
         max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
     )
-    connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT)
-    logger.info("started agent %s for session %s", process.ident, session_id)
+    connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT, reattach=reattach)
+    logger.info(
+        "started agent %s for session %s (restored: %s)",
+        process.ident, session_id, connection.restored or "first start",
+    )  # fmt: skip
     return connection
 
 

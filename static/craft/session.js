@@ -32,6 +32,9 @@
 
   // daphne's default websocket frame limit: a bigger frame closes the socket (close 1011).
   const MAX_FRAME_BYTES = 1024 * 1024;
+  // A prompt with images may be bigger: the server takes frames of up to 4 MiB (as `make run`
+  // starts daphne) and limits the images themselves.
+  const MAX_ATTACHED_FRAME_BYTES = 4 * 1024 * 1024 - 4096;
   const LOAD_TIMEOUT_MS = 8000; // per history request; a hung load must not hold the guard
   const PAGE_SIZE = Number(root.dataset.pageSize || 1000); // the events API's largest page
   const MAX_PARALLEL_PAGES = 8;
@@ -55,6 +58,13 @@
   const workingTime = $("working-time");
   const sandboxBanner = $("sandbox-banner");
   const favicon = $("favicon");
+  const agentControls = $("agent-controls");
+  const pickers = $("pickers");
+  const usageBox = $("usage");
+  const attachmentList = $("attachments");
+  const palette = $("palette");
+  const attachImage = $("attach-image");
+  const imageInput = $("image-input");
 
   const state = {
     sessionId: root.dataset.session,
@@ -79,6 +89,11 @@
     preloaded: true, // the first load may use the page's preloaded requests
     pendingPrompt: null, // {id, text} until its user_message event arrives
     closedForGood: false,
+    // What the agent offers, as the log last said (agent_info and the updates after it).
+    agent: { prompt: {}, configOptions: null, modes: null, commands: [], usage: null },
+    controlsDirty: false,
+    images: [], // {name, mimeType, data, bytes} to go with the next prompt
+    knownPaths: new Set(), // workspace paths seen in this session, for @ mentions
   };
 
   // --- words a person reads --------------------------------------------------------------
@@ -110,11 +125,32 @@
     prompt_too_long: "That message is too long for the agent. It's still in the box: shorten it and send again.",
     unknown_request: "That question is no longer open: the agent has moved on.",
     invalid_option: "That answer isn't one the agent offered.",
+    bad_attachment: "One of the attachments can't be sent: files must be inside the workspace, images PNG, JPEG, GIF or WebP.",
+    too_many_attachments: "That's too many attachments for one message (at most 10).",
+    attachment_too_large: "The images are too large to send (at most 2 MB each).",
+    attachments_not_supported: "This agent does not accept images.",
+    no_config_options: "The agent doesn't offer that setting any more.",
+    unknown_config: "The agent doesn't offer that setting any more.",
+    invalid_value: "The agent doesn't offer that choice any more.",
+    no_modes: "The agent doesn't offer modes any more.",
+    unknown_mode: "The agent doesn't offer that mode any more.",
+    agent_refused: "The agent did not accept that change.",
+    agent_starting: "The agent is starting. Try again in a moment.",
+    agent_unavailable: "The agent could not start, so the change was not made.",
   };
-  // ACP updates that change nothing a person reads here: folded without a visible block.
+  const RESTARTS = {
+    resume: "Agent restarted — context restored",
+    load: "Agent restarted — context restored",
+    none: "Agent restarted — the agent starts fresh",
+  };
+  const MAX_IMAGE_BYTES = 2 * 1024 * 1024;
+  const IMAGE_TYPES = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+  // ACP updates with no block of their own: the controls around the composer show them.
   const QUIET_KINDS = new Set([
     "available_commands_update", "current_mode_update", "config_option_update",
-    "config_options_update", "session_info_update", "usage_update",
+    "config_options_update", "session_info_update", "usage_update", "agent_info",
+    // The person's own words: the page shows the prompt from Craft's user_message.
+    "user_message_chunk",
   ]);
 
   function agentErrorSummary(message) {
@@ -199,6 +235,12 @@
   }
 
   const numberFormat = new Intl.NumberFormat(); // once: toLocaleString builds one per call
+
+  function formatBytes(bytes) {
+    if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
+    if (bytes >= 1e3) return `${Math.round(bytes / 1e3)} kB`;
+    return `${bytes} bytes`;
+  }
 
   function showAllLabel(text) {
     return `Show all (${numberFormat.format(lineCount(text))} lines, ${formatSize(text.length)})`;
@@ -468,11 +510,25 @@
     const bubble = block.appendChild(el("div", "bubble"));
     meta.get(block).parts = [{ seq: event.seq, text }];
     fillCollapsible(bubble, text, (body, t) => body.appendChild(el("div", "plain", t)));
+    const attached = Array.isArray(data.attachments) ? data.attachments.filter(isObject) : [];
+    if (attached.length) {
+      const names = attached.map((a) => {
+        if (a.type === "file" && typeof a.path === "string") {
+          state.knownPaths.add(a.path);
+          return a.path;
+        }
+        const size = Number.isFinite(a.bytes) ? ` (${formatBytes(a.bytes)})` : "";
+        return `${str(a.name) || "image"}${size}`;
+      });
+      block.appendChild(el("p", "msg-attachments", `Attached: ${names.join(", ")}`));
+    }
     block.appendChild(el("div", "msg-meta")).appendChild(timeElement(fold.turnStartedAt));
     appendBlock(block);
     if (state.pendingPrompt && state.pendingPrompt.id === data.id) {
       state.pendingPrompt = null;
       if (promptBox.value === text) promptBox.value = "";
+      state.images = [];
+      renderImages();
     }
     if (fold.live) {
       setRunning(true);
@@ -542,6 +598,11 @@
   // drawn once per frame; a loaded page once, however many updates it folded.
   function flush(rich) {
     flushScheduled = false;
+    try {
+      renderControls();
+    } catch (error) {
+      console.error("could not show the agent's controls", error);
+    }
     for (const block of dirty) {
       const kind = block.dataset.kind;
       if (kind === "tool") renderToolBody(block.querySelector(".tool-body"), meta.get(block));
@@ -597,7 +658,15 @@
       const badge = card.querySelector(".badge");
       badge.textContent = TOOL_STATUS[data.status] || "Updated";
     }
-    if (Array.isArray(data.locations)) m.locations = data.locations;
+    if (Array.isArray(data.locations)) {
+      m.locations = data.locations;
+      for (const l of data.locations) {
+        if (isObject(l) && typeof l.path === "string" && state.knownPaths.size < 2000) {
+          const path = relPath(l.path);
+          if (path && path !== "." && !path.startsWith("/")) state.knownPaths.add(path);
+        }
+      }
+    }
     if (isObject(data.rawInput)) m.rawInput = data.rawInput;
     if (Array.isArray(data.content)) {
       m.content = data.content;
@@ -811,7 +880,10 @@
       closePermission(block, "cancelled", "Cancelled: the turn was stopped.");
     } else {
       const offered = meta.get(block).offered.find((o) => o.id === optionId);
-      const text = offered ? ANSWERS[offered.kind] || `You chose: ${offered.name}` : "Answered.";
+      // The agent's own name for the option, after what choosing it means when ACP says.
+      const text = !offered ? "Answered."
+        : ANSWERS[offered.kind] ? `${ANSWERS[offered.kind]} (${offered.name})`
+          : `You chose: ${offered.name}`;
       closePermission(block, optionId, text);
       const chosen = block.querySelector(`.options button[data-option="${CSS.escape(optionId)}"]`);
       if (chosen) chosen.classList.add("chosen");
@@ -880,6 +952,133 @@
     return appendBlock(block);
   }
 
+  function agentRestarted(event, data) {
+    const block = newBlock("p", "divider", "restart");
+    block.dataset.restored = str(data.restored);
+    block.appendChild(el("span", "", RESTARTS[str(data.restored)] || "Agent restarted"));
+    appendBlock(block);
+    if (fold.live) announce(RESTARTS[str(data.restored)] || "Agent restarted");
+    return block;
+  }
+
+  // The agent's controls: the fold keeps the newest state, renderControls() shows it.
+  function followControls(kind, data) {
+    const agent = state.agent;
+    if (kind === "agent_info") {
+      agent.prompt = isObject(data.promptCapabilities) ? data.promptCapabilities : {};
+      agent.configOptions = Array.isArray(data.configOptions) ? data.configOptions.filter(isObject) : null;
+      agent.modes = isObject(data.modes) ? data.modes : null;
+    } else if ((kind === "config_option_update" || kind === "config_options_update") && Array.isArray(data.configOptions)) {
+      agent.configOptions = data.configOptions.filter(isObject);
+    } else if (kind === "current_mode_update") {
+      const mode = typeof data.currentModeId === "string" ? data.currentModeId : data.modeId;
+      if (agent.modes && typeof mode === "string") agent.modes = { ...agent.modes, currentModeId: mode };
+    } else if (kind === "available_commands_update" && Array.isArray(data.availableCommands)) {
+      agent.commands = data.availableCommands.filter((c) => isObject(c) && typeof c.name === "string" && c.name);
+    } else if (kind === "usage_update") {
+      agent.usage = data;
+    }
+    state.controlsDirty = true;
+  }
+
+  function selectOptions(option) {
+    // A select's values, flat or in groups ({group, name, options}).
+    const values = [];
+    for (const item of Array.isArray(option.options) ? option.options : []) {
+      if (!isObject(item)) continue;
+      if (typeof item.value === "string") values.push(item);
+      for (const inner of Array.isArray(item.options) ? item.options : []) {
+        if (isObject(inner) && typeof inner.value === "string") values.push(inner);
+      }
+    }
+    return values;
+  }
+
+  function picker(label, current, values, data) {
+    const box = el("span", "picker");
+    const name = box.appendChild(el("label", "", label));
+    const select = box.appendChild(el("select"));
+    select.id = `picker-${pickers.childElementCount}`;
+    name.htmlFor = select.id;
+    Object.assign(select.dataset, data);
+    for (const value of values) {
+      const option = select.appendChild(el("option", "", str(value.name) || value.value));
+      option.value = value.value;
+      if (typeof value.description === "string") option.title = value.description;
+    }
+    if (!values.some((v) => v.value === current)) {
+      select.insertBefore(el("option", "", current || "—"), select.firstChild).value = current;
+    }
+    select.value = current;
+    return box;
+  }
+
+  function renderControls() {
+    if (!state.controlsDirty) return;
+    state.controlsDirty = false;
+    const agent = state.agent;
+    const focused = document.activeElement && pickers.contains(document.activeElement)
+      ? document.activeElement.dataset : null;
+    pickers.replaceChildren();
+    // Config options are preferred: modes only for agents that offer nothing else.
+    if (agent.configOptions && agent.configOptions.length) {
+      for (const option of agent.configOptions) {
+        if (option.type !== "select" || typeof option.id !== "string") continue; // unknown types are ignored
+        const values = selectOptions(option);
+        if (!values.length) continue;
+        pickers.appendChild(picker(str(option.name) || option.id, str(option.currentValue), values, { config: option.id }));
+      }
+    } else if (agent.modes && Array.isArray(agent.modes.availableModes)) {
+      const values = agent.modes.availableModes
+        .filter((m) => isObject(m) && typeof m.id === "string")
+        .map((m) => ({ value: m.id, name: m.name, description: m.description }));
+      if (values.length) pickers.appendChild(picker("Mode", str(agent.modes.currentModeId), values, { mode: "1" }));
+    }
+    if (focused) {
+      const again = [...pickers.querySelectorAll("select")].find(
+        (s) => s.dataset.config === focused.config && s.dataset.mode === focused.mode);
+      if (again) again.focus();
+    }
+    const usage = agent.usage;
+    const used = usage && Number(usage.used);
+    const size = usage && Number(usage.size);
+    if (usage && Number.isFinite(used) && Number.isFinite(size) && size > 0) {
+      const meter = $("usage-meter");
+      meter.value = Math.min(1, Math.max(0, used / size));
+      let text = `Context ${Math.round((100 * used) / size)}% (${numberFormat.format(used)} of ${numberFormat.format(size)} tokens)`;
+      const cost = isObject(usage.cost) ? usage.cost : null;
+      if (cost && Number.isFinite(cost.amount) && typeof cost.currency === "string") {
+        try {
+          text += ` · ${new Intl.NumberFormat(undefined, { style: "currency", currency: cost.currency, maximumFractionDigits: 4 }).format(cost.amount)}`;
+        } catch {
+          text += ` · ${cost.amount} ${cost.currency}`;
+        }
+      }
+      $("usage-text").textContent = text;
+      usageBox.hidden = false;
+    } else {
+      usageBox.hidden = true;
+    }
+    agentControls.hidden = !pickers.childElementCount && usageBox.hidden;
+    attachImage.hidden = agent.prompt.image !== true;
+    $("composer-hint-more").hidden = !agent.commands.length;
+  }
+
+  pickers.addEventListener("change", (event) => {
+    const select = event.target.closest("select");
+    if (!select) return;
+    const frame = select.dataset.config
+      ? { type: "set_config_option", config: select.dataset.config, value: select.value }
+      : { type: "set_mode", mode: select.value };
+    if (send(frame)) {
+      announce("Asking the agent to change that…");
+    } else {
+      showFrameError("Not connected. Change it again in a moment.");
+      state.controlsDirty = true;
+      renderControls(); // back to what the agent last said
+    }
+  });
+
   function sessionTitle(event, data) {
     if (typeof data.title === "string" && data.title.trim()) setTitle(data.title);
     if (fold.live) document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
@@ -900,6 +1099,15 @@
       case "turn_end": return turnEnd(event, data);
       case "agent_error": return agentError(event, data);
       case "session_title": return sessionTitle(event, data);
+      case "agent_restarted": return agentRestarted(event, data);
+      case "agent_info":
+      case "config_option_update":
+      case "config_options_update":
+      case "current_mode_update":
+      case "available_commands_update":
+      case "usage_update":
+        followControls(event.kind, data);
+        return quietBlock();
       default:
         if (QUIET_KINDS.has(event.kind)) return quietBlock();
         return note(event, "The agent sent an update this page can't show.", `kind: ${str(event.kind)}`);
@@ -1280,6 +1488,12 @@
 
   function showFrameErrorFrame(frame) {
     if (frame.code === "not_running") return; // Stop raced with the end of the turn
+    state.controlsDirty = true; // a refused change: the pickers go back to what the agent said
+    try {
+      renderControls();
+    } catch (error) {
+      console.error("could not show the agent's controls", error);
+    }
     showFrameError(FRAME_ERRORS[frame.code] || "The server did not accept that. Try again in a moment.");
   }
 
@@ -1333,18 +1547,27 @@
       showFrameError(FRAME_ERRORS.turn_running);
       return;
     }
-    // Re-sending the same text reuses the id, so a prompt sent just before a disconnect is
-    // never run twice.
-    if (!state.pendingPrompt || state.pendingPrompt.text !== text) {
-      state.pendingPrompt = { id: newId(), text };
+    const attachments = [...mentionedFiles(text), ...state.images.map((image) => ({
+      type: "image", mimeType: image.mimeType, data: image.data, name: image.name,
+    }))];
+    // Re-sending the same message reuses the id, so a prompt sent just before a disconnect
+    // is never run twice.
+    const key = `${state.images.map((i) => i.id).join(",")}\n${text}`;
+    if (!state.pendingPrompt || state.pendingPrompt.key !== key) {
+      state.pendingPrompt = { id: newId(), text, key };
     }
-    const frame = JSON.stringify({ type: "prompt", id: state.pendingPrompt.id, text });
+    const message = { type: "prompt", id: state.pendingPrompt.id, text };
+    if (attachments.length) message.attachments = attachments;
+    const frame = JSON.stringify(message);
     const bytes = new TextEncoder().encode(frame).length;
-    if (bytes > MAX_FRAME_BYTES) {
+    const limit = attachments.length ? MAX_ATTACHED_FRAME_BYTES : MAX_FRAME_BYTES;
+    if (bytes > limit) {
       state.pendingPrompt = null;
+      const size = `(${(bytes / 1048576).toFixed(1)} MB; the limit is ${Math.round(limit / 1048576)} MB)`;
       showFrameError(
-        `This message is too long to send (${(bytes / 1048576).toFixed(1)} MB; the limit is 1 MB). ` +
-        "It's still in the box: shorten it, or put the long part in a file in the workspace.",
+        attachments.length
+          ? `This message and its attachments are too large to send ${size}. It's still in the box: remove an image, or shorten the text.`
+          : `This message is too long to send ${size}. It's still in the box: shorten it, or put the long part in a file in the workspace.`,
         true,
       );
       return;
@@ -1355,11 +1578,199 @@
     }
   });
 
+  // @ mentions: `@path` names a file of the workspace, sent as a link the agent can read.
+  function mentionedFiles(text) {
+    const paths = new Set();
+    for (const match of text.matchAll(/(?:^|\s)@([^\s@]+)/g)) {
+      const path = match[1].replace(/[.,;:!?)]+$/, "");
+      if (!path || path.startsWith("/") || path.includes("://") || path.split("/").includes("..")) continue;
+      paths.add(path);
+      if (paths.size >= 10) break;
+    }
+    return [...paths].map((path) => ({ type: "file", path }));
+  }
+
+  // The palette: the agent's commands after a leading "/", known files after "@". -----------
+
+  const suggestions = { items: [], active: -1, start: 0, end: 0, kind: "" };
+
+  function currentToken() {
+    const caret = promptBox.selectionStart ?? promptBox.value.length;
+    const before = promptBox.value.slice(0, caret);
+    const command = /^\/(\S*)$/.exec(before);
+    if (command && state.agent.commands.length) return { kind: "command", query: command[1], start: 0, end: caret };
+    const mention = /(?:^|\s)@([^\s@]*)$/.exec(before);
+    if (mention && state.knownPaths.size) return { kind: "file", query: mention[1], start: caret - mention[1].length - 1, end: caret };
+    return null;
+  }
+
+  function updatePalette() {
+    const token = currentToken();
+    let items = [];
+    if (token && token.kind === "command") {
+      const query = token.query.toLowerCase();
+      items = state.agent.commands
+        .filter((c) => c.name.toLowerCase().startsWith(query))
+        .slice(0, 12)
+        .map((c) => ({ label: `/${c.name}`, about: str(c.description), insert: `/${c.name} `,
+          hint: isObject(c.input) ? str(c.input.hint) : "" }));
+    } else if (token && token.kind === "file") {
+      const query = token.query.toLowerCase();
+      items = [...state.knownPaths].filter((p) => p.toLowerCase().includes(query)).sort().slice(0, 12)
+        .map((p) => ({ label: `@${p}`, about: "", insert: `@${p} ` }));
+    }
+    if (!items.length) return closePalette();
+    Object.assign(suggestions, { items, active: 0, start: token.start, end: token.end, kind: token.kind });
+    palette.replaceChildren();
+    items.forEach((item, i) => {
+      const li = palette.appendChild(el("li"));
+      li.id = `suggestion-${i}`;
+      li.setAttribute("role", "option");
+      li.appendChild(el("span", "name", item.label));
+      if (item.about || item.hint) li.appendChild(el("span", "about", [item.about, item.hint && `(${item.hint})`].filter(Boolean).join(" ")));
+    });
+    palette.hidden = false;
+    highlightSuggestion(0);
+  }
+
+  function highlightSuggestion(index) {
+    suggestions.active = index;
+    palette.querySelectorAll("li").forEach((li, i) => li.setAttribute("aria-selected", String(i === index)));
+    const active = palette.children[index];
+    if (active) {
+      promptBox.setAttribute("aria-activedescendant", active.id);
+      active.scrollIntoView({ block: "nearest" });
+    }
+  }
+
+  function closePalette() {
+    suggestions.items = [];
+    palette.hidden = true;
+    palette.replaceChildren();
+    promptBox.removeAttribute("aria-activedescendant");
+  }
+
+  function chooseSuggestion(index) {
+    const item = suggestions.items[index];
+    if (!item) return;
+    const value = promptBox.value;
+    promptBox.value = value.slice(0, suggestions.start) + item.insert + value.slice(suggestions.end);
+    const caret = suggestions.start + item.insert.length;
+    promptBox.setSelectionRange(caret, caret);
+    if (item.hint) promptBox.placeholder = item.hint;
+    closePalette();
+    promptBox.focus();
+  }
+
+  promptBox.addEventListener("input", () => {
+    promptBox.placeholder = "Ask the agent…";
+    updatePalette();
+  });
+  promptBox.addEventListener("blur", () => setTimeout(closePalette, 150));
+  palette.addEventListener("mousedown", (event) => event.preventDefault()); // keep the focus
+  palette.addEventListener("click", (event) => {
+    const li = event.target.closest("li[role=option]");
+    if (li) chooseSuggestion([...palette.children].indexOf(li));
+  });
+
   promptBox.addEventListener("keydown", (event) => {
+    if (!palette.hidden && suggestions.items.length) {
+      const count = suggestions.items.length;
+      if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+        event.preventDefault();
+        highlightSuggestion((suggestions.active + (event.key === "ArrowDown" ? 1 : count - 1)) % count);
+        return;
+      }
+      if ((event.key === "Enter" && !event.shiftKey && !event.isComposing) || event.key === "Tab") {
+        event.preventDefault();
+        chooseSuggestion(suggestions.active);
+        return;
+      }
+      if (event.key === "Escape") {
+        event.preventDefault(); // closes the palette; a second Esc stops the agent
+        event.stopPropagation();
+        closePalette();
+        return;
+      }
+    }
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       $("composer").requestSubmit();
     }
+  });
+
+  // Images: pasted, dropped or chosen, for agents that take them (promptCapabilities.image). --
+
+  let imageIds = 0;
+  function addImages(files) {
+    const images = [...files].filter((f) => f && typeof f.type === "string" && f.type.startsWith("image/"));
+    if (!images.length) return false;
+    if (state.agent.prompt.image !== true) {
+      showFrameError("This agent does not accept images.");
+      return true;
+    }
+    for (const file of images) {
+      if (!IMAGE_TYPES.includes(file.type)) {
+        showFrameError(`${file.name || "That image"} can't be sent: use PNG, JPEG, GIF or WebP.`);
+        continue;
+      }
+      if (file.size > MAX_IMAGE_BYTES) {
+        showFrameError(`${file.name || "That image"} is too large (${formatBytes(file.size)}; at most 2 MB).`);
+        continue;
+      }
+      if (state.images.length >= 10) {
+        showFrameError("At most 10 attachments go with one message.");
+        break;
+      }
+      const reader = new FileReader();
+      reader.addEventListener("load", () => {
+        const url = String(reader.result || "");
+        const comma = url.indexOf(",");
+        if (comma < 0) return;
+        state.images.push({ id: ++imageIds, name: file.name || `image-${imageIds}`, mimeType: file.type,
+          data: url.slice(comma + 1), bytes: file.size });
+        renderImages();
+      });
+      reader.readAsDataURL(file);
+    }
+    return true;
+  }
+
+  function renderImages() {
+    attachmentList.replaceChildren();
+    for (const image of state.images) {
+      const li = attachmentList.appendChild(el("li", "", `${image.name} (${formatBytes(image.bytes)})`));
+      const remove = li.appendChild(el("button", "", "×"));
+      remove.type = "button";
+      remove.dataset.image = image.id;
+      remove.setAttribute("aria-label", `Remove ${image.name}`);
+    }
+    attachmentList.hidden = !state.images.length;
+  }
+
+  attachmentList.addEventListener("click", (event) => {
+    const remove = event.target.closest("button[data-image]");
+    if (!remove) return;
+    state.images = state.images.filter((i) => String(i.id) !== remove.dataset.image);
+    renderImages();
+    promptBox.focus();
+  });
+  promptBox.addEventListener("paste", (event) => {
+    const files = event.clipboardData ? event.clipboardData.files : null;
+    if (files && files.length && addImages(files)) event.preventDefault();
+  });
+  $("composer").addEventListener("dragover", (event) => {
+    if (event.dataTransfer && [...event.dataTransfer.types].includes("Files")) event.preventDefault();
+  });
+  $("composer").addEventListener("drop", (event) => {
+    if (event.dataTransfer && event.dataTransfer.files.length && addImages(event.dataTransfer.files)) {
+      event.preventDefault();
+    }
+  });
+  attachImage.addEventListener("click", () => imageInput.click());
+  imageInput.addEventListener("change", () => {
+    addImages(imageInput.files);
+    imageInput.value = "";
   });
 
   function stop() {

@@ -95,7 +95,7 @@ async def test_the_keyboard_stays_on_a_permission_card_after_answering(page, cra
     await page.keyboard.press("Enter")
     answer = page.locator("#transcript .permission .permission-answer")
     await expect(answer).to_be_focused()
-    await expect(answer).to_have_text("You allowed this once")
+    await expect(answer).to_have_text("You allowed this once (Allow)")
     await expect(page.locator(TURN_END)).to_have_text("Done")
     await expect(answer).to_be_focused()
 

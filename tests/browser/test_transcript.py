@@ -77,7 +77,7 @@ async def test_a_permission_card_shows_what_it_asks_to_approve(page, craft_serve
     await expect(card.locator(".options button.reject_once")).to_have_count(1)
     await snap(page, "permission-with-diff")
     await card.get_by_role("button", name="Reject").click()
-    await expect(card.locator(".permission-answer")).to_have_text("You rejected this")
+    await expect(card.locator(".permission-answer")).to_have_text("You rejected this (Reject)")
     await expect(page.locator(TURN_END)).to_have_text("Done")
     await expect(page.locator("#transcript .tool .badge")).to_have_text("Failed")
 

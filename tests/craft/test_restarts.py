@@ -156,3 +156,29 @@ def test_sigterm_lets_a_turn_finish_within_the_grace(servers, owner):
     chunks = Event.objects.filter(session=session, kind="agent_message_chunk").count()
     ends = [e.data for e in Event.objects.filter(session=session, kind="turn_end")]
     assert (chunks, ends) == (10, [{"stop_reason": "end_turn"}])
+
+
+def test_after_a_server_restart_the_next_prompt_restores_the_agent_s_memory(servers, owner):
+    session = open_session(owner, "memory across servers")
+    first = servers()
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "m1", "text": "remember cherry"})
+    sock.until(lambda f: f.get("kind") == "turn_end")
+    sock.close()
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+
+    second = servers()
+    sock = Socket(second, owner, session.pk)
+    sock.send({"type": "resume", "after": sock.hello["last_seq"]})
+    sock.send({"type": "prompt", "id": "m2", "text": "recall"})
+    frames = sock.until(lambda f: f.get("kind") == "turn_end")
+    sock.close()
+    reply = "".join(
+        f["data"]["content"]["text"] for f in frames if f.get("kind") == "agent_message_chunk"
+    )
+    assert reply == "You asked me to remember: cherry."
+    assert [f["data"] for f in frames if f.get("kind") == "agent_restarted"] == [
+        {"restored": "resume"}
+    ]

@@ -111,9 +111,9 @@ async def test_a_cancel_while_the_agent_starts_ends_the_turn_cancelled(
     release = threading.Event()
     start = sandbox_services.agent_connection
 
-    def slow_start(sandbox, session_id):
+    def slow_start(sandbox, session_id, *args):
         release.wait(10)
-        return start(sandbox, session_id)
+        return start(sandbox, session_id, *args)
 
     monkeypatch.setattr(sandbox_services, "agent_connection", slow_start)
     comm, _ = await open_socket(session.pk, cookie)
@@ -138,10 +138,10 @@ async def test_a_cancel_while_the_prompt_is_written_reaches_the_agent(session, c
     writing, release = threading.Event(), threading.Event()
     prompt = AgentConnection.prompt
 
-    def held_prompt(self, text, sink):
+    def held_prompt(self, text, sink, *args):
         writing.set()
         release.wait(10)
-        return prompt(self, text, sink)
+        return prompt(self, text, sink, *args)
 
     monkeypatch.setattr(AgentConnection, "prompt", held_prompt)
     await comm.send_json_to({"type": "prompt", "id": "c3", "text": "slow 50 0.05"})

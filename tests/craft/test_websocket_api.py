@@ -357,8 +357,8 @@ async def test_updates_after_the_prompt_response_are_stored_too(session, cookie,
     await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
     frames = await receive_until(comm, lambda f: "late 2" in json.dumps(f))
     texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
-    assert texts == ["user_message", "on time", "turn_end", "late 1", "late 2"]
-    assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5]
+    assert texts == ["user_message", "agent_info", "on time", "turn_end", "late 1", "late 2"]
+    assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5, 6]
     await comm.disconnect()
 
 

@@ -15,6 +15,10 @@ from sandboxes.acp import AgentError, PermissionRequest, TurnEnd, TurnFailed, Tu
 from .agents import ending, reply_text, run_turn, start_demo_agent
 
 
+def is_message(item):
+    return isinstance(item, Update) and item.kind == "agent_message_chunk"
+
+
 @pytest.fixture
 def agent(tmp_path):
     connection = start_demo_agent(tmp_path / "ws")
@@ -36,14 +40,14 @@ def test_it_streams_a_reply_and_ends_the_turn(agent):
 
 def test_it_keeps_wire_order_of_500_updates(agent):
     items = run_turn(agent, "count 500")
-    numbers = [int(item.data["content"]["text"]) for item in items if isinstance(item, Update)]
+    numbers = [int(item.data["content"]["text"]) for item in items if is_message(item)]
     assert numbers == list(range(1, 501))
     assert ending(items) == TurnEnd("end_turn")
 
 
 def test_it_reads_a_5_mb_line(agent):
     items = run_turn(agent, "big 5", timeout=60)
-    (chunk,) = [item for item in items if isinstance(item, Update)]
+    (chunk,) = [item for item in items if is_message(item)]
     text = chunk.data["content"]["text"]
     assert len(text.encode("utf-8")) >= 5 * 1024 * 1024
     assert "é" in text
@@ -244,3 +248,59 @@ def test_a_permission_request_with_list_params_gets_an_error_answer(hostile):
     items = run_turn(hostile, "permission-badparams")
     assert '"code": -32602' in reply_text(items)
     assert_survived(hostile, items, "permission-badparams")
+
+
+def restarted(agent, workspace, *args):
+    """Stop `agent` and start another demo agent that reattaches to its session."""
+    from sandboxes.acp import AgentConnection
+    from sandboxes.backends.local import LocalAgentProcess, resolve_command
+
+    agent.stop()
+    argv = resolve_command(["craft-demo-agent", *args])
+    connection = AgentConnection(LocalAgentProcess(argv, workspace), cwd=str(workspace))
+    connection.start(timeout=15, reattach=agent.agent_session_id)
+    return connection
+
+
+@pytest.mark.parametrize(("restore", "restored"), [("both", "resume"), ("load", "load"),
+                                                    ("none", "none")])  # fmt: skip
+def test_a_new_agent_reattaches_and_nothing_before_the_answer_is_delivered(
+    tmp_path, restore, restored
+):
+    workspace = tmp_path / "ws"
+    first = start_demo_agent(workspace, ["craft-demo-agent", "--restore", restore])
+    run_turn(first, "remember apple")
+    second = restarted(first, workspace, "--restore", restore, "--replay-on-resume")
+    try:
+        early = []
+        second.idle_sink = early.append
+        assert second.restored == restored
+        assert (second.agent_session_id == first.agent_session_id) is (restored != "none")
+        assert second.config_options is not None and second.modes is not None
+        # Only what came after the resume or load answer: the commands, never the replay.
+        deadline = time.monotonic() + 5
+        while not early and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [item.kind for item in early] == ["available_commands_update"]
+    finally:
+        second.stop()
+
+
+def test_it_sets_config_options_and_modes_and_follows_the_agent(agent):
+    assert agent.set_config_option("model", "careful")[0]["currentValue"] == "careful"
+    assert agent.config_options[0]["currentValue"] == "careful"
+    agent.set_mode("code")
+    assert agent.modes["currentModeId"] == "code"
+    with pytest.raises(AgentError, match="-32602"):
+        agent.set_config_option("model", "enormous")
+    assert reply_text(run_turn(agent, "config")) == "Model: careful. Mode: code."
+
+
+def test_a_prompt_to_a_dead_agent_is_not_sent(agent):
+    from sandboxes.acp import PromptNotSent
+
+    agent.process.terminate()
+    agent.wait_closed()
+    with pytest.raises(PromptNotSent):
+        agent.prompt("hello", lambda item: None)
+    assert not agent.turn_active

@@ -28,11 +28,11 @@ TIMEOUT = 5.0
 class AgentProcess:
     """A running demo agent with line-based helpers for the ACP conversation."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, cwd: Path, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self.cwd = cwd
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandboxes.demo_agent"],
+            [sys.executable, "-m", "sandboxes.demo_agent", *args],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,
@@ -147,6 +147,8 @@ def start_session(agent: AgentProcess) -> str:
     response = agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
     assert response["result"]["protocolVersion"] == 1
     response = agent.call("session/new", {"cwd": str(agent.cwd), "mcpServers": []})
+    # The slash commands follow the answer.
+    assert updates([agent.read()])[0]["sessionUpdate"] == "available_commands_update"
     return response["result"]["sessionId"]
 
 
@@ -161,8 +163,15 @@ def run_prompt(agent: AgentProcess, text: str, timeout: float = TIMEOUT) -> tupl
     return agent.collect(prompt(agent, session_id, text), timeout)
 
 
-def updates(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [m["params"]["update"] for m in messages if m.get("method") == "session/update"]
+def updates(messages: list[dict[str, Any]], usage: bool = False) -> list[dict[str, Any]]:
+    """Return the updates among `messages`; the usage_update that ends every turn only if
+    asked (the usage tests look at it)."""
+    return [
+        m["params"]["update"]
+        for m in messages
+        if m.get("method") == "session/update"
+        and (usage or m["params"]["update"].get("sessionUpdate") != "usage_update")
+    ]
 
 
 def texts(messages: list[dict[str, Any]], kind: str = "agent_message_chunk") -> list[str]:
@@ -196,11 +205,12 @@ def test_initialize_and_authenticate(agent: AgentProcess) -> None:
     assert response["result"] == {
         "protocolVersion": 1,
         "agentCapabilities": {
-            "loadSession": False,
-            "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+            "loadSession": True,
+            "sessionCapabilities": {"resume": {}},
+            "promptCapabilities": {"image": True, "audio": False, "embeddedContext": True},
         },
         "authMethods": [],
-        "agentInfo": {"name": "craft-demo-agent", "title": "Craft demo agent", "version": "1.0.0"},
+        "agentInfo": {"name": "craft-demo-agent", "title": "Craft demo agent", "version": "1.1.0"},
     }
     assert agent.call("authenticate", {"methodId": "none"})["result"] == {}
     assert agent.close() == 0
@@ -217,7 +227,7 @@ def test_session_new_rejects_bad_cwd(agent: AgentProcess, tmp_path: Path) -> Non
 
 def test_unknown_method_session_and_notification(agent: AgentProcess) -> None:
     session_id = start_session(agent)
-    assert agent.call("session/load", {"sessionId": session_id})["error"]["code"] == -32601
+    assert agent.call("session/fork", {"sessionId": session_id})["error"]["code"] == -32601
     unknown = agent.call("session/prompt", {"sessionId": "nope", "prompt": []})
     assert unknown["error"]["code"] == -32602
     agent.notify("craft/whatever", {"x": 1})  # ignored: nothing is written back
@@ -269,7 +279,7 @@ def test_help_and_version() -> None:
     version = subprocess.run(
         [*command, "--version"], env=env, capture_output=True, text=True, timeout=TIMEOUT
     )
-    assert version.stdout.strip() == "craft-demo-agent 1.0.0"
+    assert version.stdout.strip() == "craft-demo-agent 1.1.0"
 
 
 # -- scenarios --------------------------------------------------------------------------
@@ -290,7 +300,9 @@ def test_prompt_concatenates_text_blocks(agent: AgentProcess) -> None:
     ]
     request_id = agent.request("session/prompt", {"sessionId": session_id, "prompt": blocks})
     messages, _ = agent.collect(request_id)
-    assert "".join(texts(messages)) == "Echo: two blocks"
+    assert "".join(texts(messages)) == (
+        "I received 1 attachment(s): link to x (file:///x).\nEcho: two blocks"
+    )
 
 
 def test_think_streams_thought_then_text(agent: AgentProcess) -> None:
@@ -652,3 +664,142 @@ def test_reading_through_a_link_is_refused(agent: AgentProcess, outside: Path) -
     status, text = final_tool_update(messages)
     assert status == "failed" and text.startswith("Refused: inner/target.txt")
     assert "original" not in json.dumps(messages)
+
+
+# -- restoring sessions, controls -------------------------------------------------------
+
+
+@contextlib.contextmanager
+def demo_agent(cwd: Path, *args: str) -> Iterator[AgentProcess]:
+    process = AgentProcess(cwd, *args)
+    try:
+        yield process
+    finally:
+        process.close()
+        for reader in process._readers:
+            reader.join(TIMEOUT)
+        for stream in (process.proc.stdout, process.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def remembered_session(cwd: Path, *args: str) -> str:
+    """Have one agent process remember "banana" in a new session; return its id."""
+    with demo_agent(cwd, *args) as first:
+        session_id = start_session(first)
+        messages, _ = first.collect(prompt(first, session_id, "remember banana"))
+        assert texts(messages) == ["I will remember banana."]
+    return session_id
+
+
+def reopen(agent: AgentProcess, method: str, session_id: str) -> tuple[list, dict]:
+    """Initialize, then resume or load the session; return (updates before, answer)."""
+    agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+    request_id = agent.request(
+        method, {"sessionId": session_id, "cwd": str(agent.cwd), "mcpServers": []}
+    )
+    before, answer = agent.collect(request_id)
+    commands = updates([agent.read()])
+    assert commands[0]["sessionUpdate"] == "available_commands_update"
+    return before, answer
+
+
+def test_a_new_process_resumes_a_session_without_replaying_it(tmp_path: Path) -> None:
+    session_id = remembered_session(tmp_path)
+    with demo_agent(tmp_path) as second:
+        before, answer = reopen(second, "session/resume", session_id)
+        assert before == []
+        assert [o["currentValue"] for o in answer["result"]["configOptions"]] == ["fast", "ask"]
+        assert answer["result"]["modes"]["currentModeId"] == "ask"
+        messages, _ = second.collect(prompt(second, session_id, "recall"))
+        assert texts(messages) == ["You asked me to remember: banana."]
+
+
+def test_a_new_process_loads_a_session_replaying_it_first(tmp_path: Path) -> None:
+    session_id = remembered_session(tmp_path)
+    with demo_agent(tmp_path) as second:
+        before, _ = reopen(second, "session/load", session_id)
+        assert [(u["sessionUpdate"], u["content"]["text"]) for u in updates(before)] == [
+            ("user_message_chunk", "remember banana"),
+            ("agent_message_chunk", "I will remember banana."),
+        ]
+        messages, _ = second.collect(prompt(second, session_id, "/recall"))
+        assert texts(messages) == ["You asked me to remember: banana."]
+
+
+def test_an_unknown_session_cannot_be_resumed(tmp_path: Path) -> None:
+    with demo_agent(tmp_path) as agent:
+        agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        for session_id in ("demo-" + "0" * 32, "../../etc/passwd"):
+            answer = agent.call(
+                "session/resume", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []}
+            )
+            assert answer["error"]["code"] == -32002
+
+
+@pytest.mark.parametrize(
+    ("restore", "load", "resume"),
+    [("both", True, True), ("load", True, False), ("resume", False, True), ("none", False, False)],
+)
+def test_the_restore_switch_says_what_is_advertised_and_answered(
+    tmp_path: Path, restore: str, load: bool, resume: bool
+) -> None:
+    session_id = remembered_session(tmp_path)
+    with demo_agent(tmp_path, "--restore", restore) as agent:
+        init = agent.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        capabilities = init["result"]["agentCapabilities"]
+        assert capabilities["loadSession"] is load
+        assert ("resume" in capabilities["sessionCapabilities"]) is resume
+        params = {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []}
+        for method, offered in (("session/load", load), ("session/resume", resume)):
+            answer = agent.call(method, params) if not offered else None
+            if answer is not None:
+                assert answer["error"]["code"] == -32601
+
+
+def test_config_options_and_modes_are_set_and_kept(tmp_path: Path) -> None:
+    with demo_agent(tmp_path) as agent:
+        session_id = start_session(agent)
+        answer = agent.call(
+            "session/set_config_option",
+            {"sessionId": session_id, "configId": "model", "value": "careful"},
+        )
+        assert [o["currentValue"] for o in answer["result"]["configOptions"]] == ["careful", "ask"]
+        assert agent.call("session/set_mode", {"sessionId": session_id, "modeId": "code"}) == {
+            "jsonrpc": "2.0", "id": agent._next_id, "result": {}
+        }  # fmt: skip
+        bad = agent.call(
+            "session/set_config_option",
+            {"sessionId": session_id, "configId": "model", "value": "huge"},
+        )
+        assert bad["error"]["code"] == -32602
+        messages, _ = agent.collect(prompt(agent, session_id, "config"))
+        assert texts(messages) == ["Model: careful. Mode: code."]
+    with demo_agent(tmp_path, "--controls", "modes") as again:
+        _, answer = reopen(again, "session/resume", session_id)
+        assert "configOptions" not in answer["result"]
+        assert answer["result"]["modes"]["currentModeId"] == "code"
+        refused = again.call(
+            "session/set_config_option",
+            {"sessionId": session_id, "configId": "model", "value": "fast"},
+        )
+        assert refused["error"]["code"] == -32601
+
+
+def test_usage_title_and_every_kind_of_permission_option(agent: AgentProcess) -> None:
+    session_id = start_session(agent)
+    messages, _ = agent.collect(prompt(agent, session_id, "title Tidy up"))
+    kinds = [u["sessionUpdate"] for u in updates(messages, usage=True)]
+    assert kinds == ["session_info_update", "agent_message_chunk", "usage_update"]
+    assert updates(messages)[0]["title"] == "Tidy up"
+    usage = updates(messages, usage=True)[-1]
+    assert usage["size"] == 100_000 and usage["used"] > 0
+    assert usage["cost"]["currency"] == "USD"
+    request_id = prompt(agent, session_id, "ask")
+    _, request = answer_permission(agent, "always")
+    assert [(o["optionId"], o["kind"]) for o in request["params"]["options"]] == [
+        ("once", "allow_once"), ("always", "allow_always"),
+        ("no", "reject_once"), ("never", "reject_always"),
+    ]  # fmt: skip
+    messages, _ = agent.collect(request_id)
+    assert texts(messages) == ["You chose Yes, and don't ask again (allow_always)."]

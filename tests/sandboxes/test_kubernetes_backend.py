@@ -304,7 +304,7 @@ def test_multibyte_characters_split_across_frames_survive(kube_backend, sandbox,
 def test_a_5_mb_agent_line_arrives_whole_over_exec(sandbox, kube):
     connection = services.connect_agent(sandbox, new_session(sandbox))
     items = run_turn(connection, "big 5", timeout=60)
-    (chunk,) = [i for i in items if isinstance(i, Update)]
+    (chunk,) = [i for i in items if isinstance(i, Update) and i.kind == "agent_message_chunk"]
     assert len(chunk.data["content"]["text"].encode("utf-8")) >= 5 * 1024 * 1024
 
 

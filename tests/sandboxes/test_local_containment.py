@@ -263,7 +263,7 @@ def test_the_installed_demo_agent_runs_from_paths_with_spaces(tmp_path):
     (odd / "python3").symlink_to(sys.executable)
     wrapper = containment.install_demo_agent(odd / "bin", str(odd / "python3"))
     result = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=30)
-    assert result.stdout.strip() == "craft-demo-agent 1.0.0", result.stderr
+    assert result.stdout.strip() == "craft-demo-agent 1.1.0", result.stderr
 
 
 # --- when sandbox users cannot be had -------------------------------------------------------
