@@ -217,7 +217,7 @@ class Client:
         ws = await http.ws_connect(
             f"{server.url.replace('http', 'ws')}/ws/sessions/{session_id}/",
             max_msg_size=0,
-            autoping=False,
+            autoping=True,  # daphne pings every 20 s; aiohttp answers and hides them
         )
         hello = json.loads((await ws.receive()).data)
         assert hello["type"] == "hello", hello
