@@ -103,6 +103,9 @@ class Site:
             "CRAFT_VAR_DIR": str(self.workdir),
             "CRAFT_SANDBOX_ROOT": str(self.workdir / "sandboxes"),
             "CRAFT_LOG_LEVEL": "WARNING",
+            # One bench user drives up to 80 agents at once (50 sessions, then 20 cold starts
+            # beside 10 streamers): a server capacity figure, not a per-user one.
+            "CRAFT_MAX_AGENTS_PER_USER": "200",
             # The venv's scripts (craft-demo-agent, daphne) must be found by subprocesses.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             **(extra_env or {}),

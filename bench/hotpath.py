@@ -60,10 +60,10 @@ async def stream(agent: DirectAgent, client: Client, rounds: int) -> dict:
     raw, craft = [], []
     for _ in range(rounds):
         seconds, updates = agent.prompt(f"count {STREAM_CHUNKS}")
-        assert updates == STREAM_CHUNKS, updates
+        assert updates == STREAM_CHUNKS + 1, updates  # and the usage report at the turn's end
         raw.append(STREAM_CHUNKS / seconds)
         seconds, frames = await client.stream(f"count {STREAM_CHUNKS}")
-        assert frames == STREAM_CHUNKS + 2, frames  # with the prompt and the turn's end
+        assert frames == STREAM_CHUNKS + 3, frames  # with the prompt, the usage and the end
         craft.append(STREAM_CHUNKS / seconds)
     return {"raw": median(raw), "craft": median(craft)}
 
