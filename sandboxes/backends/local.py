@@ -35,6 +35,24 @@ logger = logging.getLogger(__name__)
 agent_stderr = logging.getLogger("craft.agent.stderr")
 
 
+# util-linux's setpriv switches to the sandbox user just before it executes the agent.
+SETPRIV = shutil.which("setpriv", path=containment.SYSTEM_PATH)
+
+
+def as_sandbox_user(argv: list[str], user: SandboxUser) -> tuple[list[str], dict[str, Any]]:
+    """Return the argv and Popen options that run `argv` as `user`: its uid and gid, no
+    supplementary groups, umask 077.
+
+    Through setpriv where there is one: Popen's own `user`/`group`/`extra_groups` make
+    CPython fork instead of vfork, copying the server's page tables with the GIL held
+    (15 ms for a 300 MiB server, measured), which stalls every session at each agent start.
+    """
+    if SETPRIV is None:
+        return argv, {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": 0o077}
+    switch = [SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--"]
+    return [*switch, *argv], {"umask": 0o077}
+
+
 class LocalAgentProcess:
     """An agent running as a child process; its stderr goes to the log.
 
@@ -53,7 +71,7 @@ class LocalAgentProcess:
     ) -> None:
         as_user: dict[str, Any] = {}
         if user is not None:
-            as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": 0o077}
+            argv, as_user = as_sandbox_user(argv, user)
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
             self._popen = subprocess.Popen(
