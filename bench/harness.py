@@ -153,7 +153,9 @@ class Site:
 
     def session(self, user: Any, title: str = "bench") -> str:
         from craft.services import open_session
+        from sandboxes.services import provision_sandbox
 
+        provision_sandbox(user)  # here, not in the background: the figures are about turns
         return str(open_session(user, title).pk)
 
     # --- the server ------------------------------------------------------------------

@@ -173,9 +173,15 @@ def session_event(request: SignedInRequest, session_id: UUID, seq: int) -> HttpR
     )
 
 
-@require_http_methods(["GET", "DELETE"])
+@require_http_methods(["GET", "POST", "DELETE"])
 @api_login_required
 def sandbox(request: SignedInRequest) -> HttpResponse:
+    if request.method == "POST":
+        started = sandbox_services.request_sandbox(request.user)
+        if started.status == Sandbox.Status.TERMINATING:
+            return error(409, "sandbox_terminating", "your sandbox is being stopped; try again")
+        ready = started.status == Sandbox.Status.RUNNING
+        return JsonResponse(sandbox_json(started), status=200 if ready else 202)
     current = Sandbox.objects.live().owned_by(request.user).first()
     if current is None:
         return error(404, "not_found", "you have no sandbox")

@@ -11,7 +11,8 @@ all of it:
 * **SIGTERM / SIGINT**: refuse new turns; give running turns `CRAFT_SHUTDOWN_GRACE_SECONDS` to
   finish; cancel the others and record them as interrupted; stop every agent actively (its
   process group is killed, or its exec closed: an agent need not exit when its input ends);
-  commit what the event writer holds; mark this worker stopped.
+  mark the sandboxes it was provisioning failed (their users' "Start again" provisions them
+  anew); commit what the event writer holds; mark this worker stopped.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class Lifecycle:
         for runner in still:
             await runner.interrupt(SHUTTING_DOWN)
         stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
+        # Sandboxes half provisioned here say so, and their "Start again" works at once.
+        abandoned = await readers.run(sandbox_services.abandon_provisioning)
         await _wait_for(still, RECORD_SECONDS)
         await ownership.release_all()  # other workers take this one's sessions at once
         listener.stop()
@@ -112,7 +115,10 @@ class Lifecycle:
         # interpreter crash at exit, in CPython 3.11's garbage collection of pending tasks);
         # the pools are closed so that PostgreSQL sees the connections go.
         await asyncio.to_thread(_close_connection_pools)
-        logger.info("shut down: %d turn(s) interrupted, %d agent(s) stopped", len(still), stopped)
+        logger.info(
+            "shut down: %d turn(s) interrupted, %d agent(s) stopped, %d provisioning(s) abandoned",
+            len(still), stopped, abandoned,
+        )  # fmt: skip
 
 
 async def _release_idle_sessions() -> None:

@@ -88,6 +88,11 @@ def _prompt_seen(session_id: UUID, client_id: str) -> bool:
 
 
 @db_sync_to_async
+def _sandbox_status(session_id: UUID) -> str | None:
+    return Sandbox.objects.filter(sessions__pk=session_id).values_list("status", flat=True).first()
+
+
+@db_sync_to_async
 def _start_of(session_id: UUID) -> tuple[Sandbox, str]:
     """Return the session's sandbox, checked to be running, and the agent's last session id
     (empty at the session's first start)."""
@@ -204,6 +209,12 @@ class SessionRunner:
         async with self._lock:
             if self.registry.closing:
                 raise Refused("shutting_down", "the server is restarting; send it again soon")
+            if self.connection is None and await _sandbox_status(self.session_id) == (
+                Sandbox.Status.PROVISIONING
+            ):  # nothing is stored: the page keeps the message until the sandbox is ready
+                raise Refused(
+                    "sandbox_starting", "your sandbox is still starting: send it when it is ready"
+                )
             if self.running:
                 if await _prompt_seen(self.session_id, client_id):
                     return False  # a resend of the prompt that started this turn

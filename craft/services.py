@@ -38,28 +38,25 @@ class SessionLimit(SessionError):
 
 
 def open_session(user: User, title: str = "") -> Session:
-    """Create a session in the user's sandbox (provisioning it first if needed).
+    """Create a session in the user's sandbox, at once.
 
-    The workspace is created before the row is saved, so a session row always has a
-    workspace. Raises SessionLimit when the user has CRAFT_MAX_SESSIONS_PER_USER sessions
-    (concurrent requests can pass it by a few), SessionError when the sandbox cannot run.
+    A sandbox that is not running yet is provisioned in the background (see
+    `sandbox_services.request_sandbox`): the session's page follows its progress, and its
+    agent starts, in the session's own workspace, at the first prompt after it is ready.
+    Raises SessionLimit when the user has CRAFT_MAX_SESSIONS_PER_USER sessions (concurrent
+    requests can pass it by a few), SessionError when the sandbox is being stopped.
     """
     limit = settings.CRAFT_MAX_SESSIONS_PER_USER
     if limit and Session.objects.owned_by(user).count() >= limit:
         raise SessionLimit(
             f"you have {limit} sessions, the most one person can have: delete some first"
         )
-    sandbox = sandbox_services.provision_sandbox(user)
-    if sandbox.status != Sandbox.Status.RUNNING:
-        detail = sandbox.error or sandbox.status_detail or sandbox.status
-        raise SessionError(f"your sandbox is {sandbox.status}: {detail}")
-    session_id = uuid.uuid4()
-    try:
-        sandbox_services.create_session_workspace(sandbox, session_id)
-    except SandboxError as exc:
-        raise SessionError(str(exc)) from exc
+    sandbox = sandbox_services.request_sandbox(user)
+    if sandbox.status not in (Sandbox.Status.RUNNING, Sandbox.Status.PROVISIONING):
+        # Terminating (a failed one was claimed for provisioning above).
+        raise SessionError("your sandbox is being stopped: open a session again in a moment")
     return Session.objects.create(
-        id=session_id, owner=user, sandbox=sandbox, title=clean_title(title) or "New session"
+        owner=user, sandbox=sandbox, title=clean_title(title) or "New session"
     )
 
 

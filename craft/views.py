@@ -125,9 +125,9 @@ def new_session(request: SignedInRequest) -> HttpResponse:
     try:
         session = services.open_session(request.user, request.POST.get("title", ""))
     except services.SessionError as exc:
-        # The reason is the backend's (a pod event, a path): staff see it, everyone else words.
-        detail = f" ({exc})" if request.user.is_staff else ""
-        messages.error(request, f"Your sandbox could not start, so no session was opened{detail}.")
+        # Too many sessions, or a sandbox being stopped; one that cannot start is shown on
+        # the new session's page (it starts in the background).
+        messages.error(request, f"No session was opened: {exc}.")
         return HttpResponseClientRedirect(reverse("home")) if request.htmx else redirect("home")
     url = reverse("session", args=[session.pk])
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)

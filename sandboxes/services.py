@@ -6,7 +6,9 @@ The `craft` app uses this module, never the backends or the connection cache dir
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -65,6 +67,75 @@ def provision_sandbox(user: User) -> Sandbox:
         _release_database_connection()
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
+
+
+def request_sandbox(user: User) -> Sandbox:
+    """Return the user's live sandbox at once; provision it in the background if it needs it.
+
+    The twin of `provision_sandbox` for requests, which never wait on a pod: a new sandbox,
+    a failed one (the retry), one stuck provisioning past CRAFT_SANDBOX_PROVISIONING_TIMEOUT
+    and a running one whose folder or pod is found gone are claimed (the same single
+    flight) and provisioned on a thread of this process, after the caller's transaction
+    commits. The row comes back `provisioning`; its `status_detail` says how far it got, and
+    `abandon_provisioning` marks it failed if this process stops first.
+    """
+    while True:
+        sandbox = _get_or_create_row(user)
+        claimed_at = _claim(sandbox, settings.CRAFT_SANDBOX_PROVISIONING_TIMEOUT)
+        if claimed_at is not None:
+            sandbox.refresh_from_db()
+            transaction.on_commit(functools.partial(_provision_in_background, sandbox, claimed_at))
+            return sandbox
+        if sandbox.status == Sandbox.Status.RUNNING and _found_gone(
+            sandbox, "found when opening a session"
+        ):
+            continue  # now failed: the next round claims it
+        return sandbox
+
+
+# Sandboxes this process provisions in the background, with their claim's time; at most
+# PROVISIONING_THREADS talk to the backend at once (the others stay "queued").
+PROVISIONING_THREADS = 8
+_in_flight: dict[UUID, datetime] = {}
+_in_flight_lock = threading.Lock()
+_provisioning_slots = threading.BoundedSemaphore(PROVISIONING_THREADS)
+
+
+def _provision_in_background(sandbox: Sandbox, claimed_at: datetime) -> None:
+    def run() -> None:
+        try:
+            with _provisioning_slots:
+                _run_provisioning(sandbox, claimed_at)
+        except Exception:
+            logger.exception("provisioning sandbox %s failed", sandbox.pk)
+        finally:
+            with _in_flight_lock:
+                _in_flight.pop(sandbox.pk, None)
+            db_connection.close()
+
+    with _in_flight_lock:
+        _in_flight[sandbox.pk] = claimed_at
+    # A daemon thread: a process that stops does not wait minutes for a pod; what it leaves
+    # half done, `abandon_provisioning` marks failed (or the reaper, after a kill).
+    threading.Thread(target=run, name=f"provision-{sandbox.pk}", daemon=True).start()
+
+
+def abandon_provisioning() -> int:
+    """Mark the sandboxes this process is provisioning failed (it is stopping); return how
+    many. The user's next session, or its "Start again", provisions them anew."""
+    with _in_flight_lock:
+        claims = list(_in_flight.items())
+    abandoned = 0
+    for sandbox_id, claimed_at in claims:
+        abandoned += Sandbox.objects.filter(
+            pk=sandbox_id, status=Sandbox.Status.PROVISIONING, status_changed_at=claimed_at
+        ).update(
+            status=Sandbox.Status.FAILED,
+            error="The server restarted while it was setting up your sandbox. Start again.",
+            status_detail="interrupted",
+            status_changed_at=timezone.now(),
+        )
+    return abandoned
 
 
 def _get_or_create_row(user: User) -> Sandbox:
@@ -258,22 +329,6 @@ def require_running(sandbox: Sandbox) -> None:
     if row["status"] != Sandbox.Status.RUNNING:
         why = f": {row['error']}" if row["error"] else ""
         raise SandboxUnavailable(f"your sandbox is {row['status']}{why}")
-
-
-def create_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
-    """Create the session's workspace folder in the sandbox.
-
-    If that fails because the sandbox's folder or pod is gone, the sandbox is marked failed
-    (the next session provisions it again) and SandboxUnavailable says so.
-    """
-    require_running(sandbox)
-    try:
-        get_backend(sandbox.backend).create_workspace(sandbox, session_id)
-    except SandboxError:
-        if _found_gone(sandbox, "found when creating a session's workspace"):
-            require_running(sandbox)  # raises, with the sandbox's new error
-        raise
-    touch_sandbox(sandbox.pk)
 
 
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:

@@ -18,7 +18,7 @@ import websocket
 from django.conf import settings
 
 from craft.models import Lease
-from craft.services import open_session
+from tests.ready import open_ready_session
 
 from .conftest import free_port
 from .craft.wsclient import session_cookie
@@ -83,7 +83,7 @@ def ask_pid(ws, prompt_id: str) -> int:
 
 def test_a_session_works_through_the_proxy_and_survives_its_worker(cluster, owner):
     port, worker_pids, log = cluster
-    session = open_session(owner, "cluster")
+    session = open_ready_session(owner, "cluster")
     cookie = session_cookie(owner)
 
     def connect():

@@ -56,13 +56,12 @@ class SandboxBackend(Protocol):
     def workspace_path(self, sandbox: "Sandbox", session_id: UUID) -> str:
         """Return the session's workspace as the agent sees it (its working directory)."""
 
-    def create_workspace(self, sandbox: "Sandbox", session_id: UUID) -> None: ...
-
     def remove_workspace(self, sandbox: "Sandbox", session_id: UUID) -> None:
         """Remove the session's workspace; a missing one is fine."""
 
     def start_agent(self, sandbox: "Sandbox", session_id: UUID) -> "AgentProcess":
-        """Start the configured agent command in the session's workspace."""
+        """Start the configured agent command in the session's workspace, creating the
+        workspace if it does not exist yet."""
 
     def health(self, sandbox: "Sandbox") -> Health:
         """Check the sandbox now; `gone` only when its folder or pod certainly no longer is."""

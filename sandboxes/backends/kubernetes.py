@@ -75,7 +75,8 @@ FATAL_WAITING_REASONS = {
 }
 # Run the agent in its workspace without building a shell string from data: the script is a
 # constant, the workspace and the agent's argv are its positional arguments.
-CD_AND_EXEC = 'cd "$1" && shift && exec "$@"'
+# The session's workspace is made at its agent's first start (a new session touches nothing).
+CD_AND_EXEC = 'mkdir -p "$1" && cd "$1" && shift && exec "$@"'
 
 # One policy per sandbox namespace, for every sandbox pod in it.
 NETWORK_POLICY = "craft-sandbox-isolation"
@@ -549,21 +550,51 @@ class KubernetesBackend:
         # Before the pod: a sandbox must never run without its network policy.
         self._ensure_network_policy()
         progress("creating pod")
-        self._create_or_adopt_pod(sandbox)
+        self._create_or_adopt_pod(sandbox, progress)
         self._create_or_adopt_service(sandbox)
         self._wait_until_ready(name, progress)
         return name
 
-    def _create_or_adopt_pod(self, sandbox: Sandbox) -> None:
+    def _create_or_adopt_pod(self, sandbox: Sandbox, progress: Progress) -> None:
+        """Create the sandbox's pod; adopt one that exists and may still become ready.
+
+        A pod left by an earlier attempt that failed (a bad image, unschedulable) is
+        replaced, so that a retry after the cause is fixed gets a new pod; one being deleted
+        is waited for, within CRAFT_K8S_READY_TIMEOUT.
+        """
+        name = pod_name(sandbox)
+        deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
+        while True:
+            try:
+                self.core.create_namespaced_pod(self.namespace, self.pod_manifest(sandbox))
+                return
+            except ApiException as exc:
+                if not _is_status(exc, 409):
+                    raise SandboxError(f"cannot create pod: {_reason(exc)}") from exc
+            # 409: it exists already (a retry, or another worker).
+            try:
+                existing = self.core.read_namespaced_pod(name, self.namespace)
+            except ApiException as exc:
+                if _is_status(exc, 404):
+                    continue  # gone meanwhile: create it
+                raise SandboxError(f"cannot read pod: {_reason(exc)}") from exc
+            going = existing.metadata.deletion_timestamp is not None
+            failure = pod_failure(existing)
+            if not going and not failure:
+                return  # adopt it
+            if time.monotonic() >= deadline:
+                raise SandboxError("the previous pod of this sandbox is still terminating")
+            if not going:
+                progress(f"replacing the pod that failed ({failure})")
+                self._delete_pod(name)
+            time.sleep(settings.CRAFT_K8S_POLL_INTERVAL)
+
+    def _delete_pod(self, name: str) -> None:
         try:
-            self.core.create_namespaced_pod(self.namespace, self.pod_manifest(sandbox))
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
         except ApiException as exc:
-            if not _is_status(exc, 409):
-                raise SandboxError(f"cannot create pod: {_reason(exc)}") from exc
-            # 409: it exists already (a retry, or another worker): adopt it unless it is going.
-            existing = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
-            if existing.metadata.deletion_timestamp is not None:
-                raise SandboxError("the previous pod of this sandbox is still terminating") from exc
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot delete the failed pod: {_reason(exc)}") from exc
 
     def _ensure_network_policy(self) -> None:
         """Create the namespace's sandbox NetworkPolicy unless it exists (409: adopt it)."""
@@ -698,9 +729,6 @@ class KubernetesBackend:
     def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
         # session_id is a UUID, so the path cannot leave /workspace/sessions.
         return f"{WORKSPACE}/sessions/{UUID(str(session_id))}"
-
-    def create_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
-        self._run(sandbox, ["mkdir", "-p", self.workspace_path(sandbox, session_id)])
 
     def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
         self._run(sandbox, ["rm", "-rf", "--", self.workspace_path(sandbox, session_id)])

@@ -257,13 +257,6 @@ class LocalBackend:
     def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
         return str(self._workspace(sandbox, session_id))
 
-    def create_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
-        parts = ("sessions", str(UUID(str(session_id))))
-        try:
-            containment.private_folder(self._root(sandbox), parts, self._user(sandbox))
-        except OSError as exc:
-            raise SandboxError(f"cannot create session workspace: {exc}") from exc
-
     def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
         parts = ("sessions", str(UUID(str(session_id))))
         containment.remove_private_folder(self._root(sandbox), parts)
@@ -271,17 +264,22 @@ class LocalBackend:
     def start_agent(self, sandbox: Sandbox, session_id: UUID) -> LocalAgentProcess:
         root = self._root(sandbox)
         workspace = self._workspace(sandbox, session_id)
-        if not workspace.is_dir():
-            raise SandboxError("session workspace does not exist")
+        if not root.is_dir():
+            raise SandboxError("the sandbox's folder does not exist")
         user = self._user(sandbox)
         if user is not None:
             containment.close_server_files(self.sandbox_root)
         tools = self.tools
-        # Checked without following links, and created for sandboxes from before they existed.
-        # (Popen's chdir into the workspace would follow a link swapped in after this check,
-        # but gives nothing: the agent's rights on whatever it lands in are checked as its own.)
-        for parts in (("home",), ("tmp",), ("sessions", workspace.name)):
-            containment.private_folder(root, parts, user)
+        # The session's workspace is created here, at its agent's first start (a new session
+        # touches nothing in the sandbox, which may still be provisioning). Checked without
+        # following links, and created for sandboxes from before they existed. (Popen's chdir
+        # into the workspace would follow a link swapped in after this check, but gives
+        # nothing: the agent's rights on whatever it lands in are checked as its own.)
+        try:
+            for parts in (("home",), ("tmp",), ("sessions", workspace.name)):
+                containment.private_folder(root, parts, user)
+        except OSError as exc:
+            raise SandboxError(f"cannot create the session's workspace: {exc}") from exc
         self._install_tools()
         env = containment.agent_environment(root, tools, user)
         argv = resolve_command(list(settings.CRAFT_AGENT_COMMAND), env["PATH"])

@@ -76,6 +76,7 @@
     serverLastSeq: Number(root.dataset.lastSeq || 0),
     running: root.dataset.running === "true",
     sandboxStatus: root.dataset.sandboxStatus || "",
+    sandboxDetail: root.dataset.sandboxDetail || "",
     ws: null,
     reconnectAttempt: 0,
     reconnectTimer: null,
@@ -121,6 +122,7 @@
   };
   const FRAME_ERRORS = {
     turn_running: "The agent is still working on your previous message. Wait for it, or press Stop.",
+    sandbox_starting: "Your sandbox is still starting. Your message is kept: send it when the sandbox is ready.",
     empty_prompt: "Type a message first.",
     prompt_too_long: "That message is too long for the agent. It's still in the box: shorten it and send again.",
     unknown_request: "That question is no longer open: the agent has moved on.",
@@ -1427,7 +1429,8 @@
   function setRunning(running) {
     state.running = Boolean(running);
     root.dataset.running = state.running ? "true" : "false";
-    sendButton.disabled = state.running;
+    // Nothing can be sent while a turn runs, or while the sandbox is not running.
+    sendButton.disabled = state.running || Boolean(state.sandboxStatus && state.sandboxStatus !== "running");
     stopButton.hidden = !state.running;
     working.hidden = !state.running;
     clearInterval(workingTimer);
@@ -1466,7 +1469,10 @@
   function setSandbox(sandbox) {
     const status = str(sandbox.status);
     state.sandboxStatus = status;
-    const text = SANDBOX_BANNERS[status];
+    let text = SANDBOX_BANNERS[status];
+    // While it starts, the banner shows how far it got (on Kubernetes: the pod's phase and
+    // latest event), as the sidebar's sandbox line does.
+    if (status === "provisioning" && str(sandbox.detail)) text = `${text} ${str(sandbox.detail)}`;
     sandboxBanner.hidden = !text;
     sandboxBanner.dataset.status = status;
     if (text) sandboxBanner.querySelector(".sandbox-banner-text").textContent = text;
@@ -1475,9 +1481,19 @@
     promptBox.disabled = !usable;
     const empty = $("empty-transcript");
     if (empty && !usable) empty.hidden = true;
-    if (!usable) sendButton.disabled = true;
+    if (!usable || status === "provisioning") sendButton.disabled = true;
     else sendButton.disabled = state.running;
   }
+
+  // The sidebar's sandbox line polls the sandbox while it starts (sidebar.js): the banner and
+  // the composer follow each new answer.
+  document.addEventListener("htmx:afterSettle", () => {
+    const line = $("sandbox-status");
+    if (!line || !line.dataset.status || line.dataset.status === "none") return;
+    if (line.dataset.status === state.sandboxStatus && line.dataset.detail === state.sandboxDetail) return;
+    state.sandboxDetail = line.dataset.detail || "";
+    setSandbox({ status: line.dataset.status, detail: state.sandboxDetail });
+  });
 
   function showFrameError(message, sticky = false) {
     frameError.textContent = message;
@@ -1545,6 +1561,10 @@
     }
     if (state.running) {
       showFrameError(FRAME_ERRORS.turn_running);
+      return;
+    }
+    if (state.sandboxStatus === "provisioning") {
+      showFrameError(FRAME_ERRORS.sandbox_starting);
       return;
     }
     const attachments = [...mentionedFiles(text), ...state.images.map((image) => ({
@@ -1815,7 +1835,7 @@
   });
 
   setRunning(state.running);
-  setSandbox({ status: state.sandboxStatus });
+  setSandbox({ status: state.sandboxStatus, detail: state.sandboxDetail });
   loadSession(); // the first load: it uses what the page preloaded, and the socket joins it
   connect();
 })();

@@ -15,8 +15,8 @@ from playwright.async_api import expect
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
 from craft.models import Event
-from craft.services import open_session
 from sandboxes.demo_agent import FRESH_MARKER
+from tests.ready import open_ready_session
 
 from .conftest import assert_accessible, serve, signed_in_page, snap
 from .test_chat_page import TURN_END, open_page, send_prompt
@@ -32,7 +32,7 @@ PIXEL = base64.b64decode(
 
 @pytest.fixture
 def session(owner):
-    return open_session(owner, "")
+    return open_ready_session(owner, "")
 
 
 @db_sync_to_async
@@ -98,7 +98,7 @@ async def test_the_restart_divider_says_whether_the_context_came_back(page, craf
 async def test_a_killed_agent_comes_back_and_the_page_says_how(
     browser, owner, tmp_path, restore, reply, divider
 ):
-    session = await db_sync_to_async(open_session)(owner, "")
+    session = await db_sync_to_async(open_ready_session)(owner, "")
     env = {"CRAFT_AGENT_COMMAND": f"craft-demo-agent --restore {restore}"}
     with serve(env, tmp_path / "sandboxes") as server:
         page = await signed_in_page(browser, server, owner)
@@ -162,7 +162,7 @@ async def test_config_options_commands_usage_and_title_round_trip(page, craft_se
 
 
 async def test_an_agent_with_modes_only_gets_a_mode_picker(browser, owner, tmp_path):
-    session = await db_sync_to_async(open_session)(owner, "")
+    session = await db_sync_to_async(open_ready_session)(owner, "")
     env = {"CRAFT_AGENT_COMMAND": "craft-demo-agent --controls modes --no-images"}
     with serve(env, tmp_path / "modes-sandboxes") as server:
         page = await signed_in_page(browser, server, owner)

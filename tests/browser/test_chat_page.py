@@ -12,7 +12,7 @@ from playwright.async_api import expect
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
 from craft.models import Event
-from craft.services import open_session
+from tests.ready import open_ready_session
 
 from .conftest import snap
 
@@ -23,7 +23,7 @@ TURN_END = "#transcript .turn-end .label"
 
 @pytest.fixture
 def session(owner):
-    return open_session(owner, "Browser session")
+    return open_ready_session(owner, "Browser session")
 
 
 @db_sync_to_async

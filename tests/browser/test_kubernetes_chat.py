@@ -1,7 +1,8 @@
 """The whole chat on the kubernetes backend: Chromium, daphne, the real client, a test API server.
 
 daphne runs with CRAFT_SANDBOX_BACKEND=kubernetes against the test Kubernetes API server; the
-pod takes a while to become Ready, so the page shows provisioning progress first.
+pod takes a while to become Ready: "New session" opens the session's page at once, and the page
+shows the provisioning's progress until the sandbox runs.
 """
 
 from __future__ import annotations
@@ -52,12 +53,23 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
 ):
     await page.goto(f"{craft_server.url}/")
     await page.get_by_role("button", name="+ New session").click()
+    # The session's page comes at once; the pod is not Ready for seconds yet.
+    await page.wait_for_url("**/sessions/*/")
     status = page.locator("#sandbox-status")
+    banner = page.locator("#sandbox-banner")
     await expect(status).to_have_attribute("data-status", "provisioning")
     await expect(status.locator(".sandbox-detail")).to_contain_text("pod Pending")
+    await expect(banner).to_contain_text("Your sandbox is starting… pod Pending")
+    await expect(page.locator("#send")).to_be_disabled()
+    await page.fill("#prompt", "typed while the pod starts")
+    await page.press("#prompt", "Enter")
+    await expect(page.locator("#frame-error")).to_contain_text("still starting")
+    await expect(page.locator("#prompt")).to_have_value("typed while the pod starts")
     await snap(page, "kubernetes-provisioning")
-    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=20000)
-    await expect(status).to_have_attribute("data-status", "running")
+    await expect(status).to_have_attribute("data-status", "running", timeout=20000)
+    await expect(banner).to_be_hidden()
+    await expect(page.locator("#send")).to_be_enabled()
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
 
     await page.fill("#prompt", "write from-browser.txt hello pod")
     await page.press("#prompt", "Enter")

@@ -7,7 +7,7 @@ from playwright.async_api import expect
 
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
-from craft.services import open_session
+from tests.ready import open_ready_session
 
 from .conftest import snap
 from .test_chat_page import TURN_END, assert_page_matches_log, open_page, send_prompt, stored
@@ -19,7 +19,7 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def session(owner):
-    return open_session(owner, "Limits")
+    return open_ready_session(owner, "Limits")
 
 
 async def test_a_hung_load_times_out_and_the_next_one_renders(page, hooks, session):

@@ -9,9 +9,9 @@ import pytest
 from playwright.async_api import expect
 
 from craft.db import db_sync_to_async
-from craft.services import open_session
 from sandboxes.models import Sandbox
 from sandboxes.services import terminate_sandbox
+from tests.ready import open_ready_session
 
 from .conftest import assert_accessible, screenshot_path, signed_in_page, snap
 from .test_chat_page import TURN_END, open_page, send_prompt
@@ -21,11 +21,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 @pytest.fixture
 def session(owner):
-    return open_session(owner, "Chrome")
+    return open_ready_session(owner, "Chrome")
 
 
 async def test_the_first_prompt_titles_a_new_session_everywhere(page, craft_server, owner):
-    session = await db_sync_to_async(open_session)(owner)
+    session = await db_sync_to_async(open_ready_session)(owner)
     await open_page(page, craft_server, session)
     await expect(page.locator("#session-title")).to_have_text("New session")
     await send_prompt(page, "Fix the flaky login test")

@@ -16,8 +16,8 @@ from playwright.async_api import expect
 
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
-from craft.services import open_session
 from craft.views import session_workspace
+from tests.ready import open_ready_session
 
 from .conftest import snap
 from .test_chat_page import TURN_END, assert_page_matches_log, open_page, send_prompt, stored
@@ -29,7 +29,7 @@ store = db_sync_to_async(append_events)
 
 @pytest.fixture
 def session(owner):
-    return open_session(owner, "Transcript")
+    return open_ready_session(owner, "Transcript")
 
 
 async def test_cards_of_a_later_turn_never_overwrite_an_earlier_turns_card(
@@ -239,7 +239,7 @@ async def test_people_read_words_not_identifiers_and_never_host_paths(
         assert word not in text
     await snap(page, "crash-and-stop")
 
-    theirs = await db_sync_to_async(open_session)(staff, "Staff session")
+    theirs = await db_sync_to_async(open_ready_session)(staff, "Staff session")
     await open_page(staff_page, craft_server, theirs)
     workspace = await staff_page.locator("#session").get_attribute("data-workspace")
     await send_prompt(staff_page, "crash")

@@ -16,7 +16,7 @@ from channels.layers import channel_layers
 from django.conf import settings as django_settings
 from django.test import Client
 
-from craft import services
+from tests.ready import open_ready_session
 
 from ..conftest import PASSWORD
 from ..embedded import embedded_env, serve
@@ -30,7 +30,7 @@ SIGNED_OUT = {"type": "websocket.close", "code": 4401}
 
 @pytest.fixture
 def session(owner):
-    return services.open_session(owner, "account")
+    return open_ready_session(owner, "account")
 
 
 def browser(cookie: str) -> Client:
@@ -75,7 +75,7 @@ async def test_signing_out_closes_that_browser_s_sockets_only(session, owner):
 
 async def test_a_password_change_closes_every_socket_of_the_user(session, owner, stranger):
     (cookie_a, cookie_b), (socket_a, socket_b) = await two_browsers(session, owner)
-    theirs = await sync_to_async(services.open_session)(stranger, "theirs")
+    theirs = await sync_to_async(open_ready_session)(stranger, "theirs")
     their_socket, _ = await open_socket(theirs.pk, await sync_to_async(session_cookie)(stranger))
     new = "a new pass phrase 7"
     change = {"old_password": PASSWORD, "new_password1": new, "new_password2": new}
@@ -169,7 +169,7 @@ async def test_deactivation_in_another_process_closes_sockets_through_redis(sett
         }
     }
     channel_layers.backends.clear()
-    session = await sync_to_async(services.open_session)(owner, "redis")
+    session = await sync_to_async(open_ready_session)(owner, "redis")
     comm, _ = await open_socket(session.pk, await sync_to_async(session_cookie)(owner))
     db = django_settings.DATABASES["default"]
     env = {

@@ -1,6 +1,7 @@
 """New users opening their first sessions all at once: one sandbox each, every request served.
 
-A real daphne process, the real database, 50 requests released together from 50 threads.
+A real daphne process, the real database, 50 requests released together from 50 threads:
+each user's sandbox is provisioned once, in the background, and all their sessions are in it.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -70,6 +72,11 @@ def test_new_users_opening_sessions_in_parallel_all_succeed_with_one_sandbox_eac
             thread.start()
         for thread in threads:
             thread.join(120)
+        # The answers come at once; each sandbox is provisioned in the background.
+        deadline = time.monotonic() + 60
+        while Sandbox.objects.filter(owner__in=users, status=Sandbox.Status.PROVISIONING):
+            assert time.monotonic() < deadline, "sandboxes still provisioning"
+            time.sleep(0.1)
     finally:
         server.stop()
 

@@ -11,6 +11,7 @@ from craft import services
 from craft.controls import MAX_ATTACHMENTS, MAX_IMAGE_BYTES
 from craft.db import db_sync_to_async
 from craft.models import Event, Session
+from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
 
@@ -24,7 +25,7 @@ PIXEL = (
 
 @pytest.fixture
 def session(owner):
-    return services.open_session(owner, "")
+    return open_ready_session(owner, "")
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from craft.db import db_sync_to_async
 from craft.eventlog import append_events, frames_after, writer
 from craft.models import Event, Session
 from craft.normalise import MAX_FRAME_BYTES, SPLIT_CHARS
-from craft.services import open_session
+from tests.ready import open_ready_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -29,7 +29,7 @@ def seqs_and_texts(session_id) -> list[tuple[int, str]]:
 
 @pytest.fixture
 def sessions(owner):
-    return [open_session(owner, f"s{i}").pk for i in range(6)]
+    return [open_ready_session(owner, f"s{i}").pk for i in range(6)]
 
 
 async def test_concurrent_appends_of_many_sessions_get_consecutive_seqs_in_order(sessions):

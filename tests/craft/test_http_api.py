@@ -10,8 +10,7 @@ from django.test import Client
 
 from craft.eventlog import append_events
 from craft.models import Session
-from craft.services import open_session
-from sandboxes.models import Sandbox
+from tests.ready import open_ready_session, settled_sandbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +56,7 @@ def test_a_session_is_created_listed_renamed_and_deleted(api, owner):
 
     renamed = send(api, "patch", f"/api/sessions/{session_id}/", {"title": "Renamed"})
     assert renamed.json()["title"] == "Renamed"
-    assert renamed.json()["sandbox"]["status"] == "running"
+    assert renamed.json()["sandbox"]["status"] in ("provisioning", "running")
     assert renamed.json()["last_seq"] == 1
     events = api.get(f"/api/sessions/{session_id}/events/").json()["events"]
     assert [(e["kind"], e["data"]) for e in events] == [
@@ -69,8 +68,9 @@ def test_a_session_is_created_listed_renamed_and_deleted(api, owner):
     assert blank.status_code == 400
     assert "blank" in blank.json()["error"]["message"]
 
-    workspace = Path(Sandbox.objects.get(owner=owner).reference) / "sessions" / session_id
-    assert workspace.is_dir()
+    sandbox = settled_sandbox(created.json()["sandbox"])
+    workspace = Path(sandbox.reference) / "sessions" / session_id
+    workspace.mkdir(parents=True)  # as the session's agent would, at its first start
     assert send(api, "delete", f"/api/sessions/{session_id}/").status_code == 204
     assert not workspace.exists()
     assert api.get(f"/api/sessions/{session_id}/").status_code == 404
@@ -87,7 +87,7 @@ def test_bad_bodies_get_clear_errors(api):
 
 
 def test_events_are_paged_after_a_seq(api, owner):
-    session = open_session(owner)
+    session = open_ready_session(owner)
     append_events(session.pk, [("agent_message_chunk", {"n": i}) for i in range(5)])
     body = api.get(f"/api/sessions/{session.pk}/events/", {"after": 2, "limit": 2}).json()
     assert [e["seq"] for e in body["events"]] == [3, 4]
@@ -101,7 +101,7 @@ def test_events_are_paged_after_a_seq(api, owner):
 
 
 def test_one_event_is_served_in_full(api, owner):
-    session = open_session(owner)
+    session = open_ready_session(owner)
     big = "x" * 3_000_000
     events = [
         ("user_message", {"id": "a", "text": "hi"}),
@@ -119,7 +119,7 @@ def test_one_event_is_served_in_full(api, owner):
 
 
 def test_someone_elses_session_is_404(api, stranger):
-    theirs = open_session(stranger)
+    theirs = open_ready_session(stranger)
     append_events(theirs.pk, [("user_message", {"id": "a", "text": "private"})])
     assert api.get(f"/api/sessions/{theirs.pk}/").status_code == 404
     assert api.get(f"/api/sessions/{theirs.pk}/events/").status_code == 404
@@ -130,7 +130,7 @@ def test_someone_elses_session_is_404(api, stranger):
 
 def test_the_sandbox_is_shown_and_terminated(api, owner):
     assert api.get("/api/sandbox/").status_code == 404
-    open_session(owner)
+    open_ready_session(owner)
     sandbox = api.get("/api/sandbox/").json()
     assert sandbox["status"] == "running"
     assert sandbox["backend"] == "local"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import websocket
 
-from craft import services
 from craft.db import db_sync_to_async
 from craft.models import Event, Session
 from sandboxes.demo_agent import big_text
+from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket
 from .test_http_api import api, send  # noqa: F401 (a fixture)
@@ -43,7 +43,7 @@ async def test_a_message_over_the_limit_is_skipped_and_recorded_and_the_turn_goe
     owner, settings
 ):
     settings.CRAFT_MAX_MESSAGE_BYTES = 1024 * 1024
-    session = await db_sync_to_async(services.open_session)(owner, "big")
+    session = await db_sync_to_async(open_ready_session)(owner, "big")
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "b1", "text": "big 3"})
@@ -62,7 +62,7 @@ async def test_a_message_over_the_limit_is_skipped_and_recorded_and_the_turn_goe
 def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_limit(
     tmp_path, owner
 ):
-    session = services.open_session(owner, "huge")
+    session = open_ready_session(owner, "huge")
     limit = 16 * 1024 * 1024
     server = Daphne(tmp_path, CRAFT_MAX_MESSAGE_BYTES=str(limit)).start()
     try:
@@ -92,7 +92,7 @@ def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_
 def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_path, owner):
     from craft.eventlog import append_events
 
-    session = services.open_session(owner, "slow readers")
+    session = open_ready_session(owner, "slow readers")
     line = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x" * 1000}}
     for _ in range(20):
         append_events(session.pk, [("agent_message_chunk", line)] * 1000)
@@ -139,7 +139,7 @@ def closed_by_server(ws) -> bool:
 
 
 def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, owner):
-    session = services.open_session(owner, "paste")
+    session = open_ready_session(owner, "paste")
     server = Daphne(tmp_path).start()
     try:
         sock = Socket(server, owner, session.pk)
@@ -161,7 +161,7 @@ def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, 
 async def test_a_turn_past_its_byte_limit_is_stopped_and_says_what_was_not_stored(owner, settings):
     settings.CRAFT_MAX_TURN_BYTES = 200_000
     settings.CRAFT_CANCEL_GRACE_SECONDS = 0.5
-    session = await db_sync_to_async(services.open_session)(owner, "chatty")
+    session = await db_sync_to_async(open_ready_session)(owner, "chatty")
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "c1", "text": "count 100000"})

@@ -10,11 +10,12 @@ import json
 import pytest
 from django.db.models import F
 
-from craft import live, services
+from craft import live
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
 from craft.models import Event, Session
 from craft.normalise import event_frame
+from tests.ready import open_ready_session
 
 from .wsclient import open_socket, receive_until, session_cookie
 
@@ -41,7 +42,7 @@ def store_quietly(session_id, first: int, last: int) -> None:
 
 @pytest.fixture
 def session(owner):
-    return services.open_session(owner, "live")
+    return open_ready_session(owner, "live")
 
 
 async def following(session, owner, after_events: int):

@@ -12,9 +12,9 @@ import asyncio
 
 import pytest
 
-from craft import services
 from craft.db import db_sync_to_async
 from craft.models import Event
+from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
 
@@ -38,7 +38,7 @@ async def follow_to_the_end(comm) -> list[int]:
 
 async def test_many_sessions_streaming_at_once_keep_exact_per_session_logs(owner):
     cookie = await db_sync_to_async(session_cookie)(owner)
-    sessions = [await db_sync_to_async(services.open_session)(owner) for _ in range(SESSIONS)]
+    sessions = [await db_sync_to_async(open_ready_session)(owner) for _ in range(SESSIONS)]
     watchers = []
     for session in sessions:
         pair = [(await open_socket(session.pk, cookie))[0] for _ in range(2)]

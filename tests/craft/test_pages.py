@@ -9,9 +9,9 @@ from django.urls import reverse
 
 from craft.eventlog import append_events
 from craft.models import Session
-from craft.services import open_session
 from sandboxes.models import Sandbox
 from sandboxes.services import terminate_sandbox
+from tests.ready import open_ready_session, settled_sandbox
 
 from ..conftest import PASSWORD
 
@@ -46,7 +46,7 @@ def test_new_session_over_htmx_redirects_the_client(client, owner):
 
 
 def test_the_session_page_is_a_shell_the_browser_fills_from_the_event_log(client, owner):
-    session = open_session(owner)
+    session = open_ready_session(owner)
     append_events(
         session.pk,
         [
@@ -69,7 +69,7 @@ def test_the_session_page_is_a_shell_the_browser_fills_from_the_event_log(client
 
 
 def test_the_sandbox_line_polls_only_while_the_sandbox_starts(client, owner):
-    session = open_session(owner)
+    session = open_ready_session(owner)
     client.force_login(owner)
     line = client.get(reverse("sandbox_status")).content.decode()
     assert 'hx-trigger="craft:refresh"' in line
@@ -84,7 +84,7 @@ def test_the_sandbox_line_polls_only_while_the_sandbox_starts(client, owner):
 
 
 def test_a_stopped_sandbox_is_shown_with_a_way_forward(client, owner, staff):
-    session = open_session(owner)
+    session = open_ready_session(owner)
     terminate_sandbox(session.sandbox)
     Sandbox.objects.filter(pk=session.sandbox_id).update(error="pod vanished at /var/x")
     client.force_login(owner)
@@ -96,12 +96,12 @@ def test_a_stopped_sandbox_is_shown_with_a_way_forward(client, owner, staff):
     new = Session.objects.exclude(pk=session.pk).get()
     assert response.url == reverse("session", args=[new.pk])
     assert new.sandbox_id != session.sandbox_id
-    assert new.sandbox.status == Sandbox.Status.RUNNING
+    assert settled_sandbox(new.sandbox_id).status == Sandbox.Status.RUNNING
 
 
 def test_the_session_list_refreshes_with_the_current_session_marked(client, owner):
-    first = open_session(owner, "first")
-    open_session(owner, "second")
+    first = open_ready_session(owner, "first")
+    open_ready_session(owner, "second")
     client.force_login(owner)
     listing = client.get(reverse("session_list"), {"current": str(first.pk)}).content.decode()
     assert listing.index("second") < listing.index("first")  # most recent first
@@ -113,7 +113,7 @@ def test_the_session_list_refreshes_with_the_current_session_marked(client, owne
 
 
 def test_renaming_over_htmx_returns_the_updated_item(client, owner):
-    session = open_session(owner, "old")
+    session = open_ready_session(owner, "old")
     client.force_login(owner)
     url = reverse("rename_session", args=[session.pk])
     response = client.post(url, {"title": "  new   name "}, **HTMX)
@@ -131,7 +131,7 @@ def test_renaming_over_htmx_returns_the_updated_item(client, owner):
 
 
 def test_deleting_over_htmx_removes_the_item_or_leaves_the_page(client, owner):
-    first, second = open_session(owner, "first"), open_session(owner, "second")
+    first, second = open_ready_session(owner, "first"), open_ready_session(owner, "second")
     client.force_login(owner)
     response = client.post(
         reverse("delete_session", args=[first.pk]),
@@ -150,7 +150,7 @@ def test_deleting_over_htmx_removes_the_item_or_leaves_the_page(client, owner):
 
 
 def test_a_stranger_cannot_see_or_change_someone_elses_session(client, owner, stranger):
-    session = open_session(owner)
+    session = open_ready_session(owner)
     client.force_login(stranger)
     assert client.get(reverse("session", args=[session.pk])).status_code == 404
     assert (
@@ -165,12 +165,19 @@ def test_a_sandbox_that_cannot_start_is_told_in_words(client, owner, staff, sett
     blocker.write_text("a file where the sandbox root should be")
     settings.CRAFT_SANDBOX_ROOT = blocker
     client.force_login(owner)
-    page = client.post(reverse("new_session"), follow=True).content.decode()
-    assert "Your sandbox could not start, so no session was opened." in page
-    assert str(blocker) not in page
+    response = client.post(reverse("new_session"))
+    session = Session.objects.get(owner=owner)  # at once: the sandbox starts in the background
+    assert response.url == reverse("session", args=[session.pk])
+    assert settled_sandbox(session.sandbox_id).status == Sandbox.Status.FAILED
+    page = client.get(response.url).content.decode()
+    assert 'data-sandbox-status="failed"' in page  # the page says so, and offers "Start again"
+    assert "cannot create sandbox folder" not in page  # the backend's words are for staff
     line = client.get(reverse("sandbox_status")).content.decode()
     assert "Could not start" in line
     assert "Start again" in line
+    assert "cannot create sandbox folder" not in line
     client.force_login(staff)
-    page = client.post(reverse("new_session"), follow=True).content.decode()
-    assert "cannot create sandbox folder" in page  # staff see why
+    client.post(reverse("new_session"))
+    settled_sandbox(Session.objects.get(owner=staff).sandbox_id)
+    line = client.get(reverse("sandbox_status")).content.decode()
+    assert "cannot create sandbox folder" in line  # staff see why

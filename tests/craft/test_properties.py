@@ -21,9 +21,9 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from craft import services
 from craft.models import Event, Session
 from craft.runner import runners
+from tests.ready import open_ready_session
 
 from ..agents import AGENTS
 from .wsclient import communicator, session_cookie
@@ -64,7 +64,7 @@ class Harness:
     """One session, one event loop, one socket: each example is sent through them."""
 
     def __init__(self, owner) -> None:
-        self.session = services.open_session(owner, "properties")
+        self.session = open_ready_session(owner, "properties")
         self.cookie = session_cookie(owner)
         self.http = Client()
         self.http.force_login(owner)

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from django.conf import settings
 
-from craft.services import open_session
 from sandboxes.models import ReaperAction
+from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket
 from .test_restarts import alive, wait_for
@@ -28,7 +28,7 @@ def server(tmp_path):
 
 
 def test_a_server_stops_idle_agents_and_removes_orphans_on_its_own(server, owner):
-    session = open_session(owner, "left idle")
+    session = open_ready_session(owner, "left idle")
     orphan = settings.CRAFT_SANDBOX_ROOT / str(uuid.uuid4())
     orphan.mkdir()
     sock = Socket(server, owner, session.pk)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from craft import services
 from craft.db import db_sync_to_async
 from craft.models import Event, Session
 from sandboxes import services as sandbox_services
 from sandboxes.acp import AgentConnection, PromptNotSent
 from sandboxes.demo_agent import FRESH_MARKER
+from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
 
@@ -30,7 +30,7 @@ RESTORES = {"resume": "resume", "load": "load", "none": "none", "both": "resume"
 
 @pytest.fixture
 def session(owner):
-    return services.open_session(owner, "memory")
+    return open_ready_session(owner, "memory")
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 from channels.layers import channel_layers
 from django.conf import settings as django_settings
 
-from craft import services
 from craft.db import db_sync_to_async
+from tests.ready import open_ready_session
 
 from .wsclient import open_socket, receive_until, session_cookie
 
@@ -63,7 +63,7 @@ def write_from_another_process(session_id) -> None:
 
 
 async def test_events_stored_by_another_process_arrive_live(redis_layer, owner):
-    session = await db_sync_to_async(services.open_session)(owner)
+    session = await db_sync_to_async(open_ready_session)(owner)
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     await comm.send_json_to({"type": "resume", "after": 0})
     assert await comm.receive_nothing(0.2)

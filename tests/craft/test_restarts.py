@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from craft.models import Event, Turn, Worker
-from craft.services import open_session
 from craft.turns import RESTARTED
+from tests.ready import open_ready_session
 
 from ..agents import AGENTS
 from ..server import Daphne, Socket
@@ -72,7 +72,7 @@ def servers(tmp_path):
 
 
 def test_a_killed_server_s_turn_is_closed_once_at_the_next_start(servers, owner):
-    session = open_session(owner, "restart")
+    session = open_ready_session(owner, "restart")
     first = servers()
     sock = Socket(first, owner, session.pk)
     sock.send({"type": "resume", "after": 0})
@@ -114,7 +114,7 @@ def test_a_killed_server_s_turn_is_closed_once_at_the_next_start(servers, owner)
 
 
 def test_sigterm_interrupts_a_turn_that_outlasts_the_grace_and_leaves_no_agent(servers, owner):
-    session = open_session(owner, "deaf")
+    session = open_ready_session(owner, "deaf")
     server = servers(
         CRAFT_AGENT_COMMAND=f"{sys.executable} {AGENTS / 'deaf_agent.py'}",
         CRAFT_SHUTDOWN_GRACE_SECONDS="1",
@@ -141,7 +141,7 @@ def test_sigterm_interrupts_a_turn_that_outlasts_the_grace_and_leaves_no_agent(s
 
 
 def test_sigterm_lets_a_turn_finish_within_the_grace(servers, owner):
-    session = open_session(owner, "graceful")
+    session = open_ready_session(owner, "graceful")
     server = servers(CRAFT_SHUTDOWN_GRACE_SECONDS="20")
     sock = Socket(server, owner, session.pk)
     sock.send({"type": "resume", "after": 0})
@@ -159,7 +159,7 @@ def test_sigterm_lets_a_turn_finish_within_the_grace(servers, owner):
 
 
 def test_after_a_server_restart_the_next_prompt_restores_the_agent_s_memory(servers, owner):
-    session = open_session(owner, "memory across servers")
+    session = open_ready_session(owner, "memory across servers")
     first = servers()
     sock = Socket(first, owner, session.pk)
     sock.send({"type": "resume", "after": 0})

@@ -16,13 +16,13 @@ import threading
 import pytest
 from django.db import OperationalError
 
-from craft import services
 from craft.db import db_sync_to_async
 from craft.eventlog import EventWriter
 from craft.models import Event, Turn
 from craft.runner import STORAGE_FAILED
 from sandboxes import services as sandbox_services
 from sandboxes.acp import AgentConnection
+from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
 
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 @pytest.fixture
 def session(owner):
-    return services.open_session(owner, "failures")
+    return open_ready_session(owner, "failures")
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from craft import services
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
 from craft.models import Event
+from tests.ready import open_ready_session
 
 from .wsclient import (
     communicator,
@@ -31,7 +32,7 @@ AGENTS = Path(__file__).parent.parent / "agents"
 
 @pytest.fixture
 def session(owner):
-    return services.open_session(owner, "websocket")
+    return open_ready_session(owner, "websocket")
 
 
 @pytest.fixture
@@ -303,7 +304,7 @@ async def test_a_foreign_or_missing_origin_is_refused(session, cookie, origin):
 async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(kube_backend, kube, owner):
     from sandboxes.backends.kubernetes import pod_name
 
-    session = await db_sync_to_async(services.open_session)(owner, "on a pod")
+    session = await db_sync_to_async(open_ready_session)(owner, "on a pod")
     comm, hello = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     assert hello["sandbox"]["status"] == "running"
     await comm.send_json_to({"type": "resume", "after": 0})

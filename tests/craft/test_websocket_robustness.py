@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from craft import services
+from tests.ready import open_ready_session
 
 from ..agents import AGENTS
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 @pytest.fixture
 def session(owner):
-    return services.open_session(owner, "robustness")
+    return open_ready_session(owner, "robustness")
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 import pytest
 
 from craft.models import Event, Lease, Turn
-from craft.services import open_session
 from craft.turns import LOST
+from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket
 
@@ -92,7 +92,7 @@ def owner_pid(session) -> int:
 
 
 def test_clients_on_three_workers_see_one_stream_served_by_one_agent(workers, owner):
-    session = open_session(owner, "three workers")
+    session = open_ready_session(owner, "three workers")
     servers = workers(3)
     sockets = [Socket(server, owner, session.pk) for server in servers]
     for sock in sockets:
@@ -111,7 +111,7 @@ def test_clients_on_three_workers_see_one_stream_served_by_one_agent(workers, ow
 
 
 def test_a_killed_owner_between_turns_is_replaced_by_exactly_one_new_agent(workers, owner):
-    session = open_session(owner, "owner killed")
+    session = open_ready_session(owner, "owner killed")
     first, second = workers(2)
     sock = Socket(first, owner, session.pk)
     sock.send({"type": "resume", "after": 0})
@@ -134,7 +134,7 @@ def test_a_killed_owner_between_turns_is_replaced_by_exactly_one_new_agent(worke
 
 
 def test_a_killed_owner_mid_turn_has_its_turn_closed_and_the_session_goes_on(workers, owner):
-    session = open_session(owner, "killed mid-turn")
+    session = open_ready_session(owner, "killed mid-turn")
     first, second = workers(2)
     watcher = Socket(second, owner, session.pk)
     watcher.send({"type": "resume", "after": 0})
@@ -156,7 +156,7 @@ def test_a_killed_owner_mid_turn_has_its_turn_closed_and_the_session_goes_on(wor
 
 
 def test_a_paused_owner_that_lost_its_lease_stores_nothing_more_and_stops_its_agent(workers, owner):
-    session = open_session(owner, "paused owner")
+    session = open_ready_session(owner, "paused owner")
     first, second = workers(2)
     sock = Socket(first, owner, session.pk)
     sock.send({"type": "resume", "after": 0})
@@ -185,7 +185,7 @@ def test_a_paused_owner_that_lost_its_lease_stores_nothing_more_and_stops_its_ag
 
 
 def test_two_workers_racing_for_a_first_prompt_start_exactly_one_agent(workers, owner):
-    session = open_session(owner, "race")
+    session = open_ready_session(owner, "race")
     first, second = workers(2)
     a, b = Socket(first, owner, session.pk), Socket(second, owner, session.pk)
     for sock in (a, b):
@@ -207,7 +207,7 @@ def test_two_workers_racing_for_a_first_prompt_start_exactly_one_agent(workers, 
 
 
 def test_a_rolling_restart_loses_and_repeats_no_event_for_a_streaming_client(workers, owner):
-    session = open_session(owner, "rolling")
+    session = open_ready_session(owner, "rolling")
     servers = workers(3)
     seen: list[int] = []
     sock = Socket(servers[2], owner, session.pk)

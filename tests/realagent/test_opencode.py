@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from craft import services
 from craft.db import db_sync_to_async
 from craft.models import Event
 from craft.runner import runners
+from tests.ready import open_ready_session
 
 from ..agents.fake_model import FakeModel
 from ..craft.wsclient import is_turn_end, open_socket, receive_until, session_cookie
@@ -94,7 +94,7 @@ async def turn(comm, prompt_id: str, text: str) -> tuple[list[dict], str]:
 
 
 async def test_opencode_runs_a_turn_is_killed_and_is_reattached_with_its_memory(owner, opencode):
-    session = await db_sync_to_async(services.open_session)(owner, "opencode")
+    session = await db_sync_to_async(open_ready_session)(owner, "opencode")
     workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
     configure(workspace, opencode.url)
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))

@@ -11,12 +11,12 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from craft import services as craft_services
 from craft.eventlog import append_event, append_events
 from craft.models import Session
 from sandboxes import services
 from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox
+from tests.ready import open_ready_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,8 +26,8 @@ CHANGELIST = reverse("admin:sandboxes_sandbox_changelist")
 @pytest.fixture
 def busy_sandbox(owner):
     """The owner's sandbox with two sessions, one of them with a live agent."""
-    first = craft_services.open_session(owner, "first")
-    craft_services.open_session(owner, "second")
+    first = open_ready_session(owner, "first")
+    open_ready_session(owner, "second")
     services.connect_agent(first.sandbox, first.pk)
     return first.sandbox
 
@@ -91,7 +91,7 @@ def test_a_sandbox_page_lists_its_sessions(client, staff, busy_sandbox):
 
 
 def test_events_are_read_only_in_the_admin(client, staff, owner):
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     append_event(session.pk, "agent_message_chunk", {"content": {"type": "text", "text": "hi"}})
     client.force_login(staff)
     response = client.get(reverse("admin:craft_session_change", args=[session.pk]))
@@ -122,7 +122,7 @@ def test_deleting_a_sandbox_in_the_admin_terminates_it_first(client, staff, busy
 
 
 def test_bulk_deleting_sandboxes_in_the_admin_terminates_each(client, staff, owner, stranger):
-    folders = [Path(craft_services.open_session(u).sandbox.reference) for u in (owner, stranger)]
+    folders = [Path(open_ready_session(u).sandbox.reference) for u in (owner, stranger)]
     client.force_login(staff)
     client.post(
         CHANGELIST,
@@ -202,7 +202,7 @@ def test_the_sandboxes_app_never_imports_the_craft_app():
 def test_the_session_list_shows_which_worker_holds_each_live_session(client, staff, owner):
     from craft.models import Lease
 
-    session = craft_services.open_session(owner, "leased")
+    session = open_ready_session(owner, "leased")
     Lease.objects.create(
         session=session, owner="host/123/456", token=7,
         expires_at=timezone.now() + timedelta(seconds=30),

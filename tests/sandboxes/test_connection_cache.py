@@ -40,9 +40,7 @@ def agent_pid(connection) -> int:
 
 
 def new_session(sandbox):
-    sid = uuid.uuid4()
-    services.create_session_workspace(sandbox, sid)
-    return sid
+    return uuid.uuid4()  # its workspace is created at its agent's first start
 
 
 def test_the_first_prompt_starts_and_caches_a_connection(sandbox, session_id):

@@ -25,6 +25,7 @@ from sandboxes.backends import SandboxError
 from sandboxes.backends.kubernetes import NETWORK_POLICY, KubernetesBackend, pod_name
 from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
+from tests.ready import settled_sandbox
 
 from ..conftest import run_concurrently
 from .agents import reply_text, run_turn
@@ -41,9 +42,7 @@ def sandbox(kube_backend, owner):
 
 
 def new_session(sandbox) -> uuid.UUID:
-    session_id = uuid.uuid4()
-    services.create_session_workspace(sandbox, session_id)
-    return session_id
+    return uuid.uuid4()  # its workspace is created at its agent's first start
 
 
 def agent_pid(connection) -> int:
@@ -196,11 +195,14 @@ def test_a_failing_terminate_leaves_the_sandbox_terminating_and_can_be_retried(s
     assert services.terminate_sandbox(stuck).status == Sandbox.Status.TERMINATED
 
 
-def test_session_workspaces_are_created_and_removed_by_exec(sandbox, kube):
+def test_a_session_workspace_is_made_by_its_agents_start_and_removed_by_exec(sandbox, kube):
     session_id = new_session(sandbox)
     folder = workspace(kube, sandbox, session_id)
+    assert not folder.exists()
+    services.connect_agent(sandbox, session_id)
     assert folder.is_dir()
-    assert kube.execs[-1].argv == ["mkdir", "-p", f"/workspace/sessions/{session_id}"]
+    (start,) = agent_execs(kube)  # the one exec makes the folder and starts the agent in it
+    assert start.argv[:2] == ["sh", "-c"] and "mkdir -p" in start.argv[2]
     services.remove_session_workspace(sandbox, session_id)
     assert not folder.exists()
     assert kube.execs[-1].argv[:3] == ["rm", "-rf", "--"]
@@ -473,10 +475,14 @@ def test_one_shared_api_client_reproduces_handshake_status_200(kube_backend, san
 # --- the live chat end to end --------------------------------------------------------------
 
 
-def test_opening_a_session_provisions_the_pod_and_creates_the_workspace(kube_backend, kube, owner):
+def test_a_session_on_kubernetes_gets_its_workspace_in_the_pod(kube_backend, kube, owner):
     session = craft_services.open_session(owner, "on kubernetes")
     assert session.sandbox.backend == "kubernetes"
-    assert workspace(kube, session.sandbox, session.pk).is_dir()
+    sandbox = settled_sandbox(session.sandbox_id)
+    assert sandbox.status == Sandbox.Status.RUNNING, sandbox.error
+    connection = services.connect_agent(sandbox, session.pk)
+    assert workspace(kube, sandbox, session.pk).is_dir()
+    assert connection.cwd == f"/workspace/sessions/{session.pk}"
 
 
 def test_an_agent_connection_reads_and_writes_in_the_pod_workspace(sandbox, kube):

@@ -49,7 +49,6 @@ def test_a_sandbox_pod_runs_one_agent_for_several_prompts(cluster, owner):
     try:
         assert sandbox.status == Sandbox.Status.RUNNING, sandbox.error
         session_id = uuid.uuid4()
-        services.create_session_workspace(sandbox, session_id)
         connection = services.connect_agent(sandbox, session_id)
         first = reply_text(run_turn(connection, "pid", timeout=60))
         assert services.connect_agent(sandbox, session_id) is connection

@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from craft import services as craft_services
 from sandboxes import services
 from sandboxes.backends import SandboxError, containment, get_backend
+from tests.ready import open_ready_session
 
 from ..agents import agent_command
 from .agents import run_turn
@@ -63,7 +64,7 @@ def contain(settings, uids: str) -> None:
 
 def open_agent(user):
     """Open a session for `user` and start its (hostile) agent; return (session, connection)."""
-    session = craft_services.open_session(user, "containment")
+    session = open_ready_session(user, "containment")
     connection = services.connect_agent(session.sandbox, session.pk)
     return session, connection
 
@@ -204,9 +205,11 @@ def test_the_demo_agent_runs_as_the_sandbox_user_and_its_files_are_its_own(
 @needs_root
 def test_a_sandbox_from_before_sandbox_users_is_adopted(settings, machine, owner):
     contain(settings, "off")
-    session = craft_services.open_session(owner, "older")
+    session = open_ready_session(owner, "older")
     folder = Path(session.sandbox.reference)
-    (folder / "sessions" / str(session.pk) / "old.txt").write_text("from before")
+    workspace = folder / "sessions" / str(session.pk)
+    workspace.mkdir(parents=True)  # as earlier versions made it, at the session's opening
+    (workspace / "old.txt").write_text("from before")
     folder.chmod(0o755)  # as earlier versions made it
     assert folder.stat().st_uid == 0
 
@@ -227,7 +230,7 @@ def test_an_agent_command_sandbox_users_cannot_run_is_refused_clearly(settings, 
     program.write_text("#!/bin/sh\nexit 0\n")
     program.chmod(0o755)
     settings.CRAFT_AGENT_COMMAND = [str(program)]
-    session = craft_services.open_session(owner, "unrunnable")
+    session = open_ready_session(owner, "unrunnable")
     with pytest.raises(SandboxError, match="cannot be run by sandbox users"):
         get_backend().start_agent(session.sandbox, session.pk)
 
@@ -248,7 +251,7 @@ def test_a_folder_an_agent_swapped_for_a_link_does_not_turn_the_servers_work_els
 
     # What the server does in a sandbox's folder: new workspaces, agent starts, removals.
     with pytest.raises((SandboxError, craft_services.SessionError), match="not a folder"):
-        second = craft_services.open_session(owner, "second")
+        second = open_ready_session(owner, "second")
         services.connect_agent(second.sandbox, second.pk)
     services.remove_session_workspace(session.sandbox, session.pk)
 

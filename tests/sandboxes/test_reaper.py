@@ -30,6 +30,7 @@ from sandboxes.acp import PermissionRequest, TurnEnd, TurnFailed
 from sandboxes.backends.kubernetes import pod_name
 from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox
+from tests.ready import open_ready_session, settled_sandbox
 
 from .agents import reply_text, run_turn
 from .kube import NAMESPACE
@@ -103,8 +104,8 @@ def age(sandbox: Sandbox, seconds: float) -> None:
 
 def test_the_reaper_stops_an_idle_agent_and_spares_a_recent_one(owner, settings):
     settings.CRAFT_AGENT_IDLE_SECONDS = 0.5
-    idle_session = craft_services.open_session(owner)
-    recent_session = craft_services.open_session(owner)
+    idle_session = open_ready_session(owner)
+    recent_session = open_ready_session(owner)
     idle = services.connect_agent(idle_session.sandbox, idle_session.pk)
     pid = agent_pid(idle)
     time.sleep(0.6)
@@ -127,7 +128,7 @@ def test_the_reaper_stops_an_idle_agent_and_spares_a_recent_one(owner, settings)
 
 def test_the_reaper_never_stops_an_agent_in_a_turn_or_waiting_for_permission(owner, settings):
     settings.CRAFT_AGENT_IDLE_SECONDS = 0.3
-    working, asking, starting = (craft_services.open_session(owner) for _ in range(3))
+    working, asking, starting = (open_ready_session(owner) for _ in range(3))
     working_agent = services.connect_agent(working.sandbox, working.pk)
     asking_agent = services.connect_agent(asking.sandbox, asking.pk)
     starting_agent = services.connect_agent(starting.sandbox, starting.pk)
@@ -155,7 +156,7 @@ def test_the_reaper_never_stops_an_agent_in_a_turn_or_waiting_for_permission(own
 
 
 def test_the_reaper_stops_the_agents_of_a_sandbox_that_is_not_running_any_more(owner):
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     agent = services.connect_agent(session.sandbox, session.pk)
     # Another server process (or `manage.py reap`) found it gone.
     Sandbox.objects.filter(pk=session.sandbox_id).update(status=Sandbox.Status.FAILED)
@@ -195,7 +196,7 @@ def test_a_sandbox_stuck_provisioning_is_reclaimed_and_the_next_session_provisio
     )
     assert Sandbox.objects.get(pk=slow.pk).status == Sandbox.Status.PROVISIONING
 
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     assert session.sandbox_id == stuck.pk
     assert Sandbox.objects.get(pk=stuck.pk).status == Sandbox.Status.RUNNING
     agent = services.connect_agent(session.sandbox, session.pk)
@@ -224,7 +225,7 @@ def test_a_sandbox_stuck_terminating_is_terminated_again(kube_backend, kube, own
 def test_an_idle_sandbox_is_terminated_but_never_a_used_busy_or_live_one(owner, settings):
     settings.CRAFT_SANDBOX_IDLE_SECONDS = 60
     idle, talked, turning, live = (
-        craft_services.open_session(user(name)) for name in ("ida", "tom", "tara", "liv")
+        open_ready_session(user(name)) for name in ("ida", "tom", "tara", "liv")
     )
     start_durable_turn(turning)
     agent = services.connect_agent(live.sandbox, live.pk)
@@ -249,7 +250,7 @@ def test_an_idle_sandbox_is_terminated_but_never_a_used_busy_or_live_one(owner, 
 
 
 def test_sandboxes_are_never_terminated_for_idleness_by_default(owner):
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     age(session.sandbox, 86400 * 365)
     assert reaper.reap_sandboxes(session_activity).actions == []
     assert Sandbox.objects.get(pk=session.sandbox_id).status == Sandbox.Status.RUNNING
@@ -259,7 +260,7 @@ def test_sandboxes_are_never_terminated_for_idleness_by_default(owner):
 
 
 def test_orphan_folders_are_removed_and_live_ones_kept(owner, stranger, sandbox_root):
-    live = craft_services.open_session(owner).sandbox
+    live = open_ready_session(owner).sandbox
     (sandbox_root / ".craft" / "bin").mkdir(parents=True, exist_ok=True)  # the server's own
     nobodys = sandbox_root / str(uuid.uuid4())  # a folder whose row was deleted
     (nobodys / "sessions").mkdir(parents=True)
@@ -319,7 +320,7 @@ def assert_human(message: str) -> None:
 def test_a_sandbox_whose_pod_vanished_is_marked_failed_and_the_next_session_reprovisions_it(
     kube_backend, kube, owner
 ):
-    first = craft_services.open_session(owner)
+    first = open_ready_session(owner)
     agent = services.connect_agent(first.sandbox, first.pk)
     # Deleted through the API server, behind Craft's back (kubectl delete pod, say).
     kube_backend.core.delete_namespaced_pod(pod_name(first.sandbox), NAMESPACE)
@@ -335,7 +336,7 @@ def test_a_sandbox_whose_pod_vanished_is_marked_failed_and_the_next_session_repr
     )
     assert_human(sandbox.error)
 
-    second = craft_services.open_session(owner)
+    second = open_ready_session(owner)
     assert second.sandbox_id == sandbox.pk
     assert Sandbox.objects.get(pk=sandbox.pk).status == Sandbox.Status.RUNNING
     kube_backend.core.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
@@ -346,7 +347,7 @@ def test_a_sandbox_whose_pod_vanished_is_marked_failed_and_the_next_session_repr
 def test_a_prompt_in_a_sandbox_whose_pod_vanished_fails_in_words_and_marks_it_failed(
     kube_backend, kube, owner
 ):
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     kube_backend.core.delete_namespaced_pod(pod_name(session.sandbox), NAMESPACE)
 
     with pytest.raises(services.SandboxUnavailable) as failure:
@@ -357,11 +358,11 @@ def test_a_prompt_in_a_sandbox_whose_pod_vanished_fails_in_words_and_marks_it_fa
         "sandbox up again."
     )
     assert Sandbox.objects.get(pk=session.sandbox_id).status == Sandbox.Status.FAILED
-    assert craft_services.open_session(owner).sandbox.status == Sandbox.Status.RUNNING
+    assert open_ready_session(owner).sandbox.status == Sandbox.Status.RUNNING
 
 
 def test_a_local_sandbox_whose_folder_vanished_is_marked_failed_and_reprovisioned(owner):
-    first = craft_services.open_session(owner)
+    first = open_ready_session(owner)
     agent = services.connect_agent(first.sandbox, first.pk)
     shutil.rmtree(first.sandbox.reference)  # behind Craft's back
 
@@ -376,26 +377,27 @@ def test_a_local_sandbox_whose_folder_vanished_is_marked_failed_and_reprovisione
     )
     assert not agent.is_running, "its agent lost its folder and was stopped"
 
-    second = craft_services.open_session(owner)
+    second = open_ready_session(owner)
     assert second.sandbox_id == sandbox.pk
-    assert Path(sandbox.reference, "sessions", str(second.pk)).is_dir()
+    assert Path(sandbox.reference).is_dir()
     agent = services.connect_agent(second.sandbox, second.pk)
     assert reply_text(run_turn(agent, "new folder")) == "Echo: new folder"
 
 
 def test_opening_a_session_in_a_sandbox_whose_folder_vanished_provisions_it_again(owner):
-    first = craft_services.open_session(owner)
+    first = open_ready_session(owner)
     shutil.rmtree(first.sandbox.reference)
     second = craft_services.open_session(owner)  # no reaper pass in between
     assert second.sandbox_id == first.sandbox_id
-    assert Path(first.sandbox.reference, "sessions", str(second.pk)).is_dir()
+    assert settled_sandbox(second.sandbox_id).status == Sandbox.Status.RUNNING
+    assert Path(first.sandbox.reference).is_dir()
     action = ReaperAction.objects.get(sandbox=first.sandbox)
     assert action.kind == Kind.MARKED_GONE
     assert "found when opening a session" in action.reason
 
 
 def test_a_sandbox_with_a_running_turn_is_not_marked_even_if_its_folder_vanished(owner):
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     start_durable_turn(session)
     shutil.rmtree(session.sandbox.reference)
     assert reaper.reap_sandboxes(session_activity).actions == []
@@ -408,7 +410,7 @@ def test_a_sandbox_with_a_running_turn_is_not_marked_even_if_its_folder_vanished
 
 
 def test_manage_py_reap_reaps_once_and_says_what_it_did(owner, sandbox_root, capsys):
-    craft_services.open_session(owner)
+    open_ready_session(owner)
     orphan = sandbox_root / str(uuid.uuid4())
     orphan.mkdir()
     call_command("reap")

@@ -11,6 +11,7 @@ from craft import services as craft_services
 from craft.models import Session
 from sandboxes import services
 from sandboxes.models import ReaperAction, Sandbox
+from tests.ready import open_ready_session
 
 from ..conftest import run_concurrently
 
@@ -50,15 +51,30 @@ def test_a_failed_sandbox_is_provisioned_again(owner, settings, tmp_path):
     assert retried.error == ""
 
 
-def test_opening_a_session_creates_its_workspace(owner):
-    session = craft_services.open_session(owner, "  Fix   the build ")
+def test_a_session_gets_its_workspace_at_its_agents_first_start(owner):
+    session = open_ready_session(owner, "  Fix   the build ")
     assert session.title == "Fix the build"
     workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
+    assert not workspace.exists()  # opening a session touches nothing in the sandbox
+    connection = services.connect_agent(session.sandbox, session.pk)
     assert workspace.is_dir()
+    assert Path(connection.cwd) == workspace
+
+
+def test_opening_a_session_provisions_its_sandbox_in_the_background(owner):
+    session = craft_services.open_session(owner, "first")
+    assert session.sandbox.status == Sandbox.Status.PROVISIONING  # answered before it is ready
+    deadline = time.monotonic() + 30
+    while (sandbox := Sandbox.objects.get(pk=session.sandbox_id)).status == "provisioning":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert sandbox.status == Sandbox.Status.RUNNING, sandbox.error
+    second = craft_services.open_session(owner, "second")
+    assert second.sandbox_id == sandbox.pk
 
 
 def test_deleting_a_session_removes_its_workspace_and_stops_its_agent(owner):
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
     connection = services.connect_agent(session.sandbox, session.pk)
     craft_services.delete_session(session)
@@ -68,8 +84,8 @@ def test_deleting_a_session_removes_its_workspace_and_stops_its_agent(owner):
 
 
 def test_terminate_stops_every_connection_and_frees_the_folder(owner):
-    first = craft_services.open_session(owner)
-    second = craft_services.open_session(owner)
+    first = open_ready_session(owner)
+    second = open_ready_session(owner)
     connections = [services.connect_agent(s.sandbox, s.pk) for s in (first, second)]
     sandbox = services.terminate_sandbox(first.sandbox)
     assert sandbox.status == Sandbox.Status.TERMINATED
@@ -82,7 +98,7 @@ def test_terminate_stops_every_connection_and_frees_the_folder(owner):
 
 
 def test_nothing_starts_in_a_terminated_sandbox(owner):
-    session = craft_services.open_session(owner)
+    session = open_ready_session(owner)
     services.terminate_sandbox(session.sandbox)
     with pytest.raises(services.SandboxUnavailable):
         services.connect_agent(session.sandbox, session.pk)

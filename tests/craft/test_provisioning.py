@@ -1,0 +1,142 @@
+"""Provisioning in the background: "New session" answers at once, the sandbox follows.
+
+A real daphne on the kubernetes backend, against the test API server, whose pods take seconds
+to become Ready (or fail to pull their image); the real client; the HTTP API and websockets
+as a browser uses them.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from craft.models import Event
+from sandboxes.models import Sandbox
+
+from ..server import Daphne, Socket, api
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def kubernetes_server(kube, folder: Path) -> Daphne:
+    return Daphne(
+        folder,
+        CRAFT_SANDBOX_BACKEND="kubernetes",
+        CRAFT_K8S_KUBECONFIG=str(kube.write_kubeconfig(folder / "kubeconfig")),
+        CRAFT_K8S_NAMESPACE="craft-provisioning",
+        CRAFT_K8S_POLL_INTERVAL="0.1",
+        CRAFT_K8S_READY_TIMEOUT="30",
+        CRAFT_AGENT_COMMAND=f"{sys.executable} -m sandboxes.demo_agent",
+    )
+
+
+def follow_sandbox(server: Daphne, user, until: set[str], timeout: float = 30) -> list[dict]:
+    """Poll GET /api/sandbox/ as the page does; return every answer up to a status in `until`."""
+    seen: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = api(server, user, "GET", "/api/sandbox/")
+        assert status == 200, body
+        seen.append(body)
+        if body["status"] in until:
+            return seen
+        assert time.monotonic() < deadline, f"still {body['status']}: {seen[-3:]}"
+        time.sleep(0.1)
+
+
+def test_a_new_session_answers_at_once_while_its_pod_starts_then_works(kube, owner, tmp_path):
+    kube.ready_delay = 3
+    server = kubernetes_server(kube, tmp_path).start()
+    try:
+        started = time.monotonic()
+        status, session = api(server, owner, "POST", "/api/sessions/", {"title": "slow pod"})
+        answered = time.monotonic() - started
+        assert status == 201, session
+        assert answered < 1.0, f"the request waited {answered:.2f} s"
+
+        socket = Socket(server, owner, session["id"])
+        assert socket.hello["sandbox"]["status"] == "provisioning"
+        socket.send({"type": "resume", "after": 0})
+        socket.send({"type": "prompt", "id": "early", "text": "pid"})
+        refused = socket.frame()
+        assert refused["type"] == "error" and refused["code"] == "sandbox_starting", refused
+        assert not Event.objects.filter(session_id=session["id"]).exists()  # nothing stored
+
+        progress = follow_sandbox(server, owner, {"running", "failed"})
+        assert progress[-1]["status"] == "running", progress[-1]
+        details = [p["detail"] for p in progress if p["status"] == "provisioning"]
+        assert any(d.startswith("pod Pending") for d in details), details
+
+        socket.send({"type": "prompt", "id": "ready", "text": "pid"})
+        frames = socket.until(lambda f: f.get("kind") == "turn_end")
+        assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+        agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
+        assert len(agents) == 1
+        pod = f"craft-sandbox-{session['sandbox']}"
+        workspace = kube.workspace("craft-provisioning", pod) / "sessions" / session["id"]
+        assert workspace.is_dir()  # made by the agent's first start
+        socket.close()
+    finally:
+        server.stop()
+
+
+def test_a_failed_sandbox_says_why_and_a_retry_gets_a_new_pod(kube, owner, tmp_path):
+    kube.ready_delay = 0.3
+    kube.image_pull_backoff = True
+    server = kubernetes_server(kube, tmp_path).start()
+    try:
+        status, session = api(server, owner, "POST", "/api/sessions/", {})
+        assert status == 201, session
+        failed = follow_sandbox(server, owner, {"running", "failed"})[-1]
+        assert failed["status"] == "failed"
+        assert "ImagePull" in failed["error"] and "HTTP" not in failed["error"], failed
+
+        kube.image_pull_backoff = False  # the cause is fixed: the retry must not adopt the pod
+        status, retried = api(server, owner, "POST", "/api/sandbox/")
+        assert status == 202 and retried["status"] == "provisioning", retried
+        assert retried["id"] == failed["id"]
+        assert follow_sandbox(server, owner, {"running", "failed"})[-1]["status"] == "running"
+        assert api(server, owner, "POST", "/api/sandbox/")[0] == 200  # running: nothing to do
+
+        socket = Socket(server, owner, session["id"])
+        socket.send({"type": "resume", "after": 0})
+        socket.send({"type": "prompt", "id": "after-retry", "text": "pid"})
+        frames = socket.until(lambda f: f.get("kind") == "turn_end")
+        assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+        socket.close()
+    finally:
+        server.stop()
+
+
+def test_a_server_stopped_while_provisioning_leaves_no_sandbox_stuck(kube, owner, tmp_path):
+    kube.ready_delay = 4
+    server = kubernetes_server(kube, tmp_path).start()
+    try:
+        status, session = api(server, owner, "POST", "/api/sessions/", {})
+        assert status == 201, session
+        assert follow_sandbox(server, owner, {"provisioning"})[-1]["detail"]
+        server.signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+    finally:
+        server.stop()
+    sandbox = Sandbox.objects.get(pk=session["sandbox"])
+    assert sandbox.status == Sandbox.Status.FAILED
+    assert "restarted" in sandbox.error
+
+    # The next server: "Start again" provisions the same sandbox, and the session works.
+    server = kubernetes_server(kube, tmp_path / "again").start()
+    try:
+        assert api(server, owner, "POST", "/api/sandbox/")[0] == 202
+        assert follow_sandbox(server, owner, {"running", "failed"})[-1]["status"] == "running"
+        socket = Socket(server, owner, session["id"])
+        socket.send({"type": "resume", "after": 0})
+        socket.send({"type": "prompt", "id": "after-restart", "text": "pid"})
+        frames = socket.until(lambda f: f.get("kind") == "turn_end")
+        assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+        socket.close()
+    finally:
+        server.stop()
