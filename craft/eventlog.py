@@ -156,7 +156,21 @@ def _follow_turn(
     turn per session refuses a second (IntegrityError). Permission requests and answers open
     and close entries of `pending`; `turn_end` ends the turn.
     """
-    turn = Turn.objects.running().filter(session_id=session_id).first()
+    kinds = {kind for kind, _ in events} & _TURN_KINDS
+    if not kinds or (kinds == {"user_message"} and client_id is None):
+        return  # most batches: what the agent says, which the turn's row does not follow
+    if kinds == {"turn_end"}:  # the turn's last batch: one statement, no read
+        (data,) = [data for kind, data in events if kind == "turn_end"][-1:]
+        Turn.objects.running().filter(session_id=session_id).update(
+            state=Turn.State.ENDED,
+            stop_reason=str(data.get("stop_reason", ""))[:64],
+            ended_at=now,
+            pending={},
+        )
+        return
+    # A prompt's batch starts the turn (the loop creates it): there is none to read.
+    starts = client_id is not None and "user_message" in kinds
+    turn = None if starts else Turn.objects.running().filter(session_id=session_id).first()
     changed = False
     for kind, data in events:
         if kind == "user_message" and client_id is not None:
