@@ -282,6 +282,11 @@ class Client:
         await self.http.close()
 
 
+def _is_chunk(message: dict[str, Any]) -> bool:
+    update = (message.get("params") or {}).get("update") or {}
+    return update.get("sessionUpdate") == "agent_message_chunk"
+
+
 class DirectAgent:
     """The demo agent driven directly over its stdio: the floor every figure is held to."""
 
@@ -296,8 +301,12 @@ class DirectAgent:
         created, _ = self.request("session/new", {"cwd": str(cwd), "mcpServers": []})
         self.session_id = created["sessionId"]
 
-    def request(self, method: str, params: dict[str, Any]) -> tuple[Any, int]:
-        """Send a request, read until its response; return (result, updates seen)."""
+    def request(
+        self, method: str, params: dict[str, Any], on_update: Any = None
+    ) -> tuple[Any, int]:
+        """Send a request, read until its response; return (result, updates seen).
+
+        `on_update()` is called as each agent message chunk arrives."""
         request_id = next(self._ids)
         line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -309,12 +318,15 @@ class DirectAgent:
             if message.get("id") == request_id and "method" not in message:
                 return message["result"], updates
             updates += 1
+            if on_update is not None and _is_chunk(message):
+                on_update()
 
-    def prompt(self, text: str) -> tuple[float, int]:
+    def prompt(self, text: str, on_update: Any = None) -> tuple[float, int]:
         started = time.perf_counter()
         _, updates = self.request(
             "session/prompt",
             {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]},
+            on_update,
         )
         return time.perf_counter() - started, updates
 

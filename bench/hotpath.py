@@ -14,7 +14,8 @@ same demo agent driven directly over its stdio (the floor):
   (the agent itself waits 50 ms before it).
 * cold starts: 10 sessions stream `slow` while 20 fresh sessions send their first prompt at
   once; the p99 gap of the streaming sockets while the agents start, minus their p99 gap
-  before.
+  before. Beside it, the same storm with the agents driven directly (no Craft): what 20
+  agent processes starting at once cost this machine's other agents by themselves.
 
     .venv/bin/python -m bench.hotpath [--rounds 30]
 """
@@ -24,8 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from .harness import Client, DirectAgent, Figure, Server, Site, median, percentile
@@ -146,6 +149,45 @@ async def cold_starts(server: Server, cookie: str, streamers: list[str], cold: l
     }
 
 
+def direct_cold_starts(workdir: Path) -> dict:
+    """The cold-start storm without Craft: the floor of `cold_starts` on this machine.
+
+    10 agents driven directly stream `slow 80 0.05` while 20 more are started at once
+    (spawn, initialize, session/new) and prompted; the same p99 gaps, before and during.
+    """
+    streamers = [DirectAgent(workdir / f"direct-stream-{i}") for i in range(STREAMERS)]
+    arrivals: list[list[float]] = [[] for _ in streamers]
+
+    def stream_one(agent: DirectAgent, times: list[float]) -> None:
+        times.append(time.perf_counter())
+        agent.prompt("slow 80 0.05", on_update=lambda: times.append(time.perf_counter()))
+
+    def start_one(i: int) -> None:
+        agent = DirectAgent(workdir / f"direct-cold-{i}")
+        agent.prompt(FOLLOW_UP)
+        agent.close()
+
+    pairs = zip(streamers, arrivals, strict=True)
+    threads = [threading.Thread(target=stream_one, args=pair) for pair in pairs]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    storm_start = time.perf_counter()
+    starters = [threading.Thread(target=start_one, args=(i,)) for i in range(COLD)]
+    for thread in starters:
+        thread.start()
+    for thread in starters:
+        thread.join()
+    storm_end = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    for agent in streamers:
+        agent.close()
+    before = [g for a in arrivals for g in gaps_of(a, a[0] + 0.3, storm_start)]
+    during = [g for a in arrivals for g in gaps_of(a, storm_start, storm_end + 0.1)]
+    return {"before_p99": percentile(before, 99), "during_p99": percentile(during, 99)}
+
+
 async def run(site: Site, rounds: int) -> list[Figure]:
     user, cookie = site.user(f"hot-{uuid.uuid4().hex[:6]}")
     follow_id = site.session(user)
@@ -169,12 +211,14 @@ async def run(site: Site, rounds: int) -> list[Figure]:
             await client.close()
             ms = await many_sessions(server, cookie, many)
             cs = await cold_starts(server, cookie, streamers, cold)
+        floor_cs = await asyncio.to_thread(direct_cold_starts, site.workdir)
     finally:
         agent.close()
     overhead = (fu["cached"] - fu["floor"]) * 1000
     ratio = cold_first / fu["cached"]
     slow_down = st["raw"] / st["craft"]
     added = (cs["during_p99"] - cs["before_p99"]) * 1000
+    added_floor = (floor_cs["during_p99"] - floor_cs["before_p99"]) * 1000
     pg = site.database == "postgresql"
     limit = 8.0 if pg else 5.0
     return [
@@ -225,7 +269,8 @@ async def run(site: Site, rounds: int) -> list[Figure]:
             "<= 50 ms",
             added <= 50,
             f"gap p99 {cs['before_p99'] * 1000:.0f} -> {cs['during_p99'] * 1000:.0f} ms, "
-            f"starts took {cs['storm_seconds'] * 1000:.0f} ms, errors {cs['errors']}",
+            f"starts took {cs['storm_seconds'] * 1000:.0f} ms, errors {cs['errors']}; "
+            f"without Craft the same storm adds {added_floor:.0f} ms",
         ),
     ]
 
