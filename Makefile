@@ -62,21 +62,39 @@ format: dev-venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# A real third-party ACP agent for the opt-in realagent tests: opencode, at the version pinned
-# in tests/realagent/package.json (about 190 MB). `make test` runs those tests when it is there.
+# Real third-party ACP agents for the opt-in realagent tests; `make test` runs those tests when
+# one is there. opencode, at the version pinned in tests/realagent/package.json (about 190 MB);
+# fast-agent, pinned here, in a virtualenv of its own (about 340 MB) as its releases with an ACP
+# server do not install on this project's Python: Python 3.13 (the version it was tried with),
+# found on PATH or through pyenv; skipped without one.
 REALAGENT := tests/realagent/node_modules/.bin/opencode
+FAST_AGENT_VERSION := 0.10.48
+FAST_AGENT_VENV := tests/realagent/fast-agent
 
 realagent:
 	cd tests/realagent && npm install --no-audit --no-fund --no-package-lock
+	@python=$$(python3.13 -c 'import sys; print(sys.executable)' 2>/dev/null \
+	  || { command -v pyenv >/dev/null \
+	       && version=$$(pyenv versions --bare | grep -E '^3\.13(\.[0-9]+)?$$' | tail -n 1) \
+	       && [ -n "$$version" ] && PYENV_VERSION=$$version pyenv which python3.13; } 2>/dev/null); \
+	if [ -z "$$python" ]; then \
+	  echo "Skipped fast-agent: it is installed with Python 3.13, and found none (python3.13 on PATH, or in pyenv)."; \
+	else \
+	  echo "Installing fast-agent-mcp $(FAST_AGENT_VERSION) with $$python"; \
+	  $$python -m venv $(FAST_AGENT_VENV) \
+	  && $(FAST_AGENT_VENV)/bin/pip install --quiet --upgrade pip \
+	  && $(FAST_AGENT_VENV)/bin/pip install --quiet fast-agent-mcp==$(FAST_AGENT_VERSION); \
+	fi
 
 test: dev-venv browser haproxy lint
 	$(BIN)/pytest $(PYTEST_ARGS)
-	@if [ -x $(REALAGENT) ]; then $(BIN)/pytest -m realagent tests/realagent; \
-	else echo "Skipped the realagent tests: \`make realagent\` installs opencode for them."; fi
+	@if [ -x $(REALAGENT) ] || [ -x $(FAST_AGENT_VENV)/bin/fast-agent ]; then \
+	  $(BIN)/pytest -m realagent tests/realagent; \
+	else echo "Skipped the realagent tests: \`make realagent\` installs opencode and fast-agent for them."; fi
 
 # The benchmarks of bench/ as one table (SQLite; BENCH_DATABASE_URL=postgres://... for PostgreSQL).
 bench: dev-venv browser
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache tests/realagent/node_modules
+	rm -rf $(VENV) var .pytest_cache .ruff_cache tests/realagent/node_modules $(FAST_AGENT_VENV)
