@@ -310,6 +310,9 @@ CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimu
 CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=1)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
+# How many local agents may be starting at once (0: no limit): a start is mostly the agent's
+# own CPU, and a burst of them would starve the running sessions of this machine.
+CRAFT_LOCAL_AGENT_STARTS = env_int("CRAFT_LOCAL_AGENT_STARTS", os.cpu_count() or 2, minimum=0)
 # What a websocket may have sent but its client not read yet; a client that stays past it for
 # CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects.
 CRAFT_SOCKET_BUFFER_BYTES = env_int("CRAFT_SOCKET_BUFFER_BYTES", 4 * 1024 * 1024, minimum=65536)

@@ -6,6 +6,7 @@ The `craft` app uses this module, never the backends or the connection cache dir
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -387,16 +388,18 @@ def start_agent_connection(
     """Start the agent in the session's workspace and open its ACP session (uncached).
 
     The workspace is the same folder every time, so an agent that keeps its sessions there
-    can continue the agent session `reattach` (see `AgentConnection.start`).
+    can continue the agent session `reattach` (see `AgentConnection.start`). A start waits for
+    one of the backend's `start_slots` (CRAFT_LOCAL_AGENT_STARTS on the local backend).
     """
     backend = get_backend(sandbox.backend)
-    process = backend.start_agent(sandbox, session_id)
-    connection = AgentConnection(
-        process,
-        cwd=backend.workspace_path(sandbox, session_id),
-        max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
-    )
-    connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT, reattach=reattach)
+    with backend.start_slots or contextlib.nullcontext():
+        process = backend.start_agent(sandbox, session_id)
+        connection = AgentConnection(
+            process,
+            cwd=backend.workspace_path(sandbox, session_id),
+            max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
+        )
+        connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT, reattach=reattach)
     logger.info(
         "started agent %s for session %s (restored: %s)",
         process.ident, session_id, connection.restored or "first start",

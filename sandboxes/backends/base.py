@@ -1,5 +1,6 @@
 """The small interface every sandbox backend implements."""
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -42,6 +43,9 @@ class SandboxBackend(Protocol):
     """Where a sandbox lives. Methods block; async callers run them in a thread."""
 
     name: str
+    # Held while one of its agents starts (spawned until its ACP session is open), so that at
+    # most so many start at once; None: no limit.
+    start_slots: threading.Semaphore | None
 
     def provision(self, sandbox: "Sandbox", progress: Progress) -> str:
         """Create the sandbox's resources, wait until usable, return the backend reference.

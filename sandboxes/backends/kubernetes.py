@@ -517,6 +517,7 @@ class KubernetesBackend:
     """Sandboxes as pods; blocking calls, made from worker threads."""
 
     name = "kubernetes"
+    start_slots = None  # agents start in their pods, on the cluster's CPUs
 
     def __init__(
         self,

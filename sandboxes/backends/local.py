@@ -198,6 +198,10 @@ class LocalBackend:
 
     def __init__(self) -> None:
         self.uids = containment.sandbox_uids_enabled(self.sandbox_root)
+        starts = settings.CRAFT_LOCAL_AGENT_STARTS
+        # Agents start on this machine's CPUs: 20 Python agents starting at once on 2 cores
+        # delayed other sessions' events ~60 ms at p99; 2 at a time, ~20 ms (docs/performance.md).
+        self.start_slots = threading.BoundedSemaphore(starts) if starts else None
         self._tools_lock = threading.Lock()
         self._tools_installed: set[Path] = set()
         if self.uids:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -285,3 +286,31 @@ def test_one_person_runs_at_most_the_configured_number_of_agents(sandbox, settin
     for connection in (busy, third):
         connection.cancel()
     assert done.wait(10)
+
+
+@pytest.mark.parametrize(("slots", "waves"), [(2, 3), (0, 1)])
+def test_at_most_the_configured_number_of_local_agents_start_at_once(
+    owner, settings, tmp_path, slots, waves
+):
+    settings.CRAFT_LOCAL_AGENT_STARTS = slots
+    get_backend.cache_clear()  # the backend takes the setting when it is made
+    log = tmp_path / "starts.log"
+    slow_start = tmp_path / "slow-start"  # each start takes at least 0.4 s
+    slow_start.write_text(f'#!/bin/sh\necho "$(date +%s.%N)" >> {log}\nsleep 0.4\nexec "$@"\n')
+    slow_start.chmod(0o755)
+    settings.CRAFT_AGENT_COMMAND = [str(slow_start), sys.executable, "-m", "sandboxes.demo_agent"]
+    sandbox = services.provision_sandbox(owner)
+    sessions = iter([uuid.uuid4() for _ in range(6)])
+    try:
+        connections = run_concurrently(lambda: services.connect_agent(sandbox, next(sessions)), 6)
+        assert all(c.is_running for c in connections)
+    finally:
+        services.stop_idle_connections(sandbox)
+        get_backend.cache_clear()
+    begins = sorted(float(line) for line in log.read_text().split())
+    # Starts that began together (within 0.3 s of a wave's first) form one wave.
+    wave_starts = [begins[0]]
+    for begun in begins[1:]:
+        if begun - wave_starts[-1] > 0.3:
+            wave_starts.append(begun)
+    assert len(wave_starts) == waves, begins
