@@ -74,6 +74,7 @@ def configure(workspace: Path, model_url: str) -> None:
         "autoupdate": False,
         "share": "disabled",
     }
+    workspace.mkdir(parents=True, exist_ok=True)  # before the agent's first start makes it
     (workspace / "opencode.json").write_text(json.dumps(config))
 
 
