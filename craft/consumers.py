@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any
 from uuid import UUID
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -66,6 +67,19 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _catch_up = False  # read the database after sent_seq before using the backlog
     _pump: asyncio.Task[None] | None = None
     _following = False
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Handle one message, without Channels' `aclose_old_connections` before it.
+
+        Channels hops to asgiref's sync thread before every message (each doorbell from
+        another worker, each client frame) to close that thread's stale database connections;
+        this consumer never uses that thread's connection (its database work runs on
+        `craft.db.readers`), and the hop is on the path of every forwarded event.
+        """
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
