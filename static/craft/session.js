@@ -1463,8 +1463,30 @@
     provisioning: "Your sandbox is starting…",
     terminating: "This session's sandbox is stopping. The agent can't work here any more.",
     terminated: "This session's sandbox was stopped, so the agent can't work here any more. Start a new session to carry on.",
-    failed: "Your sandbox could not start, so the agent can't work here.",
+    failed: "Your sandbox could not start, so the agent can't work here yet.",
   };
+
+  // "Try again" on a failed sandbox: set it up again for this session (POST /api/sandbox/),
+  // then follow its progress as the sidebar's sandbox line polls it.
+  const retrySandbox = $("retry-sandbox");
+  retrySandbox.addEventListener("click", async () => {
+    retrySandbox.disabled = true;
+    const token = sandboxBanner.querySelector("input[name=csrfmiddlewaretoken]");
+    try {
+      const response = await fetch(retrySandbox.dataset.url, {
+        method: "POST", credentials: "same-origin",
+        headers: { "X-CSRFToken": token ? token.value : "" },
+      });
+      if (!response.ok) throw new Error(`the server refused (${response.status})`);
+      setSandbox(await response.json());
+      const line = $("sandbox-status");
+      if (line && window.htmx) window.htmx.trigger(line, "craft:refresh");
+    } catch (error) {
+      showFrameError(`Your sandbox could not be set up again: ${error.message}. Try again in a moment.`);
+    } finally {
+      retrySandbox.disabled = false;
+    }
+  });
 
   function setSandbox(sandbox) {
     const status = str(sandbox.status);
@@ -1476,7 +1498,8 @@
     sandboxBanner.hidden = !text;
     sandboxBanner.dataset.status = status;
     if (text) sandboxBanner.querySelector(".sandbox-banner-text").textContent = text;
-    sandboxBanner.querySelector(".start-again").hidden = status === "provisioning";
+    sandboxBanner.querySelector(".start-again").hidden = status === "provisioning" || status === "failed";
+    retrySandbox.hidden = status !== "failed";
     const usable = !text || status === "provisioning";
     promptBox.disabled = !usable;
     const empty = $("empty-transcript");

@@ -87,3 +87,31 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     assert len(agents) == 1
     await expect(page.locator("#transcript .msg.agent").last).to_have_text(f"pid {agents[0].pid}")
     await snap(page, "kubernetes-chat")
+
+
+async def test_a_sandbox_that_could_not_start_is_set_up_again_for_the_same_session(
+    page, craft_server, kube_server, owner
+):
+    kube_server.image_pull_backoff = True  # the pods this test creates cannot pull their image
+    try:
+        await page.goto(f"{craft_server.url}/")
+        await page.get_by_role("button", name="+ New session").click()
+        await page.wait_for_url("**/sessions/*/")
+        session_url = page.url
+        banner = page.locator("#sandbox-banner")
+        await expect(banner).to_have_attribute("data-status", "failed", timeout=20000)
+        await expect(banner).to_contain_text("could not start")
+        await expect(page.locator("#send")).to_be_disabled()
+        await snap(page, "sandbox-failed")
+    finally:
+        kube_server.image_pull_backoff = False  # the cause is fixed
+    await banner.get_by_role("button", name="Try again").click()
+    await expect(banner).to_contain_text("Your sandbox is starting…")
+    await expect(banner).to_be_hidden(timeout=20000)
+    assert page.url == session_url  # the same session, not a new one
+
+    await page.fill("#prompt", "pid")
+    await page.press("#prompt", "Enter")
+    await expect(page.locator("#transcript .turn-end .label")).to_have_text("Done")
+    sessions = await db_sync_to_async(list)(Session.objects.filter(owner=owner))
+    assert len(sessions) == 1
