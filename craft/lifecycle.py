@@ -11,7 +11,7 @@ all of it:
 * **SIGTERM / SIGINT**: refuse new turns; give running turns `CRAFT_SHUTDOWN_GRACE_SECONDS` to
   finish; cancel the others and record them as interrupted; stop every agent actively (its
   process group is killed, or its exec closed: an agent need not exit when its input ends);
-  mark the sandboxes it was provisioning failed (their users' "Start again" provisions them
+  mark the sandboxes it was provisioning failed (their users' "Try again" provisions them
   anew); commit what the event writer holds; mark this worker stopped.
 """
 
@@ -104,7 +104,7 @@ class Lifecycle:
         for runner in still:
             await runner.interrupt(SHUTTING_DOWN)
         stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
-        # Sandboxes half provisioned here say so, and their "Start again" works at once.
+        # Sandboxes half provisioned here say so, and their "Try again" works at once.
         abandoned = await readers.run(sandbox_services.abandon_provisioning)
         await _wait_for(still, RECORD_SECONDS)
         await ownership.release_all()  # other workers take this one's sessions at once

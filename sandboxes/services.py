@@ -123,7 +123,7 @@ def _provision_in_background(sandbox: Sandbox, claimed_at: datetime) -> None:
 
 def abandon_provisioning() -> int:
     """Mark the sandboxes this process is provisioning failed (it is stopping); return how
-    many. The user's next session, or its "Start again", provisions them anew."""
+    many. The user's next session, or "Try again", provisions them anew."""
     with _in_flight_lock:
         claims = list(_in_flight.items())
     abandoned = 0
@@ -132,7 +132,7 @@ def abandon_provisioning() -> int:
             pk=sandbox_id, status=Sandbox.Status.PROVISIONING, status_changed_at=claimed_at
         ).update(
             status=Sandbox.Status.FAILED,
-            error="The server restarted while it was setting up your sandbox. Start again.",
+            error="The server restarted while it was setting up your sandbox. Try again.",
             status_detail="interrupted",
             status_changed_at=timezone.now(),
         )
