@@ -127,7 +127,7 @@ async def _release_idle_sessions() -> None:
     for session_id in list(ownership.held):
         runner = runners.get(session_id)
         connection = runner.connection
-        if not runner.running and (connection is None or not connection.is_running):
+        if not runner.busy and (connection is None or not connection.is_running):
             await ownership.release(session_id)
 
 

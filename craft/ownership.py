@@ -148,6 +148,11 @@ class Ownership:
 
     def __init__(self) -> None:
         self.held: dict[UUID, Held] = {}
+        # Leases being released (their database delete in flight) and claims being read: a
+        # claim waits for a release of its session, and a release gives way to a claim, so a
+        # release can never delete a lease a frame has just taken.
+        self._releasing: dict[UUID, asyncio.Future[None]] = {}
+        self._claiming: dict[UUID, int] = {}
         # Other workers' leases, as last read: (claim, until when to trust it, monotonic).
         self.others: dict[UUID, tuple[Claim, float]] = {}
         self.on_lost: Callable[[UUID], Awaitable[None]] | None = None
@@ -166,7 +171,16 @@ class Ownership:
         known = self.others.get(session_id)
         if known is not None and known[1] > time.monotonic():
             return known[0]  # forwarding needs no database read while the lease surely runs
-        claim = await readers.run(acquire, session_id)
+        while (releasing := self._releasing.get(session_id)) is not None:
+            await asyncio.shield(releasing)
+        self._claiming[session_id] = self._claiming.get(session_id, 0) + 1
+        try:
+            claim = await readers.run(acquire, session_id)
+        finally:
+            if self._claiming[session_id] == 1:
+                del self._claiming[session_id]
+            else:
+                self._claiming[session_id] -= 1
         if claim.mine:
             self.others.pop(session_id, None)
             self._hold(session_id, claim.token)
@@ -206,9 +220,19 @@ class Ownership:
             await self.on_lost(session_id)
 
     async def release(self, session_id: UUID) -> None:
+        """Give up an idle session's lease (unless a frame is claiming it right now)."""
+        if session_id in self._claiming or session_id in self._releasing:
+            return
         held = self.held.pop(session_id, None)
-        if held is not None:
+        if held is None:
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._releasing[session_id] = done
+        try:
             await readers.run(release, session_id, held.token)
+        finally:
+            del self._releasing[session_id]
+            done.set_result(None)
 
     async def release_all(self) -> None:
         self.held.clear()

@@ -169,6 +169,12 @@ class SessionRunner:
         return self._task is not None and not self._task.done()
 
     @property
+    def busy(self) -> bool:
+        """Whether a frame is being handled or an agent started here right now (a prompt
+        being stored has no turn yet, and may have no agent yet)."""
+        return self.running or self._lock.locked() or self._starting.locked()
+
+    @property
     def task(self) -> asyncio.Task[None] | None:
         return self._task
 

@@ -1,0 +1,80 @@
+"""An idle session's lease is released, but never under a prompt that is taking it.
+
+Housekeeping gives up the leases of sessions this worker runs no agent for, so that their next
+prompt may go to any worker. These tests run that release at the two moments it used to break
+a prompt (whose first event was then refused as fenced): while the prompt is being stored,
+before its turn or agent exists; and while a release's database delete is still on its way
+when the next prompt claims the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from craft import lifecycle, ownership, runner
+from craft.db import db_sync_to_async
+from craft.models import Lease
+from tests.ready import open_ready_session
+
+from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture
+def session(owner):
+    return open_ready_session(owner, "leases")
+
+
+async def prompt(comm, prompt_id: str) -> list[dict]:
+    await comm.send_json_to({"type": "prompt", "id": prompt_id, "text": "count 1"})
+    return await receive_until(comm, lambda f: is_turn_end(f) or f.get("type") == "error")
+
+
+@db_sync_to_async
+def lease_of(session_id):
+    return Lease.objects.filter(session_id=session_id).first()
+
+
+async def test_a_release_pass_during_a_prompts_store_leaves_its_lease(session, owner, monkeypatch):
+    checked = runner._sandbox_status
+
+    async def release_pass_first(session_id):
+        await lifecycle._release_idle_sessions()  # housekeeping, at the worst moment
+        return await checked(session_id)
+
+    monkeypatch.setattr(runner, "_sandbox_status", release_pass_first)
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    frames = await prompt(comm, "first")
+    assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
+    lease = await lease_of(session.pk)
+    assert lease is not None and lease.token == ownership.ownership.token(session.pk)
+    await comm.disconnect()
+
+
+async def test_a_prompt_waits_for_a_release_in_flight_and_takes_a_new_lease(
+    session, owner, monkeypatch
+):
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    assert (await prompt(comm, "first"))[-1].get("data") == {"stop_reason": "end_turn"}
+
+    deleting = ownership.release
+
+    def slow_release(session_id, token):
+        time.sleep(0.5)  # the delete is slow to arrive: the next prompt's claim comes first
+        deleting(session_id, token)
+
+    monkeypatch.setattr(ownership, "release", slow_release)
+    release = asyncio.ensure_future(ownership.ownership.release(session.pk))
+    await asyncio.sleep(0.05)
+    frames = await prompt(comm, "second")
+    await release
+    assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
+    lease = await lease_of(session.pk)
+    assert lease is not None and lease.token == ownership.ownership.token(session.pk)
+    await comm.disconnect()
