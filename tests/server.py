@@ -112,16 +112,21 @@ class Daphne:
 
 def api(server: Daphne, user: Any, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     """Make a signed-in JSON API request to the server; return (status, JSON body)."""
+    return api_request(server.url, session_cookie(user), method, path, body)
+
+
+def api_request(url: str, cookie: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """Make a JSON API request with a session cookie; return (status, JSON body)."""
     csrf = secrets.token_hex(16)  # any 32 characters: the cookie and the header must agree
     request = urllib.request.Request(
-        f"{server.url}{path}",
+        f"{url}{path}",
         data=None if body is None else json.dumps(body).encode(),
         method=method,
         headers={
             "Content-Type": "application/json",
-            "Cookie": f"{session_cookie(user)}; csrftoken={csrf}",
+            "Cookie": f"{cookie}; csrftoken={csrf}",
             "X-CSRFToken": csrf,
-            "Origin": server.url,
+            "Origin": url,
         },
     )
     try:

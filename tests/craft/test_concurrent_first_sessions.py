@@ -6,12 +6,8 @@ each user's sandbox is provisioned once, in the background, and all their sessio
 
 from __future__ import annotations
 
-import json
-import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -19,33 +15,12 @@ from django.contrib.auth import get_user_model
 from craft.models import Session
 from sandboxes.models import Sandbox
 
-from ..server import Daphne
+from ..server import Daphne, api_request
 from .wsclient import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 USERS, REQUESTS_EACH = 10, 5
-
-
-def post_session(url: str, cookie: str, title: str) -> tuple[int, dict]:
-    csrf = secrets.token_hex(16)  # any 32 characters; the cookie and the header must agree
-    request = urllib.request.Request(
-        f"{url}/api/sessions/",
-        data=json.dumps({"title": title}).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Cookie": f"{cookie}; csrftoken={csrf}",
-            "X-CSRFToken": csrf,
-            "Origin": url,
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.load(answer)
-    except urllib.error.HTTPError as failed:
-        with failed:
-            return failed.status, json.load(failed)
 
 
 def test_new_users_opening_sessions_in_parallel_all_succeed_with_one_sandbox_each(tmp_path):
@@ -60,7 +35,9 @@ def test_new_users_opening_sessions_in_parallel_all_succeed_with_one_sandbox_eac
 
         def open_one(user, n: int) -> None:
             barrier.wait()
-            status, body = post_session(server.url, cookies[user.pk], f"try {n}")
+            status, body = api_request(
+                server.url, cookies[user.pk], "POST", "/api/sessions/", {"title": f"try {n}"}
+            )
             answers.append((user.pk, status, body))
 
         threads = [

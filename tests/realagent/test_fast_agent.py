@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from craft.db import db_sync_to_async
-from craft.models import Event, Session
+from craft.models import Session
 from craft.runner import runners
 from tests.ready import open_ready_session
 
 from ..agents.fake_model import FakeModel
-from ..craft.wsclient import is_turn_end, open_socket, receive_until, session_cookie
+from ..craft.wsclient import open_socket, receive_until, session_cookie
+from .common import log_of, turn
 
 FAST_AGENT = Path(__file__).parent / "fast-agent" / "bin" / "fast-agent"
 
@@ -62,28 +63,12 @@ def fast_agent(settings, fake_model):
 
 
 @db_sync_to_async
-def log_of(session) -> list[tuple[str, dict]]:
-    return [(e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
-
-
-@db_sync_to_async
 def title_of(session) -> str:
     return Session.objects.get(pk=session.pk).title
 
 
 def is_title(frame: dict) -> bool:
     return frame.get("kind") == "session_title"
-
-
-async def turn(comm, prompt_id: str, text: str) -> tuple[list[dict], str]:
-    await comm.send_json_to({"type": "prompt", "id": prompt_id, "text": text})
-    frames = await receive_until(comm, is_turn_end, timeout=180)
-    reply = "".join(
-        f["data"]["content"].get("text", "")
-        for f in frames
-        if f.get("kind") == "agent_message_chunk" and isinstance(f["data"].get("content"), dict)
-    )
-    return frames, reply
 
 
 async def test_fast_agent_runs_a_turn_is_killed_and_is_resumed_with_its_memory(owner, fast_agent):

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from craft.db import db_sync_to_async
-from craft.models import Event
 from craft.runner import runners
 from tests.ready import open_ready_session
 
 from ..agents.fake_model import FakeModel
-from ..craft.wsclient import is_turn_end, open_socket, receive_until, session_cookie
+from ..craft.wsclient import open_socket, session_cookie
+from .common import log_of, turn
 
 OPENCODE = Path(__file__).parent / "node_modules" / ".bin" / "opencode"
 
@@ -76,22 +76,6 @@ def configure(workspace: Path, model_url: str) -> None:
     }
     workspace.mkdir(parents=True, exist_ok=True)  # before the agent's first start makes it
     (workspace / "opencode.json").write_text(json.dumps(config))
-
-
-@db_sync_to_async
-def log_of(session) -> list[tuple[str, dict]]:
-    return [(e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
-
-
-async def turn(comm, prompt_id: str, text: str) -> tuple[list[dict], str]:
-    await comm.send_json_to({"type": "prompt", "id": prompt_id, "text": text})
-    frames = await receive_until(comm, is_turn_end, timeout=180)
-    reply = "".join(
-        f["data"]["content"].get("text", "")
-        for f in frames
-        if f.get("kind") == "agent_message_chunk" and isinstance(f["data"].get("content"), dict)
-    )
-    return frames, reply
 
 
 async def test_opencode_runs_a_turn_is_killed_and_is_reattached_with_its_memory(owner, opencode):
