@@ -11,7 +11,7 @@ DAPHNE_OPTIONS := --websocket-max-message-size 4194304 --websocket-max-frame-siz
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run run-cluster test bench lint format venv dev-venv browser haproxy realagent migrate clean
+.PHONY: run run-cluster test bench lint format venv dev-venv browser haproxy isolation realagent migrate clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ migrate: venv
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py collectstatic --noinput -v 0
 
-run: migrate
+run: migrate isolation
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py ensure_admin
 	@echo "Serving Craft on http://127.0.0.1:$(PORT)/"
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/daphne $(DAPHNE_OPTIONS) -b 127.0.0.1 -p $(PORT) craft.asgi:application
@@ -39,13 +39,21 @@ run: migrate
 # Several daphne workers behind HAProxy on PostgreSQL and Redis (docs/deployment.md):
 # WORKERS=3 by default; DATABASE_URL and REDIS_URL may point elsewhere.
 WORKERS ?= 3
-run-cluster: venv haproxy
+run-cluster: venv haproxy isolation
 	$(BIN)/python deploy/cluster/run.py --workers $(WORKERS) --port $(PORT)
 
 haproxy:
 	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
 	  echo "Installing Debian's haproxy for make run-cluster"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
+
+# As root, local agents run as sandbox users in a bubblewrap jail behind an nftables rule
+# (README, "What the local backend isolates"): without these, sandboxes refuse to start.
+isolation:
+	@if [ "$$(id -u)" = 0 ] && ! { test -x /usr/bin/bwrap && test -x /usr/sbin/nft; }; then \
+	  echo "Installing Debian's bubblewrap and nftables for sandbox isolation"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap nftables >/dev/null; \
+	fi
 
 # Debian's Chromium for the browser tests (Playwright's own browser download is not used).
 browser:
@@ -86,7 +94,7 @@ realagent:
 	  && $(FAST_AGENT_VENV)/bin/pip install --quiet fast-agent-mcp==$(FAST_AGENT_VERSION); \
 	fi
 
-test: dev-venv browser haproxy lint
+test: dev-venv browser haproxy isolation lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 	@if [ -x $(REALAGENT) ] || [ -x $(FAST_AGENT_VENV)/bin/fast-agent ]; then \
 	  $(BIN)/pytest -m realagent tests/realagent; \

@@ -7,6 +7,7 @@ at start with an error that names the variable. Secrets may also come from `NAME
 (how Kubernetes mounts secrets).
 """
 
+import ipaddress
 import os
 import re
 import shlex
@@ -137,6 +138,24 @@ def env_proxy_header(name: str) -> tuple[str, str] | None:
     return "HTTP_" + header.upper().replace("-", "_"), value
 
 
+def env_endpoints(name: str) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    """Return a comma-separated list of `address:port` (`[::1]:8080` for IPv6) as pairs."""
+    endpoints = []
+    for item in env_list(name, []):
+        host, colon, port = item.rpartition(":")
+        if not colon or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not address:port (a port from 1 to 65535)"
+            )
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        try:
+            endpoints.append((ipaddress.ip_address(host), int(port)))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {host!r} is not an IP address") from None
+    return endpoints
+
+
 def env_choice(name: str, default: str, choices: set[str]) -> str:
     """Return a variable that must be one of `choices`."""
     value = os.environ.get(name, default).strip()
@@ -232,6 +251,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -242,7 +262,9 @@ if REDIS_URL:
             # "Timeout reading" and kill its consumer (redis/redis-py#4091). Reads may wait
             # longer than the blocking pop; connecting still fails fast.
             "CONFIG": {
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}]
+                "hosts": [
+                    {"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}
+                ],
             },
         }
     }
@@ -308,6 +330,13 @@ CRAFT_AGENT_ENV = env_agent_env("CRAFT_AGENT_ENV")
 CRAFT_SANDBOX_UIDS = env_choice("CRAFT_SANDBOX_UIDS", "auto", {"auto", "on", "off"})
 CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimum=1000)
 CRAFT_SANDBOX_UID_COUNT = env_int("CRAFT_SANDBOX_UID_COUNT", 1_000_000, minimum=1)
+# With sandbox users, agents cannot open connections to this machine's own addresses (its
+# database, Redis, this server) nor to link-local ones ("isolated"), except the endpoints
+# of CRAFT_SANDBOX_ALLOW (address:port); "open" lifts the rule (see the README).
+CRAFT_SANDBOX_NETWORK = env_choice("CRAFT_SANDBOX_NETWORK", "isolated", {"isolated", "open"})
+CRAFT_SANDBOX_ALLOW = env_endpoints("CRAFT_SANDBOX_ALLOW")
+# With sandbox users, the most processes and threads one sandbox may run at once (0: no limit).
+CRAFT_SANDBOX_PIDS = env_int("CRAFT_SANDBOX_PIDS", 4096)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 # How many local agents may be starting at once (0: no limit): a start is mostly the agent's

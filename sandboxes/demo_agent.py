@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import stat
 import sys
 import threading
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 NAME = "craft-demo-agent"
-VERSION = "1.1.0"
+VERSION = "1.2.0"
 PROTOCOL_VERSION = 1
 
 # Where a session's state lives, relative to its working directory.
@@ -1150,9 +1151,14 @@ def scenario_unknown(turn: Turn) -> None:
     turn.chunk("I sent an update of an unknown kind.")
 
 
+# Drawn once per process: in a PID namespace (a jailed local agent, a pod) every agent may
+# have the same process id.
+PROCESS_TOKEN = secrets.token_hex(4)
+
+
 def scenario_pid(turn: Turn) -> None:
-    """Answer with this process's id, so a client can tell agent processes apart."""
-    turn.chunk(f"pid {os.getpid()}")
+    """Answer with this process's id and token, so a client can tell agent processes apart."""
+    turn.chunk(f"pid {os.getpid()} {PROCESS_TOKEN}")
 
 
 def scenario_fail(turn: Turn) -> None:

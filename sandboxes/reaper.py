@@ -134,6 +134,7 @@ def reap_sandboxes(sessions: Sessions) -> Report:
     report = Report()
     now = timezone.now()
     for step in (
+        _check_isolation,
         _mark_live_agents,
         _reclaim_provisioning,
         _retry_terminating,
@@ -147,6 +148,11 @@ def reap_sandboxes(sessions: Sessions) -> Report:
             logger.exception("reaper: %s failed", step.__name__.strip("_"))
             report.errors.append(f"{step.__name__.strip('_')}: {exc}")
     return report
+
+
+def _check_isolation(sessions: Sessions, now: datetime, report: Report) -> None:
+    """Put back the network rule or policy if someone removed it."""
+    get_backend().check_isolation()
 
 
 def _mark_live_agents(sessions: Sessions, now: datetime, report: Report) -> None:

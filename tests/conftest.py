@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from sandboxes.backends import get_backend
+from sandboxes.backends import containment, firewall, get_backend
 from sandboxes.connections import agent_connections
+from tests.agents import agent_command
 
 PASSWORD = "correct horse battery staple"
 K8S_NAMESPACE = "craft-test"
@@ -49,6 +54,31 @@ def stop_agents(request) -> Iterator[None]:
     # Their threads hold database connections: close them before the test database goes.
     writer.stop()
     readers.stop()
+
+
+@pytest.fixture
+def machine(settings):
+    """A sandbox root and var folder that other users can enter, as on a real server, and the
+    hostile agent as the agent command.
+
+    (pytest's own temporary folders are private to root, which would turn sandbox users off.)
+    """
+    place = Path(tempfile.mkdtemp(prefix="craft-containment-"))
+    place.chmod(0o755)
+    settings.VAR_DIR = place / "var"
+    settings.VAR_DIR.mkdir()
+    settings.CRAFT_SANDBOX_ROOT = settings.VAR_DIR / "sandboxes"
+    python = containment.sandbox_python(uids=True)
+    settings.CRAFT_AGENT_COMMAND = agent_command("hostile_agent", place / "agents", python)
+    # A uid range of its own, and so a network rule of its own: another run of the suite on
+    # this machine neither shares its uids nor replaces its allow-list.
+    settings.CRAFT_SANDBOX_UID_BASE = secrets.randbelow(1000) * 1000 + 1_100_000_000
+    settings.CRAFT_SANDBOX_UID_COUNT = 1000
+    get_backend.cache_clear()
+    yield place
+    get_backend.cache_clear()
+    firewall.remove(settings.CRAFT_SANDBOX_UID_BASE)
+    shutil.rmtree(place, ignore_errors=True)
 
 
 @pytest.fixture

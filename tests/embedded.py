@@ -71,7 +71,19 @@ class SignedIn:
         )
         return json.load(self.opener.open(request, timeout=30))
 
+    def get_json(self, path: str) -> dict[str, Any]:
+        return json.load(self.opener.open(f"{self.url}{path}", timeout=30))
+
+    def wait_until_running(self, deadline_seconds: float = 60) -> None:
+        """Wait for the signed-in user's sandbox (provisioned in the background) to run."""
+        deadline = time.monotonic() + deadline_seconds
+        while (sandbox := self.get_json("/api/sandbox/"))["status"] != "running":
+            assert sandbox["status"] == "provisioning", sandbox
+            assert time.monotonic() < deadline, "the sandbox never started"
+            time.sleep(0.05)
+
     def socket(self, session_id: str) -> websocket.WebSocket:
+        self.wait_until_running()
         ws = websocket.create_connection(
             f"ws{self.url.removeprefix('http')}/ws/sessions/{session_id}/",
             header=[f"Cookie: sessionid={self.cookies['sessionid']}"],

@@ -69,7 +69,8 @@ def cluster(tmp_path):
     log.close()
 
 
-def ask_pid(ws, prompt_id: str) -> int:
+def ask_pid(ws, prompt_id: str) -> str:
+    """Return the agent's answer to `pid`: its process id and token."""
     ws.send(json.dumps({"type": "prompt", "id": prompt_id, "text": "pid"}))
     mine = False
     while True:
@@ -78,7 +79,7 @@ def ask_pid(ws, prompt_id: str) -> int:
         if frame.get("kind") == "user_message" and frame["data"]["id"] == prompt_id:
             mine = True
         if mine and frame.get("kind") == "agent_message_chunk":
-            return int(frame["data"]["content"]["text"].split()[1])
+            return frame["data"]["content"]["text"]
 
 
 def test_a_session_works_through_the_proxy_and_survives_its_worker(cluster, owner):

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from sandboxes.backends import containment
+from sandboxes.backends import containment, firewall
 
 from .agents import agent_command
 from .embedded import chunks, embedded_env, serve, turn
+from .sandboxes.hostile import processes_of
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need root")
 
@@ -35,13 +38,33 @@ def place():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.parametrize(("uids", "outcome"), [("auto", "denied"), ("off", "ok")])
-def test_a_hostile_agent_cannot_read_the_database_or_the_servers_environment(place, uids, outcome):
+@pytest.fixture
+def uid_base():
+    """A uid range (and so a network rule) of the test's own, as the `machine` fixture gives."""
+    base = secrets.randbelow(1000) * 1000 + 1_100_000_000
+    yield base
+    firewall.remove(base)
+
+
+def embedded(var: Path, uid_base: int, **extra: str) -> dict[str, str]:
+    return embedded_env(
+        var, CRAFT_SANDBOX_UID_BASE=str(uid_base), CRAFT_SANDBOX_UID_COUNT="1000", **extra
+    )
+
+
+@pytest.mark.parametrize(("uids", "outcome"), [("auto", {"denied", "missing"}), ("off", {"ok"})])
+def test_a_hostile_agent_cannot_read_the_database_or_the_servers_environment(
+    place, uid_base, uids, outcome
+):
     python = containment.sandbox_python(uids=True)
     hostile = shlex.join(agent_command("hostile_agent", place / "agents", python))
     var = place / "var"
-    env = embedded_env(
-        var, CRAFT_AGENT_COMMAND=hostile, CRAFT_SANDBOX_UIDS=uids, DJANGO_SECRET_KEY=SECRET
+    env = embedded(
+        var,
+        uid_base,
+        CRAFT_AGENT_COMMAND=hostile,
+        CRAFT_SANDBOX_UIDS=uids,
+        DJANGO_SECRET_KEY=SECRET,
     )
     with serve(env, var) as server:
         session = server.post_json("/api/sessions/", {"title": "attack"})
@@ -56,16 +79,22 @@ def test_a_hostile_agent_cannot_read_the_database_or_the_servers_environment(pla
                 f"read:/proc/{server.process.pid}/environ",
             ]
             probes = json.loads(chunks(turn(ws, "p", "probe " + " ".join(targets)))[0])
+            # The server's own port (its HTTP API, its websockets) is one of the machine's.
+            port = server.url.rsplit(":", 1)[1]
+            reach = json.loads(chunks(turn(ws, "c", f"connect 127.0.0.1:{port}"))[0])
         finally:
             ws.close()
+    assert reach == {f"127.0.0.1:{port}": "refused" if uids == "auto" else "ok"}
     assert (whoami["uid"] != 0) is (uids == "auto")
     assert SECRET not in environment
-    assert probes == dict.fromkeys(targets, outcome)
+    # Denied by permissions, or not there at all in the agent's view (its jail).
+    assert {target: result for target, result in probes.items() if result not in outcome} == {}
+    assert set(probes) == set(targets)
 
 
-def test_the_demo_agent_works_as_a_sandbox_user(place):
+def test_the_demo_agent_works_as_a_sandbox_user(place, uid_base):
     var = place / "var"
-    with serve(embedded_env(var), var) as server:
+    with serve(embedded(var, uid_base), var) as server:
         session = server.post_json("/api/sessions/", {"title": "demo"})
         ws = server.socket(session["id"])
         try:
@@ -84,3 +113,25 @@ def test_the_demo_agent_works_as_a_sandbox_user(place):
     assert written.read_text() == "hi"
     assert written.stat().st_uid >= 1_000_000_000
     assert (var / "craft.sqlite3").stat().st_mode & 0o077 == 0
+
+
+def test_agents_and_whatever_they_started_die_with_the_server(place, uid_base):
+    """A server killed outright (SIGKILL: no shutdown of its own) takes its agents with it,
+    and the double-forked, setsid, SIGTERM-ignoring survivor of one of them too."""
+    python = containment.sandbox_python(uids=True)
+    hostile = shlex.join(agent_command("hostile_agent", place / "agents", python))
+    var = place / "var"
+    with serve(embedded(var, uid_base, CRAFT_AGENT_COMMAND=hostile), var) as server:
+        session = server.post_json("/api/sessions/", {"title": "survivor"})
+        ws = server.socket(session["id"])
+        try:
+            uid = json.loads(chunks(turn(ws, "w", "whoami"))[0])["uid"]
+            chunks(turn(ws, "s", "survivor"))
+        finally:
+            ws.close()
+        assert len(processes_of(uid)) == 2  # the agent and its survivor
+        server.process.kill()
+        deadline = time.monotonic() + 30
+        while processes_of(uid):
+            assert time.monotonic() < deadline, f"processes of uid {uid} outlived the server"
+            time.sleep(0.05)

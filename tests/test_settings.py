@@ -48,6 +48,15 @@ def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
         ("CRAFT_AGENT_START_TIMEOUT", "soon", "CRAFT_AGENT_START_TIMEOUT must be a number"),
         ("CRAFT_K8S_RUN_AS_USER", "0", "CRAFT_K8S_RUN_AS_USER must be at least 1"),
         ("CRAFT_K8S_IMAGE_PULL_POLICY", "Sometimes", "CRAFT_K8S_IMAGE_PULL_POLICY must be one of"),
+        ("CRAFT_SANDBOX_NETWORK", "closed", "CRAFT_SANDBOX_NETWORK must be one of isolated, open"),
+        (
+            "CRAFT_SANDBOX_ALLOW",
+            "127.0.0.1",
+            "CRAFT_SANDBOX_ALLOW: '127.0.0.1' is not address:port",
+        ),
+        ("CRAFT_SANDBOX_ALLOW", "localhost:80", "CRAFT_SANDBOX_ALLOW: 'localhost' is not an IP"),
+        ("CRAFT_SANDBOX_ALLOW", "[::1]:70000", "is not address:port (a port from 1 to 65535)"),
+        ("CRAFT_SANDBOX_PIDS", "-1", "CRAFT_SANDBOX_PIDS must be at least 0"),
     ],
 )
 def test_a_bad_value_fails_at_start_naming_the_variable(name, value, message):
@@ -88,3 +97,4 @@ def test_the_embedded_defaults_need_nothing_installed():
         "local",
         "['craft-demo-agent']",
     ]
+

@@ -76,3 +76,7 @@ class SandboxBackend(Protocol):
 
     def remove(self, resource: Resource) -> None:
         """Delete one resource that `inventory` returned; gone already counts as removed."""
+
+    def check_isolation(self) -> None:
+        """Put back what keeps sandboxes apart if it went missing (the local network rule,
+        the namespace's NetworkPolicy); the reaper calls this on every pass."""

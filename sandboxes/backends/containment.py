@@ -27,7 +27,9 @@ import pwd
 import shlex
 import shutil
 import stat
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,11 +242,19 @@ class UidPool:
             return user
 
     def _free_uid(self, exclude: Path) -> int:
+        """Return a uid that no sandbox folder owns, no account has and no process runs as.
+
+        A process left by an earlier sandbox (one that escaped before the jail, or outlived a
+        kill that failed) would otherwise be handed the next sandbox's files and agents.
+        Files are not looked for elsewhere: jailed agents can write only in their sandbox's
+        folder, and that folder is what marks the uid as taken.
+        """
         used = set()
         for entry in self.root.iterdir():
             if entry != exclude and _is_uuid(entry.name):
                 with contextlib.suppress(OSError):
                     used.add(entry.lstat().st_uid)
+        used |= uids_of_processes()
         for uid in range(self.first, self.first + self.count):
             if uid not in used and not _has_account(uid):
                 return uid
@@ -259,6 +269,53 @@ class UidPool:
         if not self.owns(owner):
             raise SandboxError("the sandbox folder has no sandbox user; provision it again")
         return SandboxUser(owner, owner)
+
+
+def uids_of_processes() -> set[int]:
+    """Return every uid (real, effective, saved or filesystem) a live process here has.
+
+    Read from /proc/<pid>/status, not from the owner of /proc/<pid>, which shows root for a
+    process that made itself non-dumpable. Zombies (dead, not yet reaped) do not count.
+    """
+    uids: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as handle:
+                for line in handle:
+                    if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
+                        break
+                    if line.startswith(b"Uid:"):
+                        uids.update(int(field) for field in line.split()[1:])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return uids
+
+
+def kill_user_processes(user: SandboxUser, attempts: int = 20) -> None:
+    """SIGKILL every process of `user` on this machine, however it forked or what it ignores.
+
+    `kill -9 -1` run as the user signals every process the user may signal (its own), in
+    one pass of the kernel over the process table, so a process forking meanwhile cannot slip
+    through: its children are either seen or not created. Raise SandboxError if some remain.
+    """
+    switch = [
+        shutil.which("setpriv", path=SYSTEM_PATH) or "setpriv",
+        f"--reuid={user.uid}",
+        f"--regid={user.gid}",
+        "--clear-groups",
+        "--",
+    ]
+    kill = shutil.which("kill", path=SYSTEM_PATH) or "kill"
+    for _ in range(attempts):
+        if user.uid not in uids_of_processes():
+            return
+        subprocess.run([*switch, kill, "-9", "-1"], capture_output=True, check=False)
+        time.sleep(0.01)  # SIGKILLed processes leave /proc once the kernel has run their exit
+    if user.uid in uids_of_processes():
+        raise SandboxError(f"processes of uid {user.uid} are still running after SIGKILL")
 
 
 def _is_uuid(name: str) -> bool:

@@ -597,6 +597,11 @@ class KubernetesBackend:
             if not _is_status(exc, 404):
                 raise SandboxError(f"cannot delete the failed pod: {_reason(exc)}") from exc
 
+    def check_isolation(self) -> None:
+        # Someone may have deleted the policy: ask again (a 409 means it is there).
+        self._policy_namespaces.discard(self.namespace)
+        self._ensure_network_policy()
+
     def _ensure_network_policy(self) -> None:
         """Create the namespace's sandbox NetworkPolicy unless it exists (409: adopt it)."""
         namespace = self.namespace

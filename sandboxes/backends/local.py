@@ -2,14 +2,16 @@
 
 It needs nothing installed and is the embedded default. Every agent gets an explicit, minimal
 environment (never the server's), and, when the server runs as root, a user of its own per
-sandbox (see `containment`). It does not isolate the network, the machine's world-readable
-files or its CPU and memory: fit for a laptop or a team, while the kubernetes backend is the
-one for strangers' code. The README says exactly what is and is not isolated.
+sandbox (`containment`), a view of the machine of its own (`jail`: its own PID namespace,
+everything read-only but its sandbox, none of the machine's Unix sockets) and a network rule
+that keeps it off this machine's own services (`firewall`). The README says exactly what is
+and is not isolated.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import shutil
@@ -17,16 +19,16 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from django.conf import settings
 
 from ..acp import LineTooLong
-from . import containment
+from . import containment, firewall, jail
 from .base import Health, Progress, Resource, SandboxError
-from .containment import SandboxUser
 
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
@@ -35,46 +37,27 @@ logger = logging.getLogger(__name__)
 agent_stderr = logging.getLogger("craft.agent.stderr")
 
 
-# util-linux's setpriv switches to the sandbox user just before it executes the agent.
-SETPRIV = shutil.which("setpriv", path=containment.SYSTEM_PATH)
-
-
-def as_sandbox_user(argv: list[str], user: SandboxUser) -> tuple[list[str], dict[str, Any]]:
-    """Return the argv and Popen options that run `argv` as `user`: its uid and gid, no
-    supplementary groups, umask 077.
-
-    Through setpriv where there is one: Popen's own `user`/`group`/`extra_groups` make
-    CPython fork instead of vfork, copying the server's page tables with the GIL held
-    (15 ms for a 300 MiB server, measured), which stalls every session at each agent start.
-    """
-    if SETPRIV is None:
-        return argv, {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": 0o077}
-    switch = [SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--"]
-    return [*switch, *argv], {"umask": 0o077}
+# Every agent process is started from this one long-lived thread. A jailed agent dies with the
+# thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which the kernel
+# fires when the starting *thread* ends), and the threads that ask for agents come and go.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-agent-spawner")
 
 
 class LocalAgentProcess:
     """An agent running as a child process; its stderr goes to the log.
 
     The backend always passes `env` (the agent's whole environment) and, with sandbox users,
-    `user`: the process then runs as that uid and gid with no supplementary groups and a
-    umask of 077. Without `env` the child inherits this process's environment (tests only).
+    an argv that runs the agent in its jail as the sandbox's user (`jail.jailed`) and a umask
+    of 077. Without `env` the child inherits this process's environment (tests only).
     """
 
     def __init__(
-        self,
-        argv: list[str],
-        cwd: Path,
-        *,
-        env: dict[str, str] | None = None,
-        user: SandboxUser | None = None,
+        self, argv: list[str], cwd: Path, *, env: dict[str, str] | None = None, umask: int = -1
     ) -> None:
-        as_user: dict[str, Any] = {}
-        if user is not None:
-            argv, as_user = as_sandbox_user(argv, user)
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
-            self._popen = subprocess.Popen(
+            self._popen = _spawner.submit(
+                subprocess.Popen,
                 argv,
                 cwd=cwd,
                 env=env,
@@ -82,11 +65,11 @@ class LocalAgentProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                umask=umask,
                 # Bigger than the default 8 KiB: fewer reads (and GIL hand-overs) per line
                 # of a fast stream. readline still returns each line as soon as it arrives.
                 bufsize=1 << 16,
-                **as_user,
-            )
+            ).result()
         except OSError as exc:
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
         self.ident = str(self._popen.pid)
@@ -191,7 +174,9 @@ class LocalBackend:
 
     With sandbox users (`CRAFT_SANDBOX_UIDS`), a sandbox's folder, its `home`, `tmp` and
     session workspaces belong to the sandbox's own uid with mode 0700, and its agents run as
-    that uid. `<root>/.craft/bin` holds the bundled demo agent, first on every agent's PATH.
+    that uid, in their jail, behind the network rule; when the jail or the rule cannot be put
+    in place, sandboxes refuse to start and say why (`isolation_problem`).
+    `<root>/.craft/bin` holds the bundled demo agent, first on every agent's PATH.
     """
 
     name = "local"
@@ -204,12 +189,55 @@ class LocalBackend:
         self.start_slots = threading.BoundedSemaphore(starts) if starts else None
         self._tools_lock = threading.Lock()
         self._tools_installed: set[Path] = set()
+        self.isolation_problem = ""
         if self.uids:
             pool = self.pool
             last = pool.first + pool.count - 1
             logger.info(
                 "local sandboxes run as users of their own (uids %d to %d)", pool.first, last
             )
+            self.isolation_problem = self._isolate()
+
+    def _isolate(self) -> str:
+        """Check the jail's tools and put the network rule in place; return why not, or ""."""
+        missing = jail.missing_tools()
+        if missing:
+            problem = (
+                f"sandboxes need {' and '.join(missing)} installed to keep agents apart "
+                f"(Debian: apt-get install {' '.join(missing)})"
+            )
+            logger.error("local sandboxes will not start: %s", problem)
+            return problem
+        if settings.CRAFT_SANDBOX_NETWORK == "open":
+            logger.warning(
+                "CRAFT_SANDBOX_NETWORK=open: agents can reach this machine's own services "
+                "(its database, Redis, this server)"
+            )
+            return ""
+        return self._install_network_rule()
+
+    def _install_network_rule(self) -> str:
+        pool = self.pool
+        try:
+            firewall.install(pool.first, pool.count, settings.CRAFT_SANDBOX_ALLOW)
+        except SandboxError as exc:
+            logger.error("local sandboxes will not start: %s", exc)
+            return str(exc)
+        return ""
+
+    def check_isolation(self) -> None:
+        """Put the network rule back if it went (someone flushed the machine's ruleset); the
+        reaper calls this on every pass. Sandboxes refuse to start while it is not there."""
+        if not self.uids or settings.CRAFT_SANDBOX_NETWORK == "open" or jail.missing_tools():
+            return
+        if firewall.is_installed(self.pool.first):
+            return
+        logger.error("the sandbox network rule is gone; putting it in place again")
+        self.isolation_problem = self._install_network_rule()
+
+    def _refuse_unisolated(self) -> None:
+        if self.isolation_problem:
+            raise SandboxError(self.isolation_problem)
 
     # The root is read from settings each time: provisioned sandboxes keep their folder (their
     # reference), new ones go wherever the setting says now.
@@ -236,10 +264,11 @@ class LocalBackend:
         # session_id is a UUID, so the path cannot escape the sandbox folder.
         return self._root(sandbox) / "sessions" / str(UUID(str(session_id)))
 
-    def _user(self, sandbox: Sandbox) -> SandboxUser | None:
+    def _user(self, sandbox: Sandbox) -> containment.SandboxUser | None:
         return self.pool.assign(self._root(sandbox)) if self.uids else None
 
     def provision(self, sandbox: Sandbox, progress: Progress) -> str:
+        self._refuse_unisolated()
         root = self._root(sandbox)
         progress("creating sandbox folder")
         try:
@@ -255,8 +284,13 @@ class LocalBackend:
         return str(root)
 
     def terminate(self, sandbox: Sandbox) -> None:
+        root = self._root(sandbox)
+        if self.uids:
+            # Every process of the sandbox, on this machine, whichever server started it.
+            with contextlib.suppress(OSError, SandboxError):
+                containment.kill_user_processes(self.pool.user_of(root))
         # rmtree never follows links an agent may have planted (it works on folder fds).
-        shutil.rmtree(self._root(sandbox), ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
     def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
         return str(self._workspace(sandbox, session_id))
@@ -266,6 +300,7 @@ class LocalBackend:
         containment.remove_private_folder(self._root(sandbox), parts)
 
     def start_agent(self, sandbox: Sandbox, session_id: UUID) -> LocalAgentProcess:
+        self._refuse_unisolated()
         root = self._root(sandbox)
         workspace = self._workspace(sandbox, session_id)
         if not root.is_dir():
@@ -292,7 +327,17 @@ class LocalBackend:
                 f"the agent command {argv[0]} cannot be run by sandbox users: install it where "
                 "every user can run it (e.g. /usr/local/bin), or set CRAFT_SANDBOX_UIDS=off"
             )
-        return LocalAgentProcess(argv, workspace, env=env, user=user)
+        if user is None:
+            return LocalAgentProcess(argv, workspace, env=env)
+        argv = jail.jailed(
+            argv,
+            sandbox=root,
+            workspace=workspace,
+            user=user,
+            sandbox_root=self.sandbox_root,
+            tools=tools,
+        )
+        return LocalAgentProcess(argv, workspace, env=env, umask=0o077)
 
     def _install_tools(self) -> None:
         tools = self.tools

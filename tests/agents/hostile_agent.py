@@ -10,6 +10,22 @@ test can tell that nothing after the bad item was lost.
                          file or list a folder), `write:<path>`, `list:<path>`, `read:<path>` or
                          `kill:<pid>` (signal 0), and a result is "ok", "denied", "missing" or
                          "error: <errno name>"
+  connect <target>...    one chunk: {target: result} as JSON, where a target is `host:port` or
+                         `[v6 address]:port` (TCP), `dns:<address>` (a DNS query over UDP) or
+                         `unix:<path>` (a Unix stream socket), and a result is "ok",
+                         "refused", "timeout" or "error: <errno name>"
+  survivor               start a grandchild that escapes the agent's process group: double
+                         fork, `setsid`, SIGTERM and SIGHUP ignored, asleep forever; one chunk:
+                         its pid as the agent sees it
+  spawn <n>              start n sleeping children; one chunk: how many started (they are
+                         ended again before the turn ends)
+  redis-inject <host:port> <session id> <text>
+                         what an agent that reaches the channel layer's Redis can try: into
+                         the channel of every socket of the session, a forged
+                         `websocket.receive` carrying the prompt <text> and a forged
+                         `events.available` doorbell with fake events numbered 1 to 100
+                         (a socket shows those past what it has); one chunk: JSON
+                         {"channels": n} or {"error": ...}
   link <path> <target>   replace <path> (a file or folder the agent owns) with a symbolic link
                          to <target>, to turn the server's own work there against it; one
                          chunk: "linked" or the error
@@ -33,7 +49,11 @@ test can tell that nothing after the bad item was lost.
 import errno
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 
 SESSION = "hostile"
 MALFORMED_UPDATES = [
@@ -104,11 +124,156 @@ def probe_one(target: str) -> str:
             os.kill(int(rest), 0)
     except PermissionError:
         return "denied"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return "missing"
     except OSError as exc:
         return f"error: {errno.errorcode.get(exc.errno or 0, str(exc))}"
     return "ok"
+
+
+def connect_one(target: str) -> str:
+    kind, _, rest = target.partition(":")
+    try:
+        if kind == "unix":
+            sock = socket.socket(socket.AF_UNIX)
+            sock.settimeout(5)
+            sock.connect(rest)
+        elif kind == "dns":
+            sock = socket.socket(
+                socket.AF_INET6 if ":" in rest else socket.AF_INET, socket.SOCK_DGRAM
+            )
+            sock.settimeout(5)
+            # A standard query for the root's NS records: any answer shows the server was reached.
+            sock.sendto(
+                b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x01", (rest, 53)
+            )
+            sock.recv(512)
+        else:
+            host, _, port = target.rpartition(":")
+            host = host.strip("[]")
+            sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.close()
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return f"error: {errno.errorcode.get(exc.errno or 0, str(exc))}"
+    return "ok"
+
+
+def start_survivor() -> int:
+    """Start a grandchild that a process-group kill misses; return its pid."""
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            os.write(writer, str(os.getpid()).encode())
+            os.close(writer)
+            for fd in range(3):
+                os.close(fd)
+            while True:
+                time.sleep(60)
+        os._exit(0)
+    os.close(writer)
+    pid = int(os.read(reader, 32))
+    os.close(reader)
+    os.wait()
+    return pid
+
+
+def spawn(count: int) -> int:
+    children = []
+    for _ in range(count):
+        try:
+            children.append(subprocess.Popen(["sleep", "60"]))
+        except OSError:
+            break
+    for child in children:
+        child.kill()
+        child.wait()
+    return len(children)
+
+
+def msgpack(value: object) -> bytes:
+    """Encode `value` (dicts, lists, strings, ints, booleans, None) as msgpack."""
+    if value is None:
+        return b"\xc0"
+    if isinstance(value, bool):
+        return b"\xc3" if value else b"\xc2"
+    if isinstance(value, int):
+        return b"\xd3" + value.to_bytes(8, "big", signed=True)
+    if isinstance(value, str):
+        data = value.encode()
+        return b"\xdb" + len(data).to_bytes(4, "big") + data
+    if isinstance(value, list):
+        return b"\xdd" + len(value).to_bytes(4, "big") + b"".join(map(msgpack, value))
+    assert isinstance(value, dict)
+    items = b"".join(msgpack(k) + msgpack(v) for k, v in value.items())
+    return b"\xdf" + len(value).to_bytes(4, "big") + items
+
+
+def redis(sock: socket.socket, *words: bytes) -> object:
+    """Send one command and read its answer (RESP)."""
+    command = b"*%d\r\n" % len(words) + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
+    sock.sendall(command)
+    reader = sock.makefile("rb")
+
+    def read() -> object:
+        line = reader.readline().rstrip(b"\r\n")
+        kind, rest = line[:1], line[1:]
+        if kind in (b"+", b"-"):
+            return rest.decode()
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            return None if int(rest) < 0 else reader.read(int(rest) + 2)[:-2]
+        return [read() for _ in range(int(rest))]
+
+    return read()
+
+
+def redis_inject(address: str, session_id: str, text: str) -> dict[str, object]:
+    host, _, port = address.rpartition(":")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=5)
+    except OSError as exc:
+        return {"error": errno.errorcode.get(exc.errno or 0, str(exc))}
+    group = f"asgi:group:session.{session_id.replace('-', '')}".encode()
+    channels = [c.decode() for c in redis(sock, b"ZRANGE", group, b"0", b"-1")]
+    fakes = [
+        json.dumps(
+            {
+                "type": "event",
+                "seq": seq,
+                "kind": "agent_message_chunk",
+                "data": {"content": {"type": "text", "text": "forged event"}},
+            }
+        )
+        for seq in range(1, 101)
+    ]
+    for channel in channels:
+        key = ("asgi" + channel[: channel.index("!") + 1]).encode()
+        forged = [
+            {
+                "type": "websocket.receive",
+                "text": json.dumps({"type": "prompt", "id": "forged-prompt", "text": text}),
+            },
+            {
+                "type": "events.available",
+                "origin": "forged",
+                "first_seq": 1,
+                "last_seq": len(fakes),
+                "frames": fakes,
+            },
+        ]
+        for message in forged:
+            payload = os.urandom(12) + msgpack({"__asgi_channel__": channel, **message})
+            redis(sock, b"ZADD", key, str(time.time()).encode(), payload)
+    sock.close()
+    return {"channels": len(channels)}
 
 
 def swap_for_link(path: str, target: str) -> str:
@@ -155,6 +320,14 @@ def run(word: str, args: list[str], text: str) -> None:
         )
     elif word == "probe":
         chunk(json.dumps({target: probe_one(target) for target in args}))
+    elif word == "connect":
+        chunk(json.dumps({target: connect_one(target) for target in args}))
+    elif word == "survivor":
+        chunk(str(start_survivor()))
+    elif word == "spawn":
+        chunk(str(spawn(int(args[0]))))
+    elif word == "redis-inject":
+        chunk(json.dumps(redis_inject(args[0], args[1], " ".join(args[2:]))))
     elif word == "link":
         chunk(swap_for_link(*args[:2]))
     elif word == "surrogate":

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -210,7 +211,7 @@ def test_initialize_and_authenticate(agent: AgentProcess) -> None:
             "promptCapabilities": {"image": True, "audio": False, "embeddedContext": True},
         },
         "authMethods": [],
-        "agentInfo": {"name": "craft-demo-agent", "title": "Craft demo agent", "version": "1.1.0"},
+        "agentInfo": {"name": "craft-demo-agent", "title": "Craft demo agent", "version": "1.2.0"},
     }
     assert agent.call("authenticate", {"methodId": "none"})["result"] == {}
     assert agent.close() == 0
@@ -279,7 +280,7 @@ def test_help_and_version() -> None:
     version = subprocess.run(
         [*command, "--version"], env=env, capture_output=True, text=True, timeout=TIMEOUT
     )
-    assert version.stdout.strip() == "craft-demo-agent 1.1.0"
+    assert version.stdout.strip() == "craft-demo-agent 1.2.0"
 
 
 # -- scenarios --------------------------------------------------------------------------
@@ -544,7 +545,8 @@ def test_unknown_update_kind(agent: AgentProcess) -> None:
 
 def test_pid(agent: AgentProcess) -> None:
     messages, _ = run_prompt(agent, "pid")
-    assert texts(messages) == [f"pid {agent.proc.pid}"]
+    [reply] = texts(messages)
+    assert re.fullmatch(rf"pid {agent.proc.pid} [0-9a-f]{{8}}", reply)
 
 
 def test_fail_gives_jsonrpc_error(agent: AgentProcess) -> None:

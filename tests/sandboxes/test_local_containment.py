@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,10 +23,8 @@ from sandboxes import services
 from sandboxes.backends import SandboxError, containment, get_backend
 from tests.ready import open_ready_session
 
-from ..agents import agent_command
 from .agents import run_turn
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need root")
+from .hostile import ask, contain, host_pid, needs_root, open_agent
 
 SERVER_SECRETS = {
     "DJANGO_SECRET_KEY": "server-secret-key-0123456789",
@@ -36,43 +32,6 @@ SERVER_SECRETS = {
     "REDIS_URL": "redis://:redis-password@127.0.0.1:6379/0",
     "UNLISTED_API_TOKEN": "not-for-agents",
 }
-
-
-@pytest.fixture
-def machine(settings):
-    """A sandbox root and var folder that other users can enter, as on a real server.
-
-    (pytest's own temporary folders are private to root, which would turn sandbox users off.)
-    """
-    place = Path(tempfile.mkdtemp(prefix="craft-containment-"))
-    place.chmod(0o755)
-    settings.VAR_DIR = place / "var"
-    settings.VAR_DIR.mkdir()
-    settings.CRAFT_SANDBOX_ROOT = settings.VAR_DIR / "sandboxes"
-    python = containment.sandbox_python(uids=True)
-    settings.CRAFT_AGENT_COMMAND = agent_command("hostile_agent", place / "agents", python)
-    get_backend.cache_clear()
-    yield place
-    get_backend.cache_clear()
-    shutil.rmtree(place, ignore_errors=True)
-
-
-def contain(settings, uids: str) -> None:
-    settings.CRAFT_SANDBOX_UIDS = uids
-    get_backend.cache_clear()
-
-
-def open_agent(user):
-    """Open a session for `user` and start its (hostile) agent; return (session, connection)."""
-    session = open_ready_session(user, "containment")
-    connection = services.connect_agent(session.sandbox, session.pk)
-    return session, connection
-
-
-def ask(connection, text: str):
-    """Run a turn and return the JSON of its first chunk."""
-    items = run_turn(connection, text)
-    return json.loads(items[0].data["content"]["text"])
 
 
 # --- the environment ------------------------------------------------------------------------
@@ -101,7 +60,7 @@ def test_an_agent_gets_a_minimal_environment_and_never_the_servers_secrets(
     assert env["PROVIDER_API_KEY"] == "sk-passed-on-purpose"
     assert env["AGENT_MODE"] == "careful"
     allowed = {"PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ"}
-    allowed |= {"TERM", "PROVIDER_API_KEY", "AGENT_MODE"}
+    allowed |= {"TERM", "PROVIDER_API_KEY", "AGENT_MODE", "PWD"}
     assert {name for name in env if not name.startswith("LC_")} <= allowed
 
 
@@ -151,14 +110,15 @@ def test_each_sandbox_runs_as_a_user_of_its_own_that_owns_its_folder(
 
 
 @pytest.mark.parametrize(
-    ("uids", "outcome"), [("off", "ok"), pytest.param("on", "denied", marks=needs_root)]
+    ("uids", "outcome"),
+    [("off", {"ok"}), pytest.param("on", {"denied", "missing"}, marks=needs_root)],
 )
 def test_an_agent_cannot_reach_another_sandbox_or_the_server(
     settings, machine, owner, stranger, uids, outcome
 ):
     contain(settings, uids)
     mine, my_agent = open_agent(owner)
-    victim_pid = ask(my_agent, "whoami")["pid"]
+    victim_pid = host_pid(ask(my_agent, "whoami"))
     victim = Path(mine.sandbox.reference)
     workspace = victim / "sessions" / str(mine.pk)
     (workspace / "notes.txt").write_text("the owner's work")
@@ -180,9 +140,10 @@ def test_an_agent_cannot_reach_another_sandbox_or_the_server(
     controls = [f"write:{own}/mine.txt", f"read:{own}/mine.txt", f"list:{own}"]
     results = ask(attacker, "probe " + " ".join(attacks + controls))
 
-    assert {target: results[target] for target in attacks} == dict.fromkeys(attacks, outcome)
+    # Denied by permissions, or not there at all in the agent's view (its jail).
+    assert {target: results[target] for target in attacks if results[target] not in outcome} == {}
     assert [results[target] for target in controls] == ["ok", "ok", "ok"]
-    assert (workspace / "planted.txt").exists() is (outcome == "ok")
+    assert (workspace / "planted.txt").exists() is (outcome == {"ok"})
     assert my_agent.is_running
 
 
@@ -266,7 +227,7 @@ def test_the_installed_demo_agent_runs_from_paths_with_spaces(tmp_path):
     (odd / "python3").symlink_to(sys.executable)
     wrapper = containment.install_demo_agent(odd / "bin", str(odd / "python3"))
     result = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=30)
-    assert result.stdout.strip() == "craft-demo-agent 1.1.0", result.stderr
+    assert result.stdout.strip() == "craft-demo-agent 1.2.0", result.stderr
 
 
 # --- when sandbox users cannot be had -------------------------------------------------------

@@ -1,0 +1,60 @@
+"""Helpers for tests that attack the local backend with tests/agents/hostile_agent.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sandboxes import services
+from sandboxes.backends import get_backend
+from tests.ready import open_ready_session
+
+from .agents import run_turn
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need root")
+
+
+def contain(settings, uids: str) -> None:
+    settings.CRAFT_SANDBOX_UIDS = uids
+    get_backend.cache_clear()
+
+
+def open_agent(user):
+    """Open a session for `user` and start its (hostile) agent; return (session, connection)."""
+    session = open_ready_session(user, "containment")
+    connection = services.connect_agent(session.sandbox, session.pk)
+    return session, connection
+
+
+def ask(connection, text: str):
+    """Run a turn and return the JSON of its first chunk."""
+    items = run_turn(connection, text)
+    return json.loads(items[0].data["content"]["text"])
+
+
+def processes_of(uid: int) -> list[int]:
+    """Return the pids (as this machine sees them) of the live processes running as `uid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields["State"].split()[0] not in ("Z", "X") and int(fields["Uid"].split()[0]) == uid:
+            found.append(int(entry.name))
+    return found
+
+
+def host_pid(whoami: dict) -> int:
+    """Return the agent's process id as this machine sees it (a jailed agent sees its own PID
+    namespace): its uid's process, as long as it is the only one of that uid."""
+    if whoami["uid"] == os.getuid():
+        return whoami["pid"]
+    [pid] = processes_of(whoami["uid"])
+    return pid
