@@ -44,8 +44,21 @@ YIELD_EVERY = 256
 BACKLOG_BATCHES = 1_000
 
 
+# What the channel layer may bring a session socket: the doorbell and the two closings.
+# Anything else from the layer (a forged `websocket.receive` above all) is dropped.
+LAYER_MESSAGES = {"events.available", "session.deleted", "account.closed"}
+
+
 class TooSlow(Exception):
     """The client did not read what it was sent for too long."""
+
+
+class FromSocket(dict[str, Any]):
+    """A message from the client's own websocket (the ASGI server's `receive`).
+
+    The channel layer yields plain dicts, so nothing sent through it can pass for one: the
+    type is the proof of where a `websocket.*` message came from.
+    """
 
 
 @db_sync_to_async
@@ -68,14 +81,31 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _pump: asyncio.Task[None] | None = None
     _following = False
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Handle one message, without Channels' `aclose_old_connections` before it.
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def from_socket() -> FromSocket:
+            return FromSocket(await receive())
 
-        Channels hops to asgiref's sync thread before every message (each doorbell from
-        another worker, each client frame) to close that thread's stale database connections;
-        this consumer never uses that thread's connection (its database work runs on
-        `craft.db.readers`), and the hop is on the path of every forwarded event.
+        await super().__call__(scope, from_socket, send)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Handle one message, if it came from where such messages may come from.
+
+        `websocket.*` only from the client's socket, and only `LAYER_MESSAGES` from the
+        channel layer: whoever else can write to the layer cannot type for this user.
+
+        Channels' own dispatch hops to asgiref's sync thread before every message (each
+        doorbell from another worker, each client frame) to close that thread's stale
+        database connections; this consumer never uses that thread's connection (its database
+        work runs on `craft.db.readers`), and the hop is on the path of every forwarded event.
         """
+        kind = message.get("type")
+        if isinstance(message, FromSocket) != str(kind).startswith("websocket.") or (
+            not isinstance(message, FromSocket) and kind not in LAYER_MESSAGES
+        ):
+            logger.warning(
+                "session %s: dropped a %r message from the channel layer", self.session_id, kind
+            )
+            return
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"no handler for message type {message['type']}")

@@ -7,6 +7,8 @@ at start with an error that names the variable. Secrets may also come from `NAME
 (how Kubernetes mounts secrets).
 """
 
+import hashlib
+import hmac
 import ipaddress
 import os
 import re
@@ -174,6 +176,10 @@ if not SECRET_KEY:
         )
     SECRET_KEY = "insecure-development-key-only-used-with-DJANGO_DEBUG"
 
+# Earlier keys, still accepted for what they signed (sessions, the channel layer) while a new
+# DJANGO_SECRET_KEY rolls out; comma-separated.
+SECRET_KEY_FALLBACKS = env_list("DJANGO_SECRET_KEY_FALLBACKS", [])
+
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
@@ -252,11 +258,19 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
+def _layer_keys(secret_keys: list[str]) -> list[str]:
+    """Derive the channel layer's keys from the secret keys (never the secret keys as such)."""
+    label = b"craft channel layer"
+    return [hmac.new(key.encode(), label, hashlib.sha256).hexdigest() for key in secret_keys]
+
+
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # Every message authenticated with a key derived from the secret key, which agents
+            # never see: whoever else writes to this Redis cannot act as a user (the module).
+            "BACKEND": "craft.channel_layer.SignedRedisChannelLayer",
             # channels_redis waits on Redis with BZPOPMIN for 5 s; redis-py 8 gives every read
             # a 5 s socket timeout by default, so an idle socket's wait could fail with
             # "Timeout reading" and kill its consumer (redis/redis-py#4091). Reads may wait
@@ -265,6 +279,7 @@ if REDIS_URL:
                 "hosts": [
                     {"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}
                 ],
+                "symmetric_encryption_keys": _layer_keys([SECRET_KEY, *SECRET_KEY_FALLBACKS]),
             },
         }
     }

@@ -98,3 +98,25 @@ def test_the_embedded_defaults_need_nothing_installed():
         "['craft-demo-agent']",
     ]
 
+
+def test_the_redis_channel_layer_is_signed_with_keys_derived_from_the_secret_keys():
+    script = (
+        "import craft.settings as s; c = s.CHANNEL_LAYERS['default']; "
+        "print(c['BACKEND']); print(*c['CONFIG']['symmetric_encryption_keys'])"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRAFT_"))}
+    env = {
+        **clean,
+        "DJANGO_SECRET_KEY": "new-key",
+        "DJANGO_SECRET_KEY_FALLBACKS": "old-key",
+        "REDIS_URL": "redis://:password@127.0.0.1:6379/0",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=settings.BASE_DIR,
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    backend, keys = result.stdout.splitlines()
+    assert backend == "craft.channel_layer.SignedRedisChannelLayer"
+    new, old = keys.split()
+    assert len(new) == len(old) == 64 and new != old
+    assert "new-key" not in keys and "old-key" not in keys  # derived, never the secret itself
