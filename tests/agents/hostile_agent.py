@@ -29,6 +29,9 @@ the bad item was lost. Started with a method and the name of an answer in BAD_AN
   stall                  answers ids Craft never used (a list result; a result and an error),
                          sends the chunk `stalled <pid>`, then never answers the prompt: it
                          waits for the end of its input
+  stderr <MiB>           one stderr line of <MiB> MiB of "x", written 1 MiB at a time (the agent
+                         never holds the line either)
+  stderrflood <n>        <n> stderr lines of 100 bytes, as fast as the pipe takes them
   permission             a permission request whose options have non-string optionIds (a number,
                          null, an object) beside one good option; the chunk before `after`
                          reports the answer: `answer: <result or error as JSON>`
@@ -224,6 +227,16 @@ def run(word: str, args: list[str], text: str) -> dict:
         chunk("answer: " + json.dumps(answer, sort_keys=True))
     elif word == "permission-badparams":
         chunk("answer: " + json.dumps(ask_permission(["a", "list"]), sort_keys=True))
+    elif word == "stderr":
+        mebibyte = b"x" * (1 << 20)
+        for _ in range(int(args[0])):
+            sys.stderr.buffer.write(mebibyte)
+        sys.stderr.buffer.write(b"\n")
+        sys.stderr.flush()
+    elif word == "stderrflood":
+        for i in range(int(args[0])):
+            sys.stderr.buffer.write(f"flood {i:08d} ".encode().ljust(99, b"x") + b"\n")
+        sys.stderr.flush()
     elif word == "stall":
         send({"jsonrpc": "2.0", "id": 10_000, **BAD_ANSWERS["list"]})
         send({"jsonrpc": "2.0", "id": 10_001, **BAD_ANSWERS["both"]})
