@@ -4,7 +4,8 @@ Standard library only (it runs as a sandbox's own user, under any python3). The 
 prompt picks the scenario; every scenario ends with one chunk `after <word>` and `end_turn` (but
 `badanswer` answers otherwise, and `stall` never answers), so a test can tell that nothing after
 the bad item was lost. Started with a method and the name of an answer in BAD_ANSWERS
-(`hostile_agent.py session/new empty`), it gives that answer to every request of that method.
+(`hostile_agent.py session/new empty`), it gives that answer to every request of that method
+(and advertises the method if it is `session/load` or `session/resume`).
 
   env                    one chunk: the agent's whole environment as a JSON object
   whoami                 one chunk: {"uid", "gid", "groups", "pid", "cwd", "home"} as JSON
@@ -260,11 +261,19 @@ def main() -> None:
         if method == bad_method:
             send({"jsonrpc": "2.0", "id": request_id, **BAD_ANSWERS[bad_answer]})
         elif method == "initialize":
+            capabilities = {
+                "loadSession": bad_method == "session/load",
+                "sessionCapabilities": {"resume": {}} if bad_method == "session/resume" else {},
+            }
             send(
                 {
                     "jsonrpc": "2.0",
                     "id": request_id,
-                    "result": {"protocolVersion": 1, "agentInfo": {"name": "hostile"}},
+                    "result": {
+                        "protocolVersion": 1,
+                        "agentInfo": {"name": "hostile"},
+                        "agentCapabilities": capabilities,
+                    },
                 }
             )
         elif method == "session/new":

@@ -276,13 +276,13 @@ def test_a_prompt_answered_without_a_stop_reason_ends_normally(hostile):
     assert ending(run_turn(hostile, "badanswer empty")) == TurnEnd("end_turn")
 
 
-def start_hostile(workspace: Path, *args: str) -> AgentConnection:
+def start_hostile(workspace: Path, *args: str, reattach: str | None = None) -> AgentConnection:
     """Start the hostile agent with `args` and open its session (the start may fail)."""
     workspace.mkdir(parents=True, exist_ok=True)
     process = LocalAgentProcess([*HOSTILE, *args], workspace)
     connection = AgentConnection(process, cwd=str(workspace))
     try:
-        connection.start(timeout=15)
+        connection.start(timeout=15, reattach=reattach)
     except AgentError:
         assert not connection.is_running
         assert connection.process.exit_code() is not None, "a failed start leaves no agent"
@@ -322,6 +322,17 @@ def test_a_malformed_answer_to_a_start_request_fails_the_start_in_words(
         start_hostile(tmp_path / "ws", method, answer)
     assert str(failure.value) == f"agent did not start: {message}"
     assert isinstance(failure.value.__cause__, MalformedAnswer)
+
+
+@pytest.mark.parametrize("method", ["session/resume", "session/load"])
+def test_a_malformed_answer_to_a_reattach_fails_the_start_instead_of_starting_afresh(
+    tmp_path, method
+):
+    with pytest.raises(AgentError) as failure:
+        start_hostile(tmp_path / "ws", method, "list", reattach="earlier")
+    assert str(failure.value) == (
+        f"agent did not start: the agent answered {method} with a list, not an object"
+    )
 
 
 @pytest.mark.parametrize(
