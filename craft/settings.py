@@ -369,6 +369,11 @@ CRAFT_MAX_SESSIONS_PER_USER = env_int("CRAFT_MAX_SESSIONS_PER_USER", 500)
 # The longest message (one line of ACP JSON) Craft takes from an agent; a longer one is skipped
 # without being held in memory, and the log records that it was (`message_too_large`).
 CRAFT_MAX_MESSAGE_BYTES = env_int("CRAFT_MAX_MESSAGE_BYTES", 16 * 1024 * 1024, minimum=65536)
+# An agent's stderr (see sandboxes/stderr_log.py): the longest line Craft keeps (a longer one is
+# cut, the rest skipped without being held in memory), and how many bytes of one agent's stderr
+# are logged per second (0: no limit); lines past the rate are counted, not logged.
+CRAFT_MAX_STDERR_BYTES = env_int("CRAFT_MAX_STDERR_BYTES", 16384, minimum=256)
+CRAFT_STDERR_LOG_BYTES_PER_SECOND = env_int("CRAFT_STDERR_LOG_BYTES_PER_SECOND", 65536)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
 # A turn is cut short (cancelled, its agent stopped after the cancel grace) when it runs longer

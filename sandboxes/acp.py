@@ -93,12 +93,85 @@ class PromptNotSent(AgentError):
     """Writing `session/prompt` failed: the agent never got the prompt, another one may."""
 
 
+class MalformedAnswer(AgentError):
+    """The agent answered a request with something JSON-RPC or ACP does not allow."""
+
+
 # How a connection opened its ACP session: a reattach to the stored session (`resume`, or
 # `load`, whose replay is not delivered), or a new one (`none`: the agent starts fresh).
 RESTORED = ("resume", "load", "none")
 # Updates that arrive outside a turn before anyone listens (some agents send their commands
 # right after the session/new answer) are held for the idle sink, up to this many.
 EARLY_UPDATES = 1_000
+
+
+# What Craft reads of the agent's answer to each request it sends, and so checks before anyone
+# reads it: whether the result may be null, and its fields as name -> (type, required). A
+# field that is null counts as absent. Answers to other methods are taken as they come.
+ANSWER_SHAPES: dict[str, tuple[bool, dict[str, tuple[type, bool]]]] = {
+    "initialize": (False, {"agentInfo": (dict, False), "agentCapabilities": (dict, False)}),
+    "session/new": (False, {"sessionId": (str, True)}),
+    "session/resume": (True, {}),
+    "session/load": (True, {}),
+    # A prompt answered null or without a stopReason ended normally (`end_turn`).
+    "session/prompt": (True, {"stopReason": (str, False)}),
+    "session/set_config_option": (False, {"configOptions": (list, True)}),
+    "session/set_mode": (True, {}),
+}
+
+
+def json_kind(value: Any) -> str:
+    """Return what a JSON value is, as a message says it ("a list", "null", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    return "a number"
+
+
+def answer_of(method: str, message: dict[str, Any]) -> Any:
+    """Return the result of the agent's answer to a `method` request.
+
+    Raise AgentError when the agent answered with an error, and MalformedAnswer, saying
+    what is wrong, when the answer is not what JSON-RPC and ACP allow for `method` (see
+    `ANSWER_SHAPES`): whoever waits for it then never reads a field of the wrong type.
+    """
+    said = f"the agent answered {method}"
+    error = message.get("error")
+    if error is not None:
+        if message.get("result") is not None:
+            raise MalformedAnswer(f"{said} with both a result and an error")
+        if not isinstance(error, dict):
+            raise MalformedAnswer(f"{said} with an error that is {json_kind(error)}, not an object")
+        text, code = error.get("message"), error.get("code")
+        if not isinstance(text, str):
+            raise MalformedAnswer(
+                f"{said} with an error whose message is {json_kind(text)}, not a string"
+            )
+        raise AgentError(f"{text} (code {code})" if type(code) is int else text)
+    result = message.get("result")
+    if method not in ANSWER_SHAPES:
+        return result
+    null_ok, fields = ANSWER_SHAPES[method]
+    if result is None and null_ok:
+        return result
+    if not isinstance(result, dict):
+        raise MalformedAnswer(f"{said} with {json_kind(result)}, not an object")
+    for name, (kind, required) in fields.items():
+        value = result.get(name)
+        if value is None:
+            if required:
+                raise MalformedAnswer(f"{said} without {name}")
+        elif not isinstance(value, kind):
+            wanted = json_kind(kind())
+            raise MalformedAnswer(f"{said} with {name} as {json_kind(value)}, not {wanted}")
+    return result
 
 
 # --- What a turn yields, in wire order ----------------------------------------------------
@@ -139,6 +212,13 @@ class TurnFailed:
 
 TurnItem = Update | PermissionRequest | TurnEnd | TurnFailed
 Sink = Callable[[TurnItem], None]
+
+
+class _Waiting(NamedTuple):
+    """A request sent to the agent, waiting for its answer."""
+
+    method: str
+    future: Future[Any]
 
 
 @dataclass
@@ -211,7 +291,7 @@ class AgentConnection:
         self.created_at = time.monotonic()
         self.last_used_at = self.created_at
         self._ids = itertools.count()
-        self._pending: dict[int, Future[Any]] = {}
+        self._pending: dict[int, _Waiting] = {}
         self._permissions: dict[str, _PendingPermission] = {}
         self._lock = threading.Lock()  # guards _pending, _permissions, _turn
         self._write_lock = threading.Lock()  # one line at a time on stdin
@@ -254,8 +334,7 @@ class AgentConnection:
                 timeout=timeout,
             )
             self.agent_info = dict(init.get("agentInfo") or {})
-            capabilities = init.get("agentCapabilities")
-            self.capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+            self.capabilities = dict(init.get("agentCapabilities") or {})
             opened = None
             if reattach:
                 opened = self._reattach(reattach, timeout)
@@ -263,10 +342,11 @@ class AgentConnection:
                 opened = self.request(
                     "session/new", {"cwd": self.cwd, "mcpServers": []}, timeout=timeout
                 )
-                self.agent_session_id = str(opened["sessionId"])
+                self.agent_session_id = opened["sessionId"]
                 self.restored = "none" if reattach else None
             self._take_controls(opened)
-        except (AgentError, KeyError, TypeError, AttributeError) as exc:
+        except Exception as exc:
+            # Whatever went wrong, no agent process outlives a start that failed.
             self.stop()
             raise AgentError(f"agent did not start: {exc}") from exc
 
@@ -296,15 +376,15 @@ class AgentConnection:
             return None
         params = {"sessionId": session_id, "cwd": self.cwd, "mcpServers": []}
         with self._lock:
-            request_id = next(self._ids)
-            future: Future[Any] = Future()
-            self._pending[request_id] = future
+            request_id, future = self._expect(method)
             self._restoring = request_id
         try:
             self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
             result = future.result(timeout=timeout)
         except FutureTimeout:
             raise AgentError(f"{method}: no answer within {timeout} s") from None
+        except MalformedAnswer:
+            raise  # a broken agent, not one that forgot the session
         except AgentError as exc:
             if not self.is_running:
                 raise
@@ -378,12 +458,18 @@ class AgentConnection:
     # --- requests ---------------------------------------------------------------------------
 
     def request(self, method: str, params: dict[str, Any], timeout: float | None = None) -> Any:
-        """Send a request and return its result; raise AgentError for errors and timeouts."""
-        future = self._send_request(method, params)
+        """Send a request and return its result, checked by `answer_of`; raise AgentError for
+        an error answer, a malformed one (MalformedAnswer), a timeout or a failed write."""
+        with self._lock:
+            request_id, future = self._expect(method)
         try:
+            self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
             return future.result(timeout=timeout)
         except FutureTimeout:
             raise AgentError(f"{method}: no answer within {timeout} s") from None
+        finally:
+            with self._lock:  # a late answer then goes to "unknown id"
+                self._pending.pop(request_id, None)
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
         self._write({"jsonrpc": "2.0", "method": method, "params": params})
@@ -402,11 +488,9 @@ class AgentConnection:
                 raise TurnInProgress("a turn is already running on this connection")
             if not self.is_running:
                 raise PromptNotSent("agent is not running")
-            request_id = next(self._ids)
+            request_id, future = self._expect("session/prompt")
             turn = _Turn(sink=sink, prompt_id=request_id)
             self._turn = turn
-            future: Future[Any] = Future()
-            self._pending[request_id] = future
         self.last_used_at = time.monotonic()
         try:
             self._write(
@@ -420,13 +504,17 @@ class AgentConnection:
                     },
                 }
             )
-        except AgentError as exc:
+        except Exception as exc:
+            # Nothing was sent (or nothing whole): leave no turn and no request behind, or
+            # every later prompt of this connection would be refused.
             with self._lock:
                 self._pending.pop(request_id, None)
                 turn.finished = True
                 if self._turn is turn:
                     self._turn = None
-            raise PromptNotSent(str(exc)) from exc
+            if isinstance(exc, AgentError):
+                raise PromptNotSent(str(exc)) from exc
+            raise
         future.add_done_callback(lambda f: self._finish_turn(turn, f))
 
     def set_config_option(self, config_id: str, value: str, timeout: float = 30.0) -> list[Any]:
@@ -436,10 +524,8 @@ class AgentConnection:
             {"sessionId": self.agent_session_id, "configId": config_id, "value": value},
             timeout=timeout,
         )
-        options = result.get("configOptions") if isinstance(result, dict) else None
-        if not isinstance(options, list):
-            raise AgentError("session/set_config_option: the answer has no configOptions")
-        self.config_options = [o for o in options if isinstance(o, dict)]
+        # answer_of made sure that configOptions is a list.
+        self.config_options = [o for o in result["configOptions"] if isinstance(o, dict)]
         return self.config_options
 
     def set_mode(self, mode_id: str, timeout: float = 30.0) -> None:
@@ -513,18 +599,12 @@ class AgentConnection:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _send_request(self, method: str, params: dict[str, Any]) -> Future[Any]:
+    def _expect(self, method: str) -> tuple[int, Future[Any]]:
+        """Return a new request id and the future its answer resolves (hold `_lock`)."""
+        request_id = next(self._ids)
         future: Future[Any] = Future()
-        with self._lock:
-            request_id = next(self._ids)
-            self._pending[request_id] = future
-        try:
-            self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-        except AgentError as exc:
-            with self._lock:
-                self._pending.pop(request_id, None)
-            future.set_exception(exc)
-        return future
+        self._pending[request_id] = _Waiting(method, future)
+        return request_id, future
 
     def _write(self, message: dict[str, Any]) -> None:
         line = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -604,26 +684,26 @@ class AgentConnection:
 
     def _handle_response(self, message: dict[str, Any]) -> None:
         response_id = message["id"]
-        future = None
+        waiting = None
         if type(response_id) is int:  # our ids are ints; a list or object would not even hash
             with self._lock:
-                future = self._pending.pop(response_id, None)
+                waiting = self._pending.pop(response_id, None)
                 if response_id == self._restoring:
                     # Cleared here, on the reader thread, so that what comes after the answer
                     # (commands, say) is delivered and only the replay before it is not.
                     self._restoring = None
-        if future is None:
+        if waiting is None:
             logger.warning("agent %s answered unknown id %.100r", self.process.ident, response_id)
             return
-        if "error" in message:
-            error = message["error"]
-            if isinstance(error, dict):
-                text = f"{error.get('message', 'error')} (code {error.get('code')})"
-            else:
-                text = f"error {error!r:.200}"
-            future.set_exception(AgentError(text))
+        # Out of _pending, the future is this thread's to resolve, whatever the answer holds.
+        try:
+            result = answer_of(waiting.method, message)
+        except Exception as exc:
+            if isinstance(exc, MalformedAnswer):
+                logger.warning("agent %s: %s", self.process.ident, exc)
+            waiting.future.set_exception(exc)
         else:
-            future.set_result(message.get("result"))
+            waiting.future.set_result(result)
 
     def _handle_notification(self, message: dict[str, Any]) -> None:
         if message.get("method") != "session/update":
@@ -736,26 +816,36 @@ class AgentConnection:
             for rid in [rid for rid, p in self._permissions.items() if p.turn is turn]:
                 del self._permissions[rid]
         self.last_used_at = time.monotonic()
-        exc = future.exception()
-        if turn.cancelled:
-            # Whatever ended it (the agent's answer, an error, or stop() after the agent
-            # ignored the cancel), the person asked for the turn to stop, and it stopped.
-            item: TurnItem = TurnEnd("cancelled")
-        elif exc is not None:
-            item = TurnFailed(str(exc))
-        else:
-            result = future.result() or {}
-            item = TurnEnd(str(result.get("stopReason", "end_turn")))
+        # A done-callback that raised would be logged by the future and the turn never heard
+        # of again: whatever goes wrong here, the sink gets the turn's one last item.
+        try:
+            item = self._last_item(turn, future)
+        except Exception as exc:
+            logger.exception("agent %s: reading the prompt's answer failed", self.process.ident)
+            item = TurnFailed(f"Craft could not read the agent's answer: {exc}")
         try:
             turn.sink(item)
         except Exception:
             logger.exception("turn sink failed on %r", item)
+
+    @staticmethod
+    def _last_item(turn: _Turn, future: Future[Any]) -> TurnEnd | TurnFailed:
+        """Return how the turn ended, from its prompt's answer (or failure)."""
+        if turn.cancelled:
+            # Whatever ended it (the agent's answer, an error, or stop() after the agent
+            # ignored the cancel), the person asked for the turn to stop, and it stopped.
+            return TurnEnd("cancelled")
+        exc = future.exception()
+        if exc is not None:
+            return TurnFailed(str(exc))
+        result = future.result() or {}  # a dict or None: answer_of checked it
+        return TurnEnd(result.get("stopReason") or "end_turn")
 
     def _fail_everything(self, reason: str) -> None:
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
             self._permissions.clear()
-        for future in pending:
-            if not future.done():
-                future.set_exception(AgentError(reason))
+        for waiting in pending:
+            if not waiting.future.done():
+                waiting.future.set_exception(AgentError(reason))

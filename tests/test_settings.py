@@ -47,6 +47,13 @@ def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
         ),
         ("CRAFT_AGENT_START_TIMEOUT", "soon", "CRAFT_AGENT_START_TIMEOUT must be a number"),
         ("CRAFT_K8S_RUN_AS_USER", "0", "CRAFT_K8S_RUN_AS_USER must be at least 1"),
+        ("CRAFT_MAX_STDERR_BYTES", "100", "CRAFT_MAX_STDERR_BYTES must be at least 256"),
+        ("CRAFT_MAX_STDERR_BYTES", "16k", "CRAFT_MAX_STDERR_BYTES must be an integer"),
+        (
+            "CRAFT_STDERR_LOG_BYTES_PER_SECOND",
+            "-1",
+            "CRAFT_STDERR_LOG_BYTES_PER_SECOND must be at least 0",
+        ),
         ("CRAFT_K8S_IMAGE_PULL_POLICY", "Sometimes", "CRAFT_K8S_IMAGE_PULL_POLICY must be one of"),
         ("CRAFT_SANDBOX_NETWORK", "closed", "CRAFT_SANDBOX_NETWORK must be one of isolated, open"),
         (

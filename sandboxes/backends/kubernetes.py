@@ -18,7 +18,6 @@ Only this module imports the kubernetes client.
 
 from __future__ import annotations
 
-import collections
 import ipaddress
 import json
 import logging
@@ -52,13 +51,13 @@ from websocket import (
 )
 
 from ..acp import LineTooLong
+from ..stderr_log import StderrLog
 from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
-agent_stderr = logging.getLogger("craft.agent.stderr")
 
 CONTAINER = "sandbox"
 WORKSPACE = "/workspace"
@@ -118,9 +117,10 @@ class ExecProcess:
 
     The kubernetes client does the handshake (auth, TLS, subprotocol); after that this class
     reads the websocket itself on one thread: stdout as bytes, decoded only as whole lines (a
-    UTF-8 character split across frames survives), stderr to the log, the status channel
-    parsed defensively for the exit code. Pings keep an idle connection honest: no frame at
-    all for `idle_timeout` seconds means the connection is dead.
+    UTF-8 character split across frames survives), stderr to a `StderrLog` (lines cut, its
+    logging rate-limited), the status channel parsed defensively for the exit code. Pings
+    keep an idle connection honest: no frame at all for `idle_timeout` seconds means the
+    connection is dead.
     """
 
     def __init__(
@@ -139,8 +139,7 @@ class ExecProcess:
         self._max_line = settings.CRAFT_MAX_MESSAGE_BYTES
         self._skipping = 0  # bytes of an over-long line dropped so far (0: not skipping)
         self._stdout = bytearray()
-        self._stderr = bytearray()
-        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._stderr = StderrLog(self.ident)
         self._status: dict[str, Any] | None = None
         self._exit_code: int | None = None
         self._done = threading.Event()
@@ -254,7 +253,7 @@ class ExecProcess:
         return self._exit_code
 
     def stderr_tail(self) -> str:
-        return "\n".join(self._stderr_tail)
+        return self._stderr.tail()
 
     def close_stdin(self) -> None:
         """Close the program's stdin (only the v5 protocol can; older ones ignore this)."""
@@ -297,7 +296,7 @@ class ExecProcess:
                     opcode, frame = self._ws.recv_data_frame(True)
                 except WebSocketTimeoutException:
                     if time.monotonic() - last_frame > self._idle_timeout:
-                        self._stderr_tail.append("exec connection idle: no frames, no pongs")
+                        self._stderr.note("exec connection idle: no frames, no pongs")
                         return
                     self._ws.ping()
                     continue
@@ -316,10 +315,7 @@ class ExecProcess:
         if channel == STDOUT:
             self._on_stdout(payload)
         elif channel == STDERR:
-            self._stderr += payload
-            while (end := self._stderr.find(b"\n")) >= 0:
-                self._log_stderr(bytes(self._stderr[:end]))
-                del self._stderr[: end + 1]
+            self._stderr.feed(payload)
         elif channel == STATUS:
             self._on_status(payload)
         # Empty priming frames, resize and v5 close frames carry nothing for us.
@@ -353,26 +349,19 @@ class ExecProcess:
         try:
             status = json.loads(payload)
         except ValueError:
-            self._stderr_tail.append(f"unreadable exec status: {payload[:200]!r}")
+            self._stderr.note(f"unreadable exec status: {payload[:200]!r}")
             self._exit_code = -1
             return
         self._status = status if isinstance(status, dict) else {}
         self._exit_code = exit_code_of(self._status)
         if self._exit_code != 0 and self._status.get("message"):
-            self._stderr_tail.append(str(self._status["message"]))
-
-    def _log_stderr(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", errors="replace")
-        self._stderr_tail.append(line)
-        agent_stderr.info("[%s] %s", self.ident, line)
+            self._stderr.note(str(self._status["message"]))
 
     def _finish(self) -> None:
         if self._stdout:
             self._lines.put(bytes(self._stdout))  # a last line without its newline
             self._stdout.clear()
-        if self._stderr:
-            self._log_stderr(bytes(self._stderr))
-            self._stderr.clear()
+        self._stderr.close()
         if self._exit_code is None and self._status is None:
             self._exit_code = -1  # ended without telling us how
         self._done.set()

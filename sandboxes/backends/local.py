@@ -10,8 +10,8 @@ and is not isolated.
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import io
 import logging
 import os
 import shutil
@@ -21,12 +21,13 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from uuid import UUID
 
 from django.conf import settings
 
 from ..acp import LineTooLong
+from ..stderr_log import StderrLog
 from . import containment, firewall, jail
 from .base import Health, Progress, Resource, SandboxError
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
-agent_stderr = logging.getLogger("craft.agent.stderr")
 
 
 # Every agent process is started from this one long-lived thread. A jailed agent dies with the
@@ -44,7 +44,7 @@ _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-agent-spa
 
 
 class LocalAgentProcess:
-    """An agent running as a child process; its stderr goes to the log.
+    """An agent running as a child process; its stderr goes to the log through a `StderrLog`.
 
     The backend always passes `env` (the agent's whole environment) and, with sandbox users,
     an argv that runs the agent in its jail as the sandbox's user (`jail.jailed`) and a umask
@@ -74,7 +74,7 @@ class LocalAgentProcess:
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
         self.ident = str(self._popen.pid)
         self.pid = self._popen.pid
-        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._stderr = StderrLog(self.ident)
         self._stderr_thread = threading.Thread(
             target=self._pump_stderr, name=f"agent-stderr-{self.pid}", daemon=True
         )
@@ -106,7 +106,7 @@ class LocalAgentProcess:
         return self._popen.poll()
 
     def stderr_tail(self) -> str:
-        return "\n".join(self._stderr_tail)
+        return self._stderr.tail()
 
     def terminate(self, timeout: float = 5.0) -> None:
         """Close stdin (ACP agents exit on EOF), then SIGTERM, then SIGKILL the group."""
@@ -142,15 +142,15 @@ class LocalAgentProcess:
             pass
 
     def _pump_stderr(self) -> None:
-        stderr = self._popen.stderr
-        assert stderr is not None
+        stderr = cast(io.BufferedReader, self._popen.stderr)  # bufsize > 0: buffered
         try:
-            for raw in iter(stderr.readline, b""):
-                line = raw.decode("utf-8", errors="replace").rstrip("\n")
-                self._stderr_tail.append(line)
-                agent_stderr.info("[%s] %s", self.pid, line)
+            # Chunks as they come, never a line at a time: a line can be any length.
+            while chunk := stderr.read1(1 << 16):
+                self._stderr.feed(chunk)
         except (OSError, ValueError):
             pass  # closed by terminate()
+        finally:
+            self._stderr.close()
 
 
 def resolve_command(argv: list[str], path: str | None = None) -> list[str]:

@@ -1,8 +1,11 @@
 """An ACP agent that attacks its host: it leaks, probes and sends what a careful agent never would.
 
 Standard library only (it runs as a sandbox's own user, under any python3). The first word of a
-prompt picks the scenario; every scenario ends with one chunk `after <word>` and `end_turn`, so a
-test can tell that nothing after the bad item was lost.
+prompt picks the scenario; every scenario ends with one chunk `after <word>` and `end_turn` (but
+`badanswer` answers otherwise, and `stall` never answers), so a test can tell that nothing after
+the bad item was lost. Started with a method and the name of an answer in BAD_ANSWERS
+(`hostile_agent.py session/new empty`), it gives that answer to every request of that method
+(and advertises the method if it is `session/load` or `session/resume`).
 
   env                    one chunk: the agent's whole environment as a JSON object
   whoami                 one chunk: {"uid", "gid", "groups", "pid", "cwd", "home"} as JSON
@@ -37,7 +40,15 @@ test can tell that nothing after the bad item was lost.
                          whose entries is a number, content of the wrong types
   listparams             session/update notifications whose params are a list, a string, null,
                          or whose update is a list
-  badresponse            responses with ids that are lists or objects, and a string error
+  badresponse            responses with ids that are lists or objects, and answers to ids Craft
+                         never used: a string error, a list, a result and an error
+  badanswer <name>       answers the prompt with BAD_ANSWERS[name] instead of `end_turn`
+  stall                  answers ids Craft never used (a list result; a result and an error),
+                         sends the chunk `stalled <pid>`, then never answers the prompt: it
+                         waits for the end of its input
+  stderr <MiB>           one stderr line of <MiB> MiB of "x", written 1 MiB at a time (the agent
+                         never holds the line either)
+  stderrflood <n>        <n> stderr lines of 100 bytes, as fast as the pipe takes them
   permission             a permission request whose options have non-string optionIds (a number,
                          null, an object) beside one good option; the chunk before `after`
                          reports the answer: `answer: <result or error as JSON>`
@@ -74,6 +85,20 @@ ODD_PARAMS = [
     None,
     {"sessionId": SESSION, "update": ["agent_message_chunk"]},
 ]
+# Answers that JSON-RPC or ACP do not allow (or, for some methods, that lack what Craft needs),
+# without their `jsonrpc` and `id`.
+BAD_ANSWERS = {
+    "list": {"result": [1, 2, 3]},
+    "string": {"result": "done"},
+    "number": {"result": 42},
+    "empty": {"result": {}},
+    "object-stopreason": {"result": {"stopReason": 7}},
+    "session-id-number": {"result": {"sessionId": 7}},
+    "agent-info-list": {"result": {"protocolVersion": 1, "agentInfo": ["hostile"]}},
+    "error-string": {"error": "it broke"},
+    "error-message": {"error": {"code": -32000, "message": ["not", "text"]}},
+    "both": {"result": {"stopReason": "end_turn"}, "error": {"code": -32000, "message": "no"}},
+}
 ODD_OPTIONS = [
     {"optionId": 1, "name": "One", "kind": "allow_once"},
     {"optionId": None},
@@ -302,7 +327,8 @@ def ask_permission(params: object) -> object:
     return {"eof": True}
 
 
-def run(word: str, args: list[str], text: str) -> None:
+def run(word: str, args: list[str], text: str) -> dict:
+    """Play the scenario `word`; return the answer to the prompt (without jsonrpc and id)."""
     if word == "env":
         chunk(json.dumps(dict(os.environ), sort_keys=True))
     elif word == "whoami":
@@ -363,6 +389,8 @@ def run(word: str, args: list[str], text: str) -> None:
         send({"jsonrpc": "2.0", "id": [1], "result": {}})
         send({"jsonrpc": "2.0", "id": {"a": 1}, "error": "not an object"})
         send({"jsonrpc": "2.0", "id": 999, "error": "not an object"})
+        send({"jsonrpc": "2.0", "id": 998, **BAD_ANSWERS["list"]})
+        send({"jsonrpc": "2.0", "id": 997, **BAD_ANSWERS["both"]})
     elif word == "permission":
         params = {"sessionId": SESSION, "toolCall": {"toolCallId": "p1"}, "options": ODD_OPTIONS}
         answer = ask_permission(params)
@@ -373,21 +401,52 @@ def run(word: str, args: list[str], text: str) -> None:
         chunk("answer: " + json.dumps(answer, sort_keys=True))
     elif word == "permission-badparams":
         chunk("answer: " + json.dumps(ask_permission(["a", "list"]), sort_keys=True))
-    else:
+    elif word == "stderr":
+        mebibyte = b"x" * (1 << 20)
+        for _ in range(int(args[0])):
+            sys.stderr.buffer.write(mebibyte)
+        sys.stderr.buffer.write(b"\n")
+        sys.stderr.flush()
+    elif word == "stderrflood":
+        for i in range(int(args[0])):
+            sys.stderr.buffer.write(f"flood {i:08d} ".encode().ljust(99, b"x") + b"\n")
+        sys.stderr.flush()
+    elif word == "stall":
+        send({"jsonrpc": "2.0", "id": 10_000, **BAD_ANSWERS["list"]})
+        send({"jsonrpc": "2.0", "id": 10_001, **BAD_ANSWERS["both"]})
+        chunk(f"stalled {os.getpid()}")
+        for _ in sys.stdin:
+            pass
+        sys.exit(0)
+    elif word != "badanswer":
         chunk(f"hostile: {text}")
     chunk(f"after {word}")
+    if word == "badanswer":
+        return BAD_ANSWERS[args[0]]
+    return {"result": {"stopReason": "end_turn"}}
 
 
 def main() -> None:
+    bad_method, bad_answer = sys.argv[1:3] if len(sys.argv) >= 3 else (None, None)
     for line in sys.stdin:
         message = json.loads(line)
         method, request_id = message.get("method"), message.get("id")
-        if method == "initialize":
+        if method == bad_method:
+            send({"jsonrpc": "2.0", "id": request_id, **BAD_ANSWERS[bad_answer]})
+        elif method == "initialize":
+            capabilities = {
+                "loadSession": bad_method == "session/load",
+                "sessionCapabilities": {"resume": {}} if bad_method == "session/resume" else {},
+            }
             send(
                 {
                     "jsonrpc": "2.0",
                     "id": request_id,
-                    "result": {"protocolVersion": 1, "agentInfo": {"name": "hostile"}},
+                    "result": {
+                        "protocolVersion": 1,
+                        "agentInfo": {"name": "hostile"},
+                        "agentCapabilities": capabilities,
+                    },
                 }
             )
         elif method == "session/new":
@@ -395,8 +454,8 @@ def main() -> None:
         elif method == "session/prompt":
             text = "".join(block.get("text", "") for block in message["params"]["prompt"])
             words = text.split()
-            run(words[0].lower() if words else "", words[1:], text)
-            send({"jsonrpc": "2.0", "id": request_id, "result": {"stopReason": "end_turn"}})
+            answer = run(words[0].lower() if words else "", words[1:], text)
+            send({"jsonrpc": "2.0", "id": request_id, **answer})
 
 
 if __name__ == "__main__":

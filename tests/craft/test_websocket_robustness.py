@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 
 import pytest
 
+from craft.db import db_sync_to_async
+from craft.models import Event, Turn
 from tests.ready import open_ready_session
 
 from ..agents import AGENTS
+from ..sandboxes.test_acp_connection import PROMPT_ANSWERS
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -123,4 +128,56 @@ async def test_after_a_malformed_agent_message_the_turn_ends_whole_and_replays(
     assert hello["last_seq"] == live[-1]["seq"]
     await comm.send_json_to({"type": "resume", "after": 0})
     assert await receive_until(comm, is_turn_end) == live
+    await comm.disconnect()
+
+
+# Malformed answers to the prompt, and an agent that dies mid-turn: the turn ends once, in
+# error, saying why, and the session takes the next prompt.
+
+
+@db_sync_to_async
+def turn_marks(session) -> tuple[list[str], int]:
+    """Return the kinds of the session's user_message and turn_end events, in order, and how
+    many turns still run."""
+    kinds = Event.objects.filter(session=session, kind__in=["user_message", "turn_end"])
+    running = Turn.objects.running().filter(session=session).count()
+    return list(kinds.order_by("seq").values_list("kind", flat=True)), running
+
+
+async def assert_next_prompt_works(comm, session):
+    await comm.send_json_to({"type": "prompt", "id": "next", "text": "ping"})
+    frames = await receive_until(comm, is_turn_end)
+    assert chunk_texts(frames) == ["hostile: ping", "after ping"]
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    assert await turn_marks(session) == (["user_message", "turn_end"] * 2, 0)
+
+
+@pytest.mark.parametrize(("answer", "message"), PROMPT_ANSWERS.items())
+async def test_a_malformed_prompt_answer_ends_the_turn_once_in_error_and_the_session_goes_on(
+    session, cookie, hostile, answer, message
+):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "bad", "text": f"badanswer {answer}"})
+    frames = await receive_until(comm, is_turn_end)
+    assert chunk_texts(frames) == ["after badanswer"]
+    assert [f["data"] for f in frames if f.get("kind") == "agent_error"] == [{"message": message}]
+    assert frames[-1]["data"] == {"stop_reason": "error"}
+    await assert_next_prompt_works(comm, session)
+    await comm.disconnect()
+
+
+async def test_an_agent_killed_mid_turn_after_malformed_answers_ends_the_turn_once(
+    session, cookie, hostile
+):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "stall", "text": "stall"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    os.kill(int(chunk_texts(frames)[-1].removeprefix("stalled ")), signal.SIGKILL)
+    frames = await receive_until(comm, is_turn_end)
+    errors = [f["data"]["message"] for f in frames if f.get("kind") == "agent_error"]
+    assert len(errors) == 1 and errors[0].startswith("agent exited with code -9"), errors
+    assert frames[-1]["data"] == {"stop_reason": "error"}
+    await assert_next_prompt_works(comm, session)
     await comm.disconnect()

@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.acp import AgentError, PermissionRequest, TurnEnd, TurnFailed, TurnInProgress, Update
+from sandboxes.acp import (
+    AgentConnection,
+    AgentError,
+    MalformedAnswer,
+    PermissionRequest,
+    TurnEnd,
+    TurnFailed,
+    TurnInProgress,
+    Update,
+)
+from sandboxes.backends.local import LocalAgentProcess
 
 from .agents import ending, reply_text, run_turn, start_demo_agent
 
@@ -206,6 +216,157 @@ def test_malformed_agent_messages_do_not_stop_the_reader(hostile, word, caplog):
     items = run_turn(hostile, word)
     assert_survived(hostile, items, word)
     assert "agent exited" not in caplog.text
+
+
+def test_answers_to_ids_craft_never_used_are_logged_and_cost_nothing(hostile, caplog):
+    items = run_turn(hostile, "badresponse")
+    assert_survived(hostile, items, "badresponse")
+    unknown = [r.getMessage() for r in caplog.records if "answered unknown id" in r.getMessage()]
+    assert [message.partition("unknown id ")[2] for message in unknown] == [
+        "[1]",
+        "{'a': 1}",
+        "999",
+        "998",
+        "997",
+    ]
+
+
+# --- Malformed answers: each fails its own request or turn, in words, and nothing else -----
+
+PROMPT_ANSWERS = {
+    "list": "the agent answered session/prompt with a list, not an object",
+    "string": "the agent answered session/prompt with a string, not an object",
+    "number": "the agent answered session/prompt with a number, not an object",
+    "object-stopreason": (
+        "the agent answered session/prompt with stopReason as a number, not a string"
+    ),
+    "error-string": (
+        "the agent answered session/prompt with an error that is a string, not an object"
+    ),
+    "error-message": (
+        "the agent answered session/prompt with an error whose message is a list, not a string"
+    ),
+    "both": "the agent answered session/prompt with both a result and an error",
+}
+
+
+@pytest.mark.parametrize(("answer", "message"), PROMPT_ANSWERS.items())
+def test_a_malformed_prompt_answer_fails_the_turn_once_and_the_next_turn_works(
+    hostile, answer, message
+):
+    items, ended = [], threading.Event()
+
+    def sink(item):
+        items.append(item)
+        if isinstance(item, TurnEnd | TurnFailed):
+            ended.set()
+
+    hostile.prompt(f"badanswer {answer}", sink)
+    assert ended.wait(15)
+    # The next turn's end comes after anything the agent wrote for the first one.
+    assert reply_text(run_turn(hostile, "ping")) == "hostile: pingafter ping"
+    assert [i for i in items if isinstance(i, TurnEnd | TurnFailed)] == [TurnFailed(message)]
+    assert items[-1] == TurnFailed(message)
+    assert last_text(items) == "after badanswer"
+    assert hostile.is_running
+
+
+def test_a_prompt_answered_without_a_stop_reason_ends_normally(hostile):
+    # ACP wants a stopReason; agents that leave it out have always ended their turn this way.
+    assert ending(run_turn(hostile, "badanswer empty")) == TurnEnd("end_turn")
+
+
+def start_hostile(workspace: Path, *args: str, reattach: str | None = None) -> AgentConnection:
+    """Start the hostile agent with `args` and open its session (the start may fail)."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    process = LocalAgentProcess([*HOSTILE, *args], workspace)
+    connection = AgentConnection(process, cwd=str(workspace))
+    try:
+        connection.start(timeout=15, reattach=reattach)
+    except AgentError:
+        assert not connection.is_running
+        assert connection.process.exit_code() is not None, "a failed start leaves no agent"
+        raise
+    return connection
+
+
+@pytest.mark.parametrize(
+    ("method", "answer", "message"),
+    [
+        ("initialize", "list", "the agent answered initialize with a list, not an object"),
+        ("initialize", "string", "the agent answered initialize with a string, not an object"),
+        (
+            "initialize",
+            "agent-info-list",
+            "the agent answered initialize with agentInfo as a list, not an object",
+        ),
+        (
+            "initialize",
+            "error-string",
+            "the agent answered initialize with an error that is a string, not an object",
+        ),
+        ("session/new", "empty", "the agent answered session/new without sessionId"),
+        (
+            "session/new",
+            "session-id-number",
+            "the agent answered session/new with sessionId as a number, not a string",
+        ),
+        ("session/new", "number", "the agent answered session/new with a number, not an object"),
+        ("session/new", "both", "the agent answered session/new with both a result and an error"),
+    ],
+)
+def test_a_malformed_answer_to_a_start_request_fails_the_start_in_words(
+    tmp_path, method, answer, message
+):
+    with pytest.raises(AgentError) as failure:
+        start_hostile(tmp_path / "ws", method, answer)
+    assert str(failure.value) == f"agent did not start: {message}"
+    assert isinstance(failure.value.__cause__, MalformedAnswer)
+
+
+@pytest.mark.parametrize("method", ["session/resume", "session/load"])
+def test_a_malformed_answer_to_a_reattach_fails_the_start_instead_of_starting_afresh(
+    tmp_path, method
+):
+    with pytest.raises(AgentError) as failure:
+        start_hostile(tmp_path / "ws", method, "list", reattach="earlier")
+    assert str(failure.value) == (
+        f"agent did not start: the agent answered {method} with a list, not an object"
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ("list", "with a list, not an object"),
+        ("empty", "without configOptions"),
+        ("error-message", "with an error whose message is a list, not a string"),
+    ],
+)
+def test_a_malformed_config_option_answer_fails_that_request_only(tmp_path, answer, message):
+    connection = start_hostile(tmp_path / "ws", "session/set_config_option", answer)
+    try:
+        with pytest.raises(MalformedAnswer) as failure:
+            connection.set_config_option("model", "careful", timeout=15)
+        assert str(failure.value) == f"the agent answered session/set_config_option {message}"
+        assert connection.config_options is None
+        assert reply_text(run_turn(connection, "ping")) == "hostile: pingafter ping"
+    finally:
+        connection.stop()
+
+
+def test_a_mode_change_answered_with_a_list_fails_and_one_with_an_empty_object_works(tmp_path):
+    for answer, fails in (("list", True), ("empty", False)):
+        connection = start_hostile(tmp_path / answer, "session/set_mode", answer)
+        try:
+            if fails:
+                with pytest.raises(MalformedAnswer, match="set_mode with a list, not an object"):
+                    connection.set_mode("code", timeout=15)
+            else:
+                connection.set_mode("code", timeout=15)
+            assert connection.is_running
+        finally:
+            connection.stop()
 
 
 def test_updates_that_are_objects_are_delivered_whatever_their_kind(hostile):

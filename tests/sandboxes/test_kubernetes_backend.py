@@ -6,6 +6,7 @@ a folder, so the cache behaviours can be observed on real agent processes (their
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -318,6 +319,32 @@ def test_stderr_is_kept_apart_and_a_non_zero_exit_is_surfaced(kube_backend, sand
     assert result.exit_code == 3
     with pytest.raises(SandboxError, match=r"exit 3"):
         kube_backend._run(sandbox, [sys.executable, "-c", code])
+
+
+def test_exec_stderr_is_cut_per_line_and_logged_at_the_rate(
+    kube_backend, sandbox, kube, settings, caplog
+):
+    settings.CRAFT_STDERR_LOG_BYTES_PER_SECOND = 4096
+    caplog.set_level(logging.INFO, logger="craft.agent.stderr")
+    code = (
+        "import sys\n"
+        "write = sys.stderr.buffer.write\n"
+        "write(b'x' * 2**20 + b'\\n')\n"
+        "for i in range(5000):\n"
+        "    write(b'%05d' % i + b'y' * 94 + b'\\n')\n"
+        "write(b'last')\n"
+    )
+    process, result = run(kube_backend, sandbox, code)
+    assert result.exit_code == 0
+    assert result.stderr.splitlines()[-2:] == ["04999" + "y" * 94, "last"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "craft.agent.stderr"]
+    limit = settings.CRAFT_MAX_STDERR_BYTES
+    assert logged[0] == f"[{process.ident}] {'x' * limit} [cut: a line of {2**20} bytes]"
+    prefix = f"[{process.ident}] "
+    lines = [m for m in logged if m.startswith(prefix) and "were not logged" not in m]
+    dropped = sum(int(m.removeprefix(prefix).split()[0]) for m in logged if "were not logged" in m)
+    assert len(lines) + dropped == 5002
+    assert dropped > 2500, "500 kB went by at 4 kB a second"
 
 
 def test_closing_stdin_ends_the_program_reading_it(kube_backend, sandbox, kube):
