@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,3 +114,48 @@ def test_a_session_works_through_the_proxy_and_survives_its_worker(cluster, owne
     while "restarting it" not in log.read_text(errors="replace"):
         assert time.monotonic() < deadline, "the dead worker is started again"
         time.sleep(0.2)
+
+
+def test_run_cluster_brings_its_own_redis_and_postgresql_that_ask_for_passwords(tmp_path):
+    """Without DATABASE_URL and REDIS_URL, the cluster runs its own services, with passwords:
+    an agent on this machine that got past the network rule would still need them."""
+    import psycopg
+    import redis
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env = {**env, "CRAFT_VAR_DIR": str(tmp_path / "var"), "PYTHONUNBUFFERED": "1"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    log_path = tmp_path / "cluster.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--port", str(free_port()),
+             "--worker-ports", str(free_port())],
+            env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while "Serving Craft" not in (text := log_path.read_text(errors="replace")):
+                assert process.poll() is None and time.monotonic() < deadline, text[-3000:]
+                time.sleep(0.2)
+            pg_port = int(re.search(r"PostgreSQL on 127\.0\.0\.1:(\d+)", text).group(1))
+            redis_port = int(re.search(r"Redis on 127\.0\.0\.1:(\d+)", text).group(1))
+            var = tmp_path / "var"
+            pg_password = (var / "postgres-password").read_text().strip()
+            redis_password = (var / "redis-password").read_text().strip()
+
+            with pytest.raises(psycopg.OperationalError, match="password"):
+                psycopg.connect(host="127.0.0.1", port=pg_port, user="craft", dbname="craft")
+            with psycopg.connect(
+                host="127.0.0.1", port=pg_port, user="craft", dbname="craft",
+                password=pg_password,
+            ) as conn:  # fmt: skip
+                assert conn.execute("SELECT count(*) FROM auth_user").fetchone() == (1,)
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis(port=redis_port).ping()
+            assert redis.Redis(port=redis_port, password=redis_password).ping()
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.wait(90)
+    for port in (pg_port, redis_port):  # the services stop with the cluster
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -104,3 +104,21 @@ def test_the_kubernetes_deployment_uses_the_production_settings():
         path = container[probe]["httpGet"]["path"].lstrip("/")
         assert any(re.fullmatch(p, path) for p in settings.SECURE_REDIRECT_EXEMPT), probe
     assert re.fullmatch(r"https://[a-z.]+", env["DJANGO_CSRF_TRUSTED_ORIGINS"])
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "warning"),
+    [
+        ("REDIS_URL", "redis://127.0.0.1:6379/0", "craft.W002"),
+        ("DATABASE_URL", "postgres://craft@127.0.0.1:5432/craft", "craft.W001"),
+    ],
+)
+def test_check_deploy_warns_of_a_service_without_a_password(tmp_path, name, value, warning):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRAFT_"))}
+    env = {**clean, **documented_environment(tmp_path), "CRAFT_VAR_DIR": str(tmp_path), name: value}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert f"({warning}) {name} has no password" in result.stdout + result.stderr

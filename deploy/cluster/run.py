@@ -8,24 +8,31 @@ dies another takes its sessions over (docs/deployment.md).
 
     python deploy/cluster/run.py [--workers 3] [--port 8000] [--worker-ports 8001,8002,...]
 
-Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/craft, created if
-missing), REDIS_URL (default redis://127.0.0.1:6379/1), CRAFT_VAR_DIR (default var/cluster:
-the workers share its sandbox folders). A worker that dies is started again, as a process
-manager would. Ctrl-C stops everything: the workers shut down cleanly (SIGTERM).
+Environment: DATABASE_URL and REDIS_URL (default: a PostgreSQL and a Redis of the cluster's
+own, started here on free loopback ports, each asking for a password kept in CRAFT_VAR_DIR,
+as they must where agents run on the same machine), CRAFT_VAR_DIR (default var/cluster: the
+workers share its sandbox folders). A worker that dies is started again, as a process manager
+would. Ctrl-C stops everything: the workers shut down cleanly (SIGTERM), then the services.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import os
+import pwd
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DAPHNE_OPTIONS = [
@@ -63,6 +70,96 @@ backend workers
     http-check send meth GET uri /readyz hdr Host 127.0.0.1
 {servers}
 """
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def password_in(path: Path) -> str:
+    """Return the password kept in `path` (0600), made up the first time."""
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(24) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+@contextlib.contextmanager
+def private_redis(var: Path) -> Iterator[str]:
+    """Run a Redis of the cluster's own that asks for a password; yield its URL."""
+    server = shutil.which("redis-server") or "/usr/bin/redis-server"
+    password = password_in(var / "redis-password")
+    port = free_port()
+    config = var / "redis.conf"  # not the command line: `ps` shows that to every user
+    config.write_text(
+        f'port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave ""\nappendonly no\ndir {var}\n'
+    )
+    config.chmod(0o600)
+    process = subprocess.Popen([server, str(config)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the cluster's Redis did not start")
+            time.sleep(0.05)
+        print(f"Redis on 127.0.0.1:{port} (password in {var / 'redis-password'})", flush=True)
+        yield f"redis://:{quote(password)}@127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+@contextlib.contextmanager
+def private_postgres(var: Path) -> Iterator[str]:
+    """Run a PostgreSQL of the cluster's own that asks for a password; yield its URL.
+
+    PostgreSQL will not run as root: it runs as the `postgres` account, with its data in that
+    account's home (a folder it can reach wherever this checkout is).
+    """
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    if not versions:
+        raise SystemExit(
+            "make run-cluster runs a PostgreSQL of its own: install Debian's postgresql, or "
+            "set DATABASE_URL to one (with a password)"
+        )
+    bin_dir = versions[-1].parent
+    account = pwd.getpwnam("postgres")
+    as_postgres = ["runuser", "-u", "postgres", "--"]
+    # One data folder per cluster folder, kept between runs.
+    folder = hashlib.sha256(str(var).encode()).hexdigest()[:16]
+    data = Path(account.pw_dir) / "craft-cluster" / folder
+    password = password_in(var / "postgres-password")
+    if not (data / "PG_VERSION").exists():
+        data.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chown(data.parent, account.pw_uid, account.pw_gid)
+        os.chown(data, account.pw_uid, account.pw_gid)
+        pwfile = data.parent / "initial-password"
+        pwfile.write_text(password + "\n")
+        os.chown(pwfile, account.pw_uid, account.pw_gid)
+        pwfile.chmod(0o600)
+        subprocess.run(
+            [*as_postgres, str(bin_dir / "initdb"), "-D", str(data), "-U", "craft",
+             f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8"],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        pwfile.unlink()
+    port = free_port()
+    options = f"-p {port} -k {data} -c listen_addresses=127.0.0.1"
+    pg_ctl = [*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-w"]
+    subprocess.run(
+        [*pg_ctl, "-o", options, "-l", str(data / "server.log"), "start"],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        print(f"PostgreSQL on 127.0.0.1:{port} (password in {var / 'postgres-password'})",
+              flush=True)  # fmt: skip
+        yield f"postgres://craft:{quote(password)}@127.0.0.1:{port}/craft"
+    finally:
+        subprocess.run([*pg_ctl, "-m", "fast", "stop"], check=False, stdout=subprocess.DEVNULL)
 
 
 def ensure_database(url: str) -> None:
@@ -164,19 +261,26 @@ def main() -> None:
     else:
         worker_ports = [args.port + 1 + i for i in range(args.workers)]
     var = Path(os.environ.get("CRAFT_VAR_DIR", ROOT / "var" / "cluster")).resolve()
-    env = {
-        **os.environ,
-        "DJANGO_DEBUG": os.environ.get("DJANGO_DEBUG", "1"),
-        "DATABASE_URL": os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/craft"),
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/1"),
-        "CRAFT_VAR_DIR": str(var),
-    }
     var.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as services:
+        database = os.environ.get("DATABASE_URL") or services.enter_context(private_postgres(var))
+        redis = os.environ.get("REDIS_URL") or services.enter_context(private_redis(var))
+        env = {
+            **os.environ,
+            "DJANGO_DEBUG": os.environ.get("DJANGO_DEBUG", "1"),
+            "DATABASE_URL": database,
+            "REDIS_URL": redis,
+            "CRAFT_VAR_DIR": str(var),
+        }
+        run_cluster(env, var, args.port, worker_ports)
+
+
+def run_cluster(env: dict[str, str], var: Path, port: int, worker_ports: list[int]) -> None:
     ensure_database(env["DATABASE_URL"])
     for command in (["migrate", "--noinput"], ["collectstatic", "--noinput", "-v", "0"],
                     ["ensure_admin"]):  # fmt: skip
         subprocess.run([sys.executable, "manage.py", *command], env=env, cwd=ROOT, check=True)
-    cluster = Cluster(env, var, args.port, worker_ports)
+    cluster = Cluster(env, var, port, worker_ports)
 
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt
