@@ -542,6 +542,11 @@ class SessionRunner:
         inbox = self._inbox
         if inbox is None:
             return
+        turn = self._task
+        if turn is not None and not turn.done():
+            # The turn's answer came before these updates on the wire, so its turn_end goes
+            # into the log before them: wait for the turn to store its end.
+            await asyncio.wait([turn])
         with inbox:
             while batch := inbox.take_nowait(BATCH_LIMIT):
                 events = [(item.kind, item.data) for item in batch if isinstance(item, Update)]

@@ -106,7 +106,8 @@ async def test_a_killed_agent_comes_back_and_the_page_says_how(
             await open_page(page, server, session)
             await turn(page, "remember banana", 1)
             await turn(page, "pid", 2)
-            pid = int((await page.locator(REPLY).last.inner_text()).split()[1])
+            pid_reply = await page.locator(REPLY).last.inner_text()
+            pid = int(pid_reply.split()[1])
             os.kill(pid, signal.SIGKILL)
             await asyncio.sleep(0.3)
             await turn(page, "recall", 3)
@@ -119,7 +120,7 @@ async def test_a_killed_agent_comes_back_and_the_page_says_how(
             assert kinds.count("agent_restarted") == 1
             assert "user_message_chunk" not in kinds, "nothing the agent replayed was stored"
             assert (await agent_texts(session)) == [
-                "I will remember banana.", f"pid {pid}", reply,
+                "I will remember banana.", pid_reply, reply,
             ]  # fmt: skip
         finally:
             await page.context.close()

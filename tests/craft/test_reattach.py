@@ -98,9 +98,9 @@ async def test_a_killed_agent_is_reattached_and_remembers(session, cookie, setti
     assert reply == "I will remember banana."
     assert [f["kind"] for f in frames[:2]] == ["user_message", "agent_info"], "no restart yet"
     first_id = await agent_session_id(session)
-    pid = await agent_pid(comm, "r2")
+    _, pid_reply = await turn(comm, "r2", "pid")
 
-    await asyncio.to_thread(killed, pid)
+    await asyncio.to_thread(killed, int(pid_reply.split()[1]))
     frames, reply = await turn(comm, "r3", "recall")
 
     restored = RESTORES[restore]
@@ -114,7 +114,7 @@ async def test_a_killed_agent_is_reattached_and_remembers(session, cookie, setti
     assert [k for _, k, _ in log].count("user_message_chunk") == 0
     assert user_texts_and_replies(log) == [
         ("remember banana", "I will remember banana."),
-        ("pid", f"pid {pid}"),
+        ("pid", pid_reply),
         ("recall", FRESH_MARKER if restored == "none" else REMEMBERED),
     ]
     assert [d for _, k, d in log if k == "agent_restarted"] == [{"restored": restored}]

@@ -13,6 +13,7 @@ from craft import services
 from craft.db import db_sync_to_async
 from craft.eventlog import append_events
 from craft.models import Event
+from craft.runner import SessionRunner
 from tests.ready import open_ready_session
 
 from .wsclient import (
@@ -321,7 +322,7 @@ async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(kube_back
     frames = await receive_until(comm, is_turn_end)
     (reply,) = [f for f in frames if f["kind"] == "agent_message_chunk"]
     agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
-    assert reply["data"]["content"]["text"] == f"pid {agents[0].pid}"
+    assert reply["data"]["content"]["text"].split()[:2] == ["pid", str(agents[0].pid)]
     assert len(agents) == 1  # one exec served both prompts
     await comm.disconnect()
 
@@ -360,6 +361,28 @@ async def test_updates_after_the_prompt_response_are_stored_too(session, cookie,
     texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
     assert texts == ["user_message", "agent_info", "on time", "turn_end", "late 1", "late 2"]
     assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5, 6]
+    await comm.disconnect()
+
+
+async def test_updates_after_the_prompt_response_wait_for_the_turns_end_to_be_stored(
+    session, cookie, settings, monkeypatch
+):
+    """The race behind a flaky run: the late updates' drain ran while the turn's end was still
+    on its way to the log, and stored them first. Here the end is held back on purpose."""
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "late_agent.py")]
+    end = SessionRunner._end
+
+    async def slow_end(self, *args, **kwargs):
+        await asyncio.sleep(0.5)  # the late updates are in the inbox long before
+        await end(self, *args, **kwargs)
+
+    monkeypatch.setattr(SessionRunner, "_end", slow_end)
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
+    frames = await receive_until(comm, lambda f: "late 2" in json.dumps(f))
+    texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
+    assert texts == ["user_message", "agent_info", "on time", "turn_end", "late 1", "late 2"]
     await comm.disconnect()
 
 
