@@ -317,6 +317,13 @@ CRAFT_LOCAL_AGENT_STARTS = env_int("CRAFT_LOCAL_AGENT_STARTS", os.cpu_count() or
 # CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects.
 CRAFT_SOCKET_BUFFER_BYTES = env_int("CRAFT_SOCKET_BUFFER_BYTES", 4 * 1024 * 1024, minimum=65536)
 CRAFT_SOCKET_STALL_SECONDS = env_float("CRAFT_SOCKET_STALL_SECONDS", 30.0, minimum=0.5)
+# How often each server process asks the database, for all its websockets at once, whether
+# their accounts still grant them (password, active, browser session): what signals cannot
+# see, such as a password changed by a command in another process, is caught this late.
+CRAFT_SOCKET_AUTH_CHECK_SECONDS = env_float("CRAFT_SOCKET_AUTH_CHECK_SECONDS", 5.0, minimum=0.5)
+# The most session websockets one person may hold in one server process (0: no limit); one
+# more is closed with 4429, and the others go on.
+CRAFT_MAX_SOCKETS_PER_USER = env_int("CRAFT_MAX_SOCKETS_PER_USER", 100)
 # What one turn may store; past it the turn is stopped and what the agent still sends is
 # counted, not stored (the turn's end says how much).
 CRAFT_MAX_TURN_BYTES = env_int("CRAFT_MAX_TURN_BYTES", 256 * 1024 * 1024, minimum=65536)

@@ -48,6 +48,17 @@ def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
         ("CRAFT_AGENT_START_TIMEOUT", "soon", "CRAFT_AGENT_START_TIMEOUT must be a number"),
         ("CRAFT_K8S_RUN_AS_USER", "0", "CRAFT_K8S_RUN_AS_USER must be at least 1"),
         ("CRAFT_K8S_IMAGE_PULL_POLICY", "Sometimes", "CRAFT_K8S_IMAGE_PULL_POLICY must be one of"),
+        (
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS",
+            "often",
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS must be a number",
+        ),
+        (
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS",
+            "0.1",
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS must be at least 0.5",
+        ),
+        ("CRAFT_MAX_SOCKETS_PER_USER", "-1", "CRAFT_MAX_SOCKETS_PER_USER must be at least 0"),
     ],
 )
 def test_a_bad_value_fails_at_start_naming_the_variable(name, value, message):
