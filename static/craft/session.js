@@ -30,7 +30,7 @@
   const root = document.getElementById("session");
   if (!root) return;
 
-  // daphne's default websocket frame limit: a bigger frame closes the socket (close 1011).
+  // daphne's default websocket frame limit: a bigger frame closes the socket (close 1009).
   const MAX_FRAME_BYTES = 1024 * 1024;
   // A prompt with images may be bigger: the server takes frames of up to 4 MiB (as `make run`
   // starts daphne) and limits the images themselves.

@@ -21,6 +21,8 @@ from .wsclient import communicator, is_turn_end, open_socket, receive_until, ses
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+MIB = 1024 * 1024
+
 
 def vm_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -183,6 +185,27 @@ def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, 
         server.wait(30)
     assert error["type"] == "error" and error["code"] == "prompt_too_long"
     assert after == {"type": "error", "code": "not_running", "message": "no turn is running"}
+    assert not Event.objects.filter(session=session).exists()
+
+
+def test_a_frame_over_the_server_s_limit_is_closed_with_1009_and_nothing_else_is(tmp_path, owner):
+    session = open_ready_session(owner, "huge")
+    server = Daphne(tmp_path).start()
+    try:
+        sock, bystander = Socket(server, owner, session.pk), Socket(server, owner, session.pk)
+        sock.ws.send(json.dumps({"type": "prompt", "id": "huge", "text": "a" * (10 * MIB)}))
+        sock.ws.settimeout(30)
+        opcode, frame = sock.ws.recv_data_frame(control_frame=True)
+        assert opcode == websocket.ABNF.OPCODE_CLOSE
+        assert int.from_bytes(frame.data[:2], "big") == 1009  # "message too big"
+        sock.ws.shutdown()
+        # Only that socket: another one, and new ones, go on.
+        for each in (bystander, Socket(server, owner, session.pk)):
+            each.send({"type": "cancel"})
+            assert each.frame()["code"] == "not_running"
+            each.close()
+    finally:
+        server.terminate()
     assert not Event.objects.filter(session=session).exists()
 
 
