@@ -168,6 +168,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "axes",
     "sandboxes",
     "craft",
 ]
@@ -184,6 +185,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "craft.urls"
@@ -253,6 +256,31 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Sign-in throttling (django-axes, see craft/login_throttle.py). Failed sign-ins are stored in
+# the database, so every server process counts the same ones. A client's address is the one
+# daphne sees (REMOTE_ADDR): behind a proxy, see docs/deployment.md.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses locked-out sign-ins
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Failed sign-ins to one account from one address before that pair is locked out.
+CRAFT_LOGIN_FAILURES_PER_ACCOUNT = env_int("CRAFT_LOGIN_FAILURES_PER_ACCOUNT", 5, minimum=1)
+# Failed sign-ins from one address, to any accounts, before the address is locked out.
+CRAFT_LOGIN_FAILURES_PER_ADDRESS = env_int("CRAFT_LOGIN_FAILURES_PER_ADDRESS", 30, minimum=1)
+# How long a lockout lasts, counted from the last failure that was recorded.
+CRAFT_LOGIN_COOLOFF_SECONDS = env_int("CRAFT_LOGIN_COOLOFF_SECONDS", 900, minimum=1)
+AXES_HANDLER = "craft.login_throttle.LoginThrottle"
+# In this order (craft/login_throttle.py gives each its own limit).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
+AXES_FAILURE_LIMIT = "craft.login_throttle.failure_limit"
+AXES_COOLOFF_TIME = "craft.login_throttle.cool_off"
+# Tries during a lockout are refused without being counted: it ends when the page says.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "craft.views.signin_locked"
+# No log of every sign-in: it would grow without end; failures are kept for the cool-off.
+AXES_DISABLE_ACCESS_LOG = True
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
