@@ -1709,7 +1709,12 @@
     promptBox.placeholder = "Ask the agent…";
     updatePalette();
   });
-  promptBox.addEventListener("blur", () => setTimeout(closePalette, 150));
+  // Closed a moment after the box loses focus, unless it has it again by then: a quick
+  // blur and refocus (answering a permission, then typing "@") must not close the palette
+  // that the new typing opened.
+  promptBox.addEventListener("blur", () => setTimeout(() => {
+    if (document.activeElement !== promptBox) closePalette();
+  }, 150));
   palette.addEventListener("mousedown", (event) => event.preventDefault()); // keep the focus
   palette.addEventListener("click", (event) => {
     const li = event.target.closest("li[role=option]");
