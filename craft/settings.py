@@ -175,6 +175,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Near the outside: every HTML answer gets the policy, Django's error pages included.
+    "craft.csp.ContentSecurityPolicyMiddleware",
     # Outside the rest, so that it sees every error Django makes under /api/ (see the module).
     "craft.api_errors.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
