@@ -106,6 +106,8 @@ class Site:
             # One bench user drives up to 80 agents at once (50 sessions, then 20 cold starts
             # beside 10 streamers): a server capacity figure, not a per-user one.
             "CRAFT_MAX_AGENTS_PER_USER": "200",
+            # Likewise its sockets: 10,000 idle ones on one session measure the server.
+            "CRAFT_MAX_SOCKETS_PER_USER": "0",
             # The venv's scripts (craft-demo-agent, daphne) must be found by subprocesses.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             **(extra_env or {}),

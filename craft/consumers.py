@@ -37,6 +37,7 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_DELETED = 4404
 CLOSE_TOO_SLOW = 4408
+CLOSE_TOO_MANY_SOCKETS = 4429
 REPLAY_PAGE = 2000
 # While sending a long run of frames, let the event loop (and other sockets) in this often.
 YIELD_EVERY = 256
@@ -114,20 +115,20 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
-        # Accept first: a close code only reaches the client on an accepted websocket.
         if user is None or not user.is_authenticated:
-            await self.accept()
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self._refuse(CLOSE_UNAUTHENTICATED)
+            return
+        # Counted before any query: a socket past the limit costs nothing more.
+        if not self.hold_socket(user):
+            await self._refuse(CLOSE_TOO_MANY_SOCKETS)
             return
         session = await _owned_session(user, self.session_id)
         if session is None:
-            await self.accept()
-            await self.close(code=CLOSE_FORBIDDEN)
+            await self._refuse(CLOSE_FORBIDDEN)
             return
         # Sign-out, a password change or deactivation closes the socket (4401) from now on.
         if not await self.follow_account(user):
-            await self.accept()
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self._refuse(CLOSE_UNAUTHENTICATED)
             return
         self.group = live.session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -147,6 +148,12 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 },
             }
         )
+
+    async def _refuse(self, code: int) -> None:
+        await self.unfollow_account()
+        # Accept first: a close code only reaches the client on an accepted websocket.
+        await self.accept()
+        await self.close(code=code)
 
     async def disconnect(self, code: int) -> None:
         # The turn goes on: only `cancel` stops it.

@@ -28,7 +28,7 @@ from sandboxes.acp import AgentConnection
 
 from .db import db_sync_to_async
 from .models import Event, Session
-from .normalise import clean_text
+from .normalise import clean_text, clean_title
 
 Events = list[tuple[str, dict[str, Any]]]
 
@@ -140,12 +140,12 @@ def mode_event(mode_id: str) -> Events:
 
 def agent_titles(events: Events) -> list[str]:
     """Return the titles the agent gave the session in these events (session_info_update)."""
-    return [
-        " ".join(data["title"].split())[:200]
+    titles = (
+        clean_title(data["title"])
         for kind, data in events
         if kind == "session_info_update" and isinstance(data.get("title"), str)
-        and data["title"].strip()
-    ]  # fmt: skip
+    )
+    return [title for title in titles if title]
 
 
 @db_sync_to_async

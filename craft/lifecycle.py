@@ -8,6 +8,8 @@ all of it:
   for anyone to prompt). Then housekeeping runs every few seconds: a heartbeat, and closing the
   turns of workers that stopped answering. The sandbox reaper runs beside it, on a thread of
   its own (`sandboxes.reaper`: idle agents, stuck, idle, orphan and vanished sandboxes).
+* **Websockets**: a client frame over daphne's size limit closes that socket with 1009 ("message
+  too big") rather than dropping the connection.
 * **SIGTERM / SIGINT**: refuse new turns; give running turns `CRAFT_SHUTDOWN_GRACE_SECONDS` to
   finish; cancel the others and record them as interrupted; stop every agent actively (its
   process group is killed, or its exec closed: an agent need not exit when its input ends);
@@ -154,7 +156,15 @@ def install_in_daphne() -> None:
     """Run `lifecycle` inside daphne's reactor, if this process is daphne."""
     if "twisted.internet.reactor" not in sys.modules:
         return  # not under daphne (tests, management commands): nothing to hook into
+    from daphne.ws_protocol import WebSocketProtocol
     from twisted.internet import defer, reactor
+
+    # autobahn fails a websocket by dropping its TCP connection unless told otherwise
+    # (`failByDrop`, which daphne leaves on): a client frame over daphne's
+    # --websocket-max-message-size would end in a reset instead of the close code 1009
+    # ("message too big") that docs/websocket-api.md promises. autobahn takes a protocol's
+    # own setting over its factory's.
+    WebSocketProtocol.failByDrop = False
 
     def on_start() -> None:
         lifecycle.starting = asyncio.ensure_future(lifecycle.start())

@@ -17,6 +17,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
+# A session's title column holds at most this many characters.
+MAX_TITLE = 200
 # Kinds are identifiers: the event column holds at most 64 characters.
 MAX_KIND = 64
 _KIND = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
@@ -41,6 +43,18 @@ def clean_text(text: str) -> str:
     except UnicodeEncodeError:
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return text
+
+
+def clean_title(text: str, limit: int = MAX_TITLE) -> str:
+    """Return `text` as a session title: cleaned like every stored text (`clean_text`), on one
+    line (each run of whitespace becomes one space), at most `limit` characters; "" when
+    nothing is left.
+
+    Every writer of a title goes through it (the owner, the first prompt, the agent):
+    PostgreSQL refuses a NUL in a text column, and neither database's driver takes a lone
+    surrogate.
+    """
+    return " ".join(clean_text(text).split())[:limit]
 
 
 def clean(value: Any) -> Any:

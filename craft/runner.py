@@ -50,7 +50,7 @@ from .db import db_sync_to_async
 from .eventlog import Fence, Fenced, Stored, writer
 from .inbox import Inbox
 from .models import Event, Session
-from .normalise import clean_text
+from .normalise import clean_text, clean_title
 from .turns import close_turns_of_gone_workers
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def _record_start(session_id: UUID, sandbox_id: UUID, agent_session_id: str | No
 @db_sync_to_async
 def _take_title(session_id: UUID, text: str) -> str | None:
     """Name a session after its first prompt unless it already has a name; return the name."""
-    title = " ".join(text.split())
+    title = clean_title(text, TITLE_CHARS + 1)
     if len(title) > TITLE_CHARS:
         title = title[: TITLE_CHARS - 1].rstrip() + "…"
     if not title:

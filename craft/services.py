@@ -22,11 +22,10 @@ from sandboxes.models import Sandbox
 from . import controls, live, ownership, workers
 from .eventlog import append_events
 from .models import Session
+from .normalise import clean_title
 from .runner import Refused, runners
 
 logger = logging.getLogger(__name__)
-
-MAX_TITLE = 200
 
 
 class SessionError(Exception):
@@ -93,10 +92,6 @@ def delete_session(session: Session) -> None:
         session.delete()
         transaction.on_commit(lambda: live.tell_session(session_id, {"type": "session.deleted"}))
     runners.forget(session_id)
-
-
-def clean_title(title: str) -> str:
-    return " ".join(str(title).split())[:MAX_TITLE]
 
 
 # --- Turns (async: they run on the event loop, see craft.runner) ------------------------------

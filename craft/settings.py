@@ -193,12 +193,15 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "axes",
     "sandboxes",
     "craft",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Near the outside: every HTML answer gets the policy, Django's error pages included.
+    "craft.csp.ContentSecurityPolicyMiddleware",
     # Outside the rest, so that it sees every error Django makes under /api/ (see the module).
     "craft.api_errors.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -209,6 +212,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "craft.urls"
@@ -290,6 +295,31 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Sign-in throttling (django-axes, see craft/login_throttle.py). Failed sign-ins are stored in
+# the database, so every server process counts the same ones. A client's address is the one
+# daphne sees (REMOTE_ADDR): behind a proxy, see docs/deployment.md.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses locked-out sign-ins
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Failed sign-ins to one account from one address before that pair is locked out.
+CRAFT_LOGIN_FAILURES_PER_ACCOUNT = env_int("CRAFT_LOGIN_FAILURES_PER_ACCOUNT", 5, minimum=1)
+# Failed sign-ins from one address, to any accounts, before the address is locked out.
+CRAFT_LOGIN_FAILURES_PER_ADDRESS = env_int("CRAFT_LOGIN_FAILURES_PER_ADDRESS", 30, minimum=1)
+# How long a lockout lasts, counted from the last failure that was recorded.
+CRAFT_LOGIN_COOLOFF_SECONDS = env_int("CRAFT_LOGIN_COOLOFF_SECONDS", 900, minimum=1)
+AXES_HANDLER = "craft.login_throttle.LoginThrottle"
+# In this order (craft/login_throttle.py gives each its own limit).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
+AXES_FAILURE_LIMIT = "craft.login_throttle.failure_limit"
+AXES_COOLOFF_TIME = "craft.login_throttle.cool_off"
+# Tries during a lockout are refused without being counted: it ends when the page says.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "craft.views.signin_locked"
+# No log of every sign-in: it would grow without end; failures are kept for the cool-off.
+AXES_DISABLE_ACCESS_LOG = True
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -361,6 +391,13 @@ CRAFT_LOCAL_AGENT_STARTS = env_int("CRAFT_LOCAL_AGENT_STARTS", os.cpu_count() or
 # CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects.
 CRAFT_SOCKET_BUFFER_BYTES = env_int("CRAFT_SOCKET_BUFFER_BYTES", 4 * 1024 * 1024, minimum=65536)
 CRAFT_SOCKET_STALL_SECONDS = env_float("CRAFT_SOCKET_STALL_SECONDS", 30.0, minimum=0.5)
+# How often each server process asks the database, for all its websockets at once, whether
+# their accounts still grant them (password, active, browser session): what signals cannot
+# see, such as a password changed by a command in another process, is caught this late.
+CRAFT_SOCKET_AUTH_CHECK_SECONDS = env_float("CRAFT_SOCKET_AUTH_CHECK_SECONDS", 5.0, minimum=0.5)
+# The most session websockets one person may hold in one server process (0: no limit); one
+# more is closed with 4429, and the others go on.
+CRAFT_MAX_SOCKETS_PER_USER = env_int("CRAFT_MAX_SOCKETS_PER_USER", 100)
 # What one turn may store; past it the turn is stopped and what the agent still sends is
 # counted, not stored (the turn's end says how much).
 CRAFT_MAX_TURN_BYTES = env_int("CRAFT_MAX_TURN_BYTES", 256 * 1024 * 1024, minimum=65536)

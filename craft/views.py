@@ -7,12 +7,15 @@ log, the same data every API client reads: see "One renderer" in docs/architectu
 from __future__ import annotations
 
 import logging
+import math
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.models import User
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -162,3 +165,19 @@ def delete_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
             return HttpResponseClientRedirect(reverse("home"))
         return HttpResponse("")  # the list item swaps itself out
     return redirect("home")
+
+
+def signin_locked(request: HttpRequest, *args: object) -> HttpResponse:
+    """Render the sign-in page saying that signing in is locked for a while (429).
+
+    django-axes calls it for a sign-in it refused or the failure that reached a limit (see
+    craft.login_throttle); what else it passes differs between its sync and async paths, so
+    only the request is used.
+    """
+    form = AuthenticationForm(request, initial={"username": request.POST.get("username", "")})
+    context = {
+        "form": form,
+        "locked_minutes": math.ceil(settings.CRAFT_LOGIN_COOLOFF_SECONDS / 60),
+        "next": request.POST.get("next", ""),
+    }
+    return render(request, "registration/login.html", context, status=429)

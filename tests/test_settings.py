@@ -64,6 +64,28 @@ def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
         ("CRAFT_SANDBOX_ALLOW", "localhost:80", "CRAFT_SANDBOX_ALLOW: 'localhost' is not an IP"),
         ("CRAFT_SANDBOX_ALLOW", "[::1]:70000", "is not address:port (a port from 1 to 65535)"),
         ("CRAFT_SANDBOX_PIDS", "-1", "CRAFT_SANDBOX_PIDS must be at least 0"),
+        (
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS",
+            "often",
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS must be a number",
+        ),
+        (
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS",
+            "0.1",
+            "CRAFT_SOCKET_AUTH_CHECK_SECONDS must be at least 0.5",
+        ),
+        ("CRAFT_MAX_SOCKETS_PER_USER", "-1", "CRAFT_MAX_SOCKETS_PER_USER must be at least 0"),
+        (
+            "CRAFT_LOGIN_FAILURES_PER_ACCOUNT",
+            "0",
+            "CRAFT_LOGIN_FAILURES_PER_ACCOUNT must be at least 1",
+        ),
+        (
+            "CRAFT_LOGIN_FAILURES_PER_ADDRESS",
+            "many",
+            "CRAFT_LOGIN_FAILURES_PER_ADDRESS must be an integer",
+        ),
+        ("CRAFT_LOGIN_COOLOFF_SECONDS", "0", "CRAFT_LOGIN_COOLOFF_SECONDS must be at least 1"),
     ],
 )
 def test_a_bad_value_fails_at_start_naming_the_variable(name, value, message):

@@ -30,7 +30,7 @@
   const root = document.getElementById("session");
   if (!root) return;
 
-  // daphne's default websocket frame limit: a bigger frame closes the socket (close 1011).
+  // daphne's default websocket frame limit: a bigger frame closes the socket (close 1009).
   const MAX_FRAME_BYTES = 1024 * 1024;
   // A prompt with images may be bigger: the server takes frames of up to 4 MiB (as `make run`
   // starts daphne) and limits the images themselves.
@@ -1709,7 +1709,12 @@
     promptBox.placeholder = "Ask the agent…";
     updatePalette();
   });
-  promptBox.addEventListener("blur", () => setTimeout(closePalette, 150));
+  // Closed a moment after the box loses focus, unless it has it again by then: a quick
+  // blur and refocus (answering a permission, then typing "@") must not close the palette
+  // that the new typing opened.
+  promptBox.addEventListener("blur", () => setTimeout(() => {
+    if (document.activeElement !== promptBox) closePalette();
+  }, 150));
   palette.addEventListener("mousedown", (event) => event.preventDefault()); // keep the focus
   palette.addEventListener("click", (event) => {
     const li = event.target.closest("li[role=option]");

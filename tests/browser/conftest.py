@@ -3,6 +3,9 @@
 The server runs on a free loopback port against the test database. It serves the app behind
 `tests.browser.faults`, so that a test can fail, slow down or hang session loads and drop
 websockets from outside the product code.
+Every page of every browser test is watched for Content-Security-Policy violations (the
+`securitypolicyviolation` events and Chromium's console reports of them): a test during which
+one occurred fails, so every page these tests drive is shown to work under the policy.
 Screenshots go to the test run's output folder (CRAFT_TEST_OUTPUT, default `test-output/`).
 """
 
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from django.conf import settings
-from playwright.async_api import async_playwright
+from playwright.async_api import Browser, BrowserContext, async_playwright
 
 from craft.db import db_sync_to_async
 
@@ -58,7 +61,9 @@ async def snap(page, name: str) -> None:
 async def axe_violations(page, impacts=("serious", "critical")) -> list[dict]:
     """Run axe-core on the page; return its violations of the given impacts (WCAG 2.x A/AA)."""
     if not await page.evaluate("typeof window.axe !== 'undefined'"):
-        await page.add_script_tag(path=str(AXE))
+        # Evaluated through the browser's debugging protocol, which the page's policy does
+        # not govern (a <script> tag with axe's text would be an inline script it refuses).
+        await page.evaluate("() => {\n" + AXE.read_text() + "\n}")
     results = await page.evaluate(
         """async () => {
             const r = await axe.run(document, {runOnly: {type: "tag", values:
@@ -131,14 +136,55 @@ def hooks(craft_server):
     craft_server.hook("configure/", reset=1)
 
 
+# Runs in every frame before the page's own scripts.
+CSP_WATCH = """
+document.addEventListener("securitypolicyviolation", (event) => {
+  window.craftCspViolation(`${event.effectiveDirective} refused ${event.blockedURI || "?"} `
+    + `(${event.sourceFile || document.URL}:${event.lineNumber}) ${event.sample || ""}`);
+}, true);
+"""
+
+
+async def watch_csp(context: BrowserContext, violations: list[str]) -> None:
+    """Collect the Content-Security-Policy violations of every page of `context`."""
+    await context.expose_binding(
+        "craftCspViolation", lambda source, text: violations.append(f"{source['page'].url}: {text}")
+    )
+    await context.add_init_script(CSP_WATCH)
+
+    def on_console(message) -> None:
+        if message.type == "error" and "Content Security Policy" in message.text:
+            violations.append(f"{message.page.url if message.page else '?'}: {message.text}")
+
+    context.on("console", on_console)
+
+
+@pytest.fixture
+def csp_violations() -> list[str]:
+    """The Content-Security-Policy violations seen during this test (there must be none)."""
+    return []
+
+
 @pytest_asyncio.fixture
-async def browser():
+async def browser(monkeypatch, csp_violations):
+    """Chromium, whose every context (however a test makes it) is watched for CSP violations;
+    the test fails if there was one."""
+    violations = csp_violations
+    new_context = Browser.new_context
+
+    async def watched_new_context(self, *args, **kwargs):
+        context = await new_context(self, *args, **kwargs)
+        await watch_csp(context, violations)
+        return context
+
+    monkeypatch.setattr(Browser, "new_context", watched_new_context)
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(
             executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
         )
         yield browser
         await browser.close()
+    assert not violations, "Content-Security-Policy violations:\n" + "\n".join(violations)
 
 
 async def signed_in_page(browser, server, user):

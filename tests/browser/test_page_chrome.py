@@ -13,6 +13,7 @@ from sandboxes.models import Sandbox
 from sandboxes.services import terminate_sandbox
 from tests.ready import open_ready_session
 
+from ..conftest import PASSWORD
 from .conftest import assert_accessible, screenshot_path, signed_in_page, snap
 from .test_chat_page import TURN_END, open_page, send_prompt
 
@@ -191,3 +192,45 @@ async def test_no_serious_accessibility_violations(page, staff_page, craft_serve
     await expect(staff_page.locator("#result_list")).to_be_visible()
     await assert_accessible(staff_page, "admin inventory")
     await snap(staff_page, "admin-inventory")
+
+
+async def test_signing_in_and_the_admin_work_under_the_policy(browser, craft_server, staff):
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        page.set_default_timeout(15000)
+        response = await page.goto(f"{craft_server.url}/accounts/login/")
+        assert "script-src 'self';" in response.headers["content-security-policy"]
+        await page.locator("#id_username").fill("stella")
+        await page.locator("#id_password").fill(PASSWORD)
+        await page.get_by_role("button", name="Sign in").click()
+        await expect(page.get_by_role("heading", name="Welcome to Craft")).to_be_visible()
+        # A change form of the admin, with its scripts, and a save.
+        await page.goto(f"{craft_server.url}/admin/auth/user/{staff.pk}/change/")
+        await page.get_by_role("button", name="Save and continue editing").click()
+        await expect(page.locator(".messagelist .success")).to_be_visible()
+    finally:
+        await context.close()
+
+
+async def test_a_policy_violation_would_fail_the_test(page, craft_server, csp_violations):
+    """The watch of tests/browser/conftest.py sees what the policy refuses."""
+    await page.goto(f"{craft_server.url}/")
+    await page.evaluate(
+        """() => {
+            const script = document.createElement("script");
+            script.textContent = "window.injected = true";
+            document.head.append(script);
+            const div = document.createElement("div");
+            div.setAttribute("style", "color: red");
+            document.body.append(div);
+        }"""
+    )
+    for _ in range(300):  # the reports arrive asynchronously: wait for them
+        if len(csp_violations) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    assert await page.evaluate("window.injected") is None  # refused, not run
+    assert any("script-src" in v for v in csp_violations), csp_violations
+    assert any("style-src" in v for v in csp_violations), csp_violations
+    csp_violations.clear()  # seen on purpose: the test itself passes

@@ -17,9 +17,11 @@ from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket
 from .test_http_api import api, send  # noqa: F401 (a fixture)
-from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
+from .wsclient import communicator, is_turn_end, open_socket, receive_until, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+MIB = 1024 * 1024
 
 
 def vm_kib(pid: int, field: str) -> int:
@@ -36,6 +38,35 @@ def test_a_person_has_at_most_the_configured_number_of_sessions(api, owner, sett
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "too_many_sessions"
     assert Session.objects.filter(owner=owner).count() == 2
+
+
+@pytest.mark.asyncio
+async def test_sockets_past_a_person_s_limit_are_closed_and_the_others_go_on(
+    owner, stranger, settings
+):
+    settings.CRAFT_MAX_SOCKETS_PER_USER = 3
+    session = await db_sync_to_async(open_ready_session)(owner, "tabs")
+    cookie = await db_sync_to_async(session_cookie)(owner)
+    sockets = [(await open_socket(session.pk, cookie))[0] for _ in range(3)]
+    for _ in range(2):
+        extra = communicator(session.pk, cookie)
+        assert (await extra.connect())[0]
+        assert await extra.receive_output(timeout=5) == {"type": "websocket.close", "code": 4429}
+    # The first three go on.
+    for index, comm in enumerate(sockets):
+        await comm.send_json_to({"type": "resume", "after": 0})
+        await comm.send_json_to({"type": "prompt", "id": f"p{index}", "text": "still here"})
+        frames = await receive_until(comm, is_turn_end)
+        assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    # Someone else has a limit of their own.
+    theirs = await db_sync_to_async(open_ready_session)(stranger, "theirs")
+    their_cookie = await db_sync_to_async(session_cookie)(stranger)
+    their_socket, _ = await open_socket(theirs.pk, their_cookie)
+    # A closed socket makes room for a new one.
+    await sockets[0].disconnect()
+    again, _ = await open_socket(session.pk, cookie)
+    for comm in (*sockets[1:], their_socket, again):
+        await comm.disconnect()
 
 
 @pytest.mark.asyncio
@@ -154,6 +185,27 @@ def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, 
         server.wait(30)
     assert error["type"] == "error" and error["code"] == "prompt_too_long"
     assert after == {"type": "error", "code": "not_running", "message": "no turn is running"}
+    assert not Event.objects.filter(session=session).exists()
+
+
+def test_a_frame_over_the_server_s_limit_is_closed_with_1009_and_nothing_else_is(tmp_path, owner):
+    session = open_ready_session(owner, "huge")
+    server = Daphne(tmp_path).start()
+    try:
+        sock, bystander = Socket(server, owner, session.pk), Socket(server, owner, session.pk)
+        sock.ws.send(json.dumps({"type": "prompt", "id": "huge", "text": "a" * (10 * MIB)}))
+        sock.ws.settimeout(30)
+        opcode, frame = sock.ws.recv_data_frame(control_frame=True)
+        assert opcode == websocket.ABNF.OPCODE_CLOSE
+        assert int.from_bytes(frame.data[:2], "big") == 1009  # "message too big"
+        sock.ws.shutdown()
+        # Only that socket: another one, and new ones, go on.
+        for each in (bystander, Socket(server, owner, session.pk)):
+            each.send({"type": "cancel"})
+            assert each.frame()["code"] == "not_running"
+            each.close()
+    finally:
+        server.terminate()
     assert not Event.objects.filter(session=session).exists()
 
 

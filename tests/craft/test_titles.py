@@ -1,0 +1,144 @@
+"""Session titles go through the same cleaning as prompts: a lone surrogate or a NUL in a title
+is cleaned (or a blank title refused with 400), never a server error, and nothing else of the
+title is lost. Whoever writes it: the API, the page's rename form, the agent.
+
+`test_titles_are_cleaned_on_sqlite` runs this module again on SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings as django_settings
+from django.test import Client
+from django.urls import reverse
+
+from craft import controls
+from craft.models import Event, Session
+from tests.ready import open_ready_session
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+# (title sent, title stored)
+POISON = [
+    ("\ud800", "\ufffd"),
+    ("a\x00b", "ab"),
+    ("x\udfff y\x00\x00z \ud83d\ude00", "x\ufffd yz \U0001f600"),  # a pair is one character
+]
+BLANK = ["\x00", " \x00\t\x00 ", "\n"]
+
+
+@pytest.fixture
+def api(owner):
+    """A client that enforces CSRF like a browser session would."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner)
+    client.get("/accounts/login/")  # sets the csrftoken cookie
+    client.csrf = client.cookies["csrftoken"].value
+    return client
+
+
+def send(api, method, url, body):
+    # ensure_ascii: the lone surrogates travel as JSON escapes, as a JavaScript client sends them.
+    return getattr(api, method)(
+        url, data=json.dumps(body), content_type="application/json", HTTP_X_CSRFTOKEN=api.csrf
+    )
+
+
+@pytest.mark.parametrize(("sent", "stored"), POISON)
+def test_a_new_session_s_title_is_cleaned(api, owner, sent, stored):
+    response = send(api, "post", "/api/sessions/", {"title": sent})
+    assert response.status_code == 201, response.content
+    assert response.json()["title"] == stored
+    assert Session.objects.get(owner=owner).title == stored
+
+
+@pytest.mark.parametrize("sent", BLANK)
+def test_a_new_session_with_a_blank_title_gets_the_default_one(api, owner, sent):
+    response = send(api, "post", "/api/sessions/", {"title": sent})
+    assert response.status_code == 201, response.content
+    assert response.json()["title"] == "New session"
+
+
+@pytest.mark.parametrize(("sent", "stored"), POISON)
+def test_a_rename_through_the_api_is_cleaned_and_recorded(api, owner, sent, stored):
+    session = open_ready_session(owner, "before")
+    response = send(api, "patch", f"/api/sessions/{session.pk}/", {"title": sent})
+    assert response.status_code == 200, response.content
+    assert response.json()["title"] == stored
+    event = Event.objects.get(session=session, kind="session_title")
+    assert event.data == {"title": stored, "source": "user"}
+
+
+@pytest.mark.parametrize("sent", BLANK)
+def test_a_rename_to_a_blank_title_is_refused_with_400(api, owner, sent):
+    session = open_ready_session(owner, "kept")
+    response = send(api, "patch", f"/api/sessions/{session.pk}/", {"title": sent})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid"
+    session.refresh_from_db()
+    assert session.title == "kept"
+    assert not Event.objects.filter(session=session).exists()
+
+
+def test_the_page_s_rename_form_cleans_a_nul_and_refuses_a_blank_title(client, owner):
+    session = open_ready_session(owner, "before")
+    client.force_login(owner)
+    url = reverse("rename_session", args=[session.pk])
+    response = client.post(url, {"title": "a\x00b"}, **HTMX)
+    assert response.status_code == 200
+    session.refresh_from_db()
+    assert session.title == "ab"
+    refused = client.post(url, {"title": "\x00 \x00"}, **HTMX)
+    assert refused.status_code == 422
+    assert "cannot be blank" in refused.content.decode()
+    # Bytes that are no UTF-8 (an encoded surrogate) arrive as replacement characters.
+    form = "title=c%ED%A0%80d"
+    response = client.post(url, form, content_type="application/x-www-form-urlencoded", **HTMX)
+    assert response.status_code == 200
+    session.refresh_from_db()
+    assert session.title.startswith("c\ufffd") and session.title.endswith("d")
+
+
+def test_the_new_session_form_cleans_its_title(client, owner):
+    client.force_login(owner)
+    response = client.post(reverse("new_session"), {"title": "x\x00y"})
+    assert response.status_code == 302
+    assert Session.objects.get(owner=owner).title == "xy"
+
+
+def test_an_agent_s_title_is_cleaned_before_it_is_stored(owner):
+    session = open_ready_session(owner)
+    events = [
+        ("session_info_update", {"sessionUpdate": "session_info_update", "title": "\x00 \ud800"}),
+        ("session_info_update", {"sessionUpdate": "session_info_update", "title": "\x00\n"}),
+    ]
+    titles = controls.agent_titles(events)
+    assert titles == ["\ufffd"]  # the blank one is no title
+    stored = controls.follow_agent_title.__wrapped__(session.pk, titles[0])
+    assert stored == [("session_title", {"title": "\ufffd", "source": "agent"})]
+    session.refresh_from_db()
+    assert session.title == "\ufffd"
+
+
+@pytest.mark.skipif(
+    django_settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3",
+    reason="this is the run on SQLite",
+)
+def test_titles_are_cleaned_on_sqlite(tmp_path):
+    """Run this module's tests again with SQLite as the database."""
+    url = f"sqlite:///{tmp_path / 'titles.sqlite3'}"
+    env = {**os.environ, "CRAFT_TEST_DATABASE_URL": url, "DATABASE_URL": url}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "not sqlite"],
+        env=env, cwd=django_settings.BASE_DIR, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
