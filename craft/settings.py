@@ -263,7 +263,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
-def _layer_keys(secret_keys: list[str]) -> list[str]:
+def channel_layer_keys(secret_keys: list[str]) -> list[str]:
     """Derive the channel layer's keys from the secret keys (never the secret keys as such)."""
     label = b"craft channel layer"
     return [hmac.new(key.encode(), label, hashlib.sha256).hexdigest() for key in secret_keys]
@@ -284,7 +284,9 @@ if REDIS_URL:
                 "hosts": [
                     {"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}
                 ],
-                "symmetric_encryption_keys": _layer_keys([SECRET_KEY, *SECRET_KEY_FALLBACKS]),
+                "symmetric_encryption_keys": channel_layer_keys(
+                    [SECRET_KEY, *SECRET_KEY_FALLBACKS]
+                ),
             },
         }
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import sys
@@ -79,6 +80,31 @@ def machine(settings):
     get_backend.cache_clear()
     firewall.remove(settings.CRAFT_SANDBOX_UID_BASE)
     shutil.rmtree(place, ignore_errors=True)
+
+
+REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def redis_layer(settings):
+    """Redis as this process's channel layer, as the settings make it for REDIS_URL: signed
+    with keys derived from the secret key, so other processes of the test can talk to it."""
+    from channels.layers import channel_layers
+
+    from craft.settings import channel_layer_keys
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "craft.channel_layer.SignedRedisChannelLayer",
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                "symmetric_encryption_keys": channel_layer_keys([settings.SECRET_KEY]),
+            },
+        }
+    }
+    channel_layers.backends.clear()
+    yield REDIS_URL
+    channel_layers.backends.clear()
 
 
 @pytest.fixture

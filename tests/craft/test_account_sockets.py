@@ -16,7 +16,6 @@ from datetime import timedelta
 
 import pytest
 import websocket
-from channels.layers import channel_layers
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
@@ -173,14 +172,9 @@ user.save()
 """
 
 
-async def test_deactivation_in_another_process_closes_sockets_through_redis(settings, owner):
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
-        }
-    }
-    channel_layers.backends.clear()
+async def test_deactivation_in_another_process_closes_sockets_through_redis(
+    settings, owner, redis_layer
+):
     session = await db_sync_to_async(open_ready_session)(owner, "redis")
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     db = django_settings.DATABASES["default"]
@@ -195,7 +189,6 @@ async def test_deactivation_in_another_process_closes_sockets_through_redis(sett
     )
     assert await process.wait() == 0
     assert await comm.receive_output(timeout=1) == SIGNED_OUT
-    channel_layers.backends.clear()
 
 
 async def test_signing_out_through_daphne_closes_the_socket(tmp_path):

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-from channels.layers import channel_layers
 from django.conf import settings as django_settings
 
 from craft.db import db_sync_to_async
@@ -33,19 +32,6 @@ session_id = uuid.UUID(sys.argv[1])
 for batch in range(5):
     append_events(session_id, [("agent_message_chunk", {"n": batch * 2 + i}) for i in range(2)])
 """
-
-
-@pytest.fixture
-def redis_layer(settings):
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
-        }
-    }
-    channel_layers.backends.clear()
-    yield
-    channel_layers.backends.clear()
 
 
 def write_from_another_process(session_id) -> None:
