@@ -191,8 +191,8 @@ def session_events(count: int, workspace: str) -> list[tuple[str, dict[str, Any]
 
 def store(site: Site, events: int) -> tuple[str, str]:
     """Create a user with one session holding `events` events; return (cookie, session id)."""
-    from craft.eventlog import append_events
     from craft.models import Session
+    from craft.storage.eventlog import append_events
     from craft.views import session_workspace
 
     user, cookie = site.user(f"page-{uuid.uuid4().hex[:6]}")

@@ -21,7 +21,7 @@ TARGET_MS = 250.0
 
 
 def store(site: Site, events: int) -> tuple[str, str]:
-    from craft.eventlog import append_events
+    from craft.storage.eventlog import append_events
 
     user, cookie = site.user(f"resume-{uuid.uuid4().hex[:6]}")
     session_id = site.session(user)

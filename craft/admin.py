@@ -13,10 +13,9 @@ from django.db.models import Count, Max, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from craft.models import Event, Session, Turn
 from sandboxes.admin import SandboxAdmin
 from sandboxes.models import Sandbox
-
-from .models import Event, Session, Turn
 
 
 class EventInline(admin.TabularInline):
@@ -49,7 +48,7 @@ class SessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="worker (lease)")
     def worker(self, session: Session) -> str:
-        """Which server process runs the session's agent (craft.ownership), if any."""
+        """Which server process runs the session's agent (craft.cluster.ownership), if any."""
         lease = getattr(session, "lease", None)
         if lease is None:
             return "-"

@@ -11,13 +11,12 @@ from uuid import UUID
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
+from craft import services
+from craft.http import SignedInRequest
+from craft.models import Event, Session, Turn
+from craft.storage.eventlog import events_json_after
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
-
-from . import services
-from .eventlog import events_json_after
-from .http import SignedInRequest
-from .models import Event, Session, Turn
 
 MAX_EVENTS_PAGE = 1000
 

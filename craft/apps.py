@@ -9,8 +9,8 @@ class CraftConfig(AppConfig):
     def ready(self) -> None:
         from django.core import checks
 
-        from . import account_sockets
-        from .checks import service_passwords
+        from craft.checks import service_passwords
+        from craft.live import accounts
 
-        account_sockets.connect_signals()
+        accounts.connect_signals()
         checks.register(service_passwords, checks.Tags.security, deploy=True)

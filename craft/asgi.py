@@ -11,9 +11,9 @@ django_application = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from craft.origins import OriginCheck  # noqa: E402
-from craft.routing import websocket_urlpatterns  # noqa: E402
-from craft.wsauth import SessionAuthMiddleware  # noqa: E402
+from craft.live.auth import SessionAuthMiddleware  # noqa: E402
+from craft.live.origins import OriginCheck  # noqa: E402
+from craft.live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -24,6 +24,6 @@ application = ProtocolTypeRouter(
     }
 )
 
-from craft.lifecycle import install_in_daphne  # noqa: E402
+from craft.cluster.lifecycle import install_in_daphne  # noqa: E402
 
 install_in_daphne()

@@ -15,15 +15,16 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from craft.cluster import ownership, workers
+from craft.live import delivery
+from craft.models import Session
+from craft.storage.eventlog import append_events
+from craft.storage.normalise import clean_title
+from craft.turns import controls
+from craft.turns.runner import Refused, runners
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
-
-from . import controls, live, ownership, workers
-from .eventlog import append_events
-from .models import Session
-from .normalise import clean_title
-from .runner import Refused, runners
 
 logger = logging.getLogger(__name__)
 
@@ -90,18 +91,20 @@ def delete_session(session: Session) -> None:
     with transaction.atomic():
         session_id = session.pk
         session.delete()
-        transaction.on_commit(lambda: live.tell_session(session_id, {"type": "session.deleted"}))
+        transaction.on_commit(
+            lambda: delivery.tell_session(session_id, {"type": "session.deleted"})
+        )
     runners.forget(session_id)
 
 
-# --- Turns (async: they run on the event loop, see craft.runner) ------------------------------
+# --- Turns (async: they run on the event loop, see craft.turns.runner) -----------------------
 
 
 async def handle_frame(session_id: uuid.UUID, frame: dict[str, Any]) -> None:
     """Carry out a validated `prompt`, `cancel`, `permission`, `set_config_option` or
     `set_mode` frame of a session.
 
-    In the worker that owns the session's agent (see craft.ownership): here, or forwarded to
+    In the worker that owns the session's agent (see craft.cluster.ownership): here, or forwarded to
     it. Raises `runner.Refused` with the error for the client (a prompt while a turn runs,
     a cancel without one, an unknown permission request, a config value the agent does not
     offer...). A repeated prompt id is ignored.

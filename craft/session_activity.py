@@ -12,9 +12,8 @@ from uuid import UUID
 
 from django.db.models import Max
 
+from craft.models import Session, Turn
 from sandboxes.reaper import Busy
-
-from .models import Session, Turn
 
 
 class SessionActivity:
@@ -25,7 +24,7 @@ class SessionActivity:
 
         A turn is running from its prompt's commit to its `turn_end` (so it covers an agent
         still starting and an open permission request); a turn of a worker that is gone is
-        closed by `craft.turns`, not reaped.
+        closed by `craft.turns.recovery`, not reaped.
         """
         rows = list(Turn.objects.running().values_list("session_id", "session__sandbox_id"))
         return Busy(

@@ -254,7 +254,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Request threads come and go (one per request under ASGI), so persistent connections
     # would leak: a pool hands connections back instead. The event writer and the database
-    # threads of craft.db hold one each for as long as they live.
+    # threads of craft.storage.db hold one each for as long as they live.
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 2,
         "max_size": env_int("CRAFT_DB_POOL_SIZE", 20, minimum=8),
@@ -275,7 +275,7 @@ if REDIS_URL:
         "default": {
             # Every message authenticated with a key derived from the secret key, which agents
             # never see: whoever else writes to this Redis cannot act as a user (the module).
-            "BACKEND": "craft.channel_layer.SignedRedisChannelLayer",
+            "BACKEND": "craft.live.channel_layer.SignedRedisChannelLayer",
             # channels_redis waits on Redis with BZPOPMIN for 5 s; redis-py 8 gives every read
             # a 5 s socket timeout by default, so an idle socket's wait could fail with
             # "Timeout reading" and kill its consumer (redis/redis-py#4091). Reads may wait

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from . import api, health, views
+from craft import api, health, views
 
 urlpatterns = [
     path("healthz", health.alive, name="healthz"),

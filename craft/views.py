@@ -21,13 +21,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from craft import services
+from craft.api import MAX_EVENTS_PAGE
+from craft.http import SignedInRequest
+from craft.models import Session
 from sandboxes.backends import get_backend
 from sandboxes.models import Sandbox
-
-from . import services
-from .api import MAX_EVENTS_PAGE
-from .http import SignedInRequest
-from .models import Session
 
 logger = logging.getLogger(__name__)
 

@@ -46,9 +46,9 @@ def stop_agents(request) -> Iterator[None]:
         return
     from channels.layers import channel_layers
 
-    from craft.db import readers
-    from craft.eventlog import writer
-    from craft.runner import runners
+    from craft.storage.db import readers
+    from craft.storage.eventlog import writer
+    from craft.turns.runner import runners
 
     runners.clear()
     channel_layers.backends.clear()
@@ -95,7 +95,7 @@ def redis_layer(settings):
 
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "craft.channel_layer.SignedRedisChannelLayer",
+            "BACKEND": "craft.live.channel_layer.SignedRedisChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
                 "symmetric_encryption_keys": channel_layer_keys([settings.SECRET_KEY]),

@@ -145,7 +145,7 @@ def test_the_redis_channel_layer_is_signed_with_keys_derived_from_the_secret_key
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     backend, keys = result.stdout.splitlines()
-    assert backend == "craft.channel_layer.SignedRedisChannelLayer"
+    assert backend == "craft.live.channel_layer.SignedRedisChannelLayer"
     new, old = keys.split()
     assert len(new) == len(old) == 64 and new != old
     assert "new-key" not in keys and "old-key" not in keys  # derived, never the secret itself

@@ -23,7 +23,7 @@ import pytest_asyncio
 from django.conf import settings
 from playwright.async_api import Browser, BrowserContext, async_playwright
 
-from craft.db import db_sync_to_async
+from craft.storage.db import db_sync_to_async
 
 from ..craft.wsclient import session_cookie
 from ..server import Daphne

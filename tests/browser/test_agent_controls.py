@@ -12,9 +12,9 @@ import signal
 import pytest
 from playwright.async_api import expect
 
-from craft.db import db_sync_to_async
-from craft.eventlog import append_events
 from craft.models import Event
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events
 from sandboxes.demo_agent import FRESH_MARKER
 from tests.ready import open_ready_session
 

@@ -13,8 +13,8 @@ import sys
 import pytest
 from playwright.async_api import expect
 
-from craft.db import db_sync_to_async
 from craft.models import Session
+from craft.storage.db import db_sync_to_async
 from tests.kubeapi import KubeTestServer
 
 from .conftest import serve, snap

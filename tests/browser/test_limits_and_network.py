@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from playwright.async_api import expect
 
-from craft.db import db_sync_to_async
-from craft.eventlog import append_events
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events
 from tests.ready import open_ready_session
 
 from .conftest import snap

@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.async_api import expect
 
-from craft.db import db_sync_to_async
+from craft.storage.db import db_sync_to_async
 from sandboxes.models import Sandbox
 from sandboxes.services import terminate_sandbox
 from tests.ready import open_ready_session

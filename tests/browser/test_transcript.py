@@ -14,8 +14,8 @@ import re
 import pytest
 from playwright.async_api import expect
 
-from craft.db import db_sync_to_async
-from craft.eventlog import append_events
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events
 from craft.views import session_workspace
 from tests.ready import open_ready_session
 

@@ -25,8 +25,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from craft.account_sockets import account_state
-from craft.db import db_sync_to_async
+from craft.live.accounts import account_state
+from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
 from ..conftest import PASSWORD
@@ -142,7 +142,7 @@ async def test_saving_the_user_for_other_reasons_keeps_the_sockets(session, owne
 async def test_a_sign_out_between_authentication_and_joining_still_closes_it(
     session, owner, monkeypatch
 ):
-    from craft.consumers import SessionConsumer
+    from craft.live.consumer import SessionConsumer
 
     follow_account = SessionConsumer.follow_account
 

@@ -22,9 +22,9 @@ import os
 import pytest
 from channels.layers import channel_layers
 
-from craft.db import db_sync_to_async
-from craft.eventlog import append_events
 from craft.models import Event
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events
 from sandboxes import services
 from tests.ready import open_ready_session
 from tests.sandboxes.hostile import ask, contain, needs_root
@@ -46,7 +46,7 @@ def use_layer(settings, backend: str, **config) -> None:
     channel_layers.backends.clear()
 
 
-SIGNED = "craft.channel_layer.SignedRedisChannelLayer"
+SIGNED = "craft.live.channel_layer.SignedRedisChannelLayer"
 PLAIN = "channels_redis.core.RedisChannelLayer"
 
 

@@ -8,9 +8,9 @@ import base64
 import pytest
 
 from craft import services
-from craft.controls import MAX_ATTACHMENTS, MAX_IMAGE_BYTES
-from craft.db import db_sync_to_async
 from craft.models import Event, Session
+from craft.storage.db import db_sync_to_async
+from craft.turns.controls import MAX_ATTACHMENTS, MAX_IMAGE_BYTES
 from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from craft import live
-from craft.db import db_sync_to_async
-from craft.eventlog import append_events, frames_after, writer
+from craft.live import delivery
 from craft.models import Event, Session
-from craft.normalise import MAX_FRAME_BYTES, SPLIT_CHARS
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events, frames_after, writer
+from craft.storage.normalise import MAX_FRAME_BYTES, SPLIT_CHARS
 from tests.ready import open_ready_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -162,13 +162,13 @@ async def test_committed_events_reach_a_follower_from_memory(sessions):
             received.append((first, last, frames))
 
     follower = Follower()
-    live.follow(session_id, follower)
+    delivery.follow(session_id, follower)
     try:
         await writer.append(session_id, [("agent_message_chunk", chunk("a")),
                                          ("agent_message_chunk", chunk("b"))])  # fmt: skip
         await asyncio.sleep(0)
     finally:
-        live.unfollow(session_id, follower)
+        delivery.unfollow(session_id, follower)
     ((first, last, frames),) = received
     assert (first, last) == (1, 2)
     assert [json.loads(f)["seq"] for f in frames or []] == [1, 2]

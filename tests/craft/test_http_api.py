@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from craft.eventlog import append_events
 from craft.models import Session
+from craft.storage.eventlog import append_events
 from tests.ready import open_ready_session, settled_sandbox
 
 pytestmark = pytest.mark.django_db(transaction=True)

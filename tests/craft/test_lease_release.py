@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-from craft import lifecycle, ownership, runner
-from craft.db import db_sync_to_async
+from craft.cluster import lifecycle, ownership
 from craft.models import Lease
+from craft.storage.db import db_sync_to_async
+from craft.turns import runner
 from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import websocket
 
-from craft.db import db_sync_to_async
 from craft.models import Event, Session
+from craft.storage.db import db_sync_to_async
 from sandboxes.demo_agent import big_text
 from tests.ready import open_ready_session
 
@@ -121,7 +121,7 @@ def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_
 
 
 def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_path, owner):
-    from craft.eventlog import append_events
+    from craft.storage.eventlog import append_events
 
     session = open_ready_session(owner, "slow readers")
     line = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x" * 1000}}

@@ -10,11 +10,11 @@ import json
 import pytest
 from django.db.models import F
 
-from craft import live
-from craft.db import db_sync_to_async
-from craft.eventlog import append_events
+from craft.live import delivery
 from craft.models import Event, Session
-from craft.normalise import event_frame
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events
+from craft.storage.normalise import event_frame
 from tests.ready import open_ready_session
 
 from .wsclient import open_socket, receive_until, session_cookie
@@ -55,7 +55,7 @@ async def following(session, owner, after_events: int):
     await comm.send_json_to({"type": "resume", "after": 0})
     if after_events:
         await receive_until(comm, lambda f: f.get("seq") == after_events)
-    (consumer,) = live.hub().followers[session.pk]
+    (consumer,) = delivery.hub().followers[session.pk]
     return comm, consumer
 
 
@@ -101,7 +101,7 @@ async def test_the_own_doorbell_is_ignored_because_memory_already_delivered(sess
     comm, consumer = await following(session, owner, 1)
     await store_quietly(session.pk, 2, 2)
     await consumer.events_available(
-        {"type": "events.available", "last_seq": 2, "origin": live.PROCESS_ID}
+        {"type": "events.available", "last_seq": 2, "origin": delivery.PROCESS_ID}
     )
     assert await comm.receive_nothing(0.3)
     await comm.disconnect()
@@ -109,7 +109,7 @@ async def test_the_own_doorbell_is_ignored_because_memory_already_delivered(sess
 
 async def test_notices_before_resume_send_nothing(session, owner):
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
-    (consumer,) = live.hub().followers[session.pk]
+    (consumer,) = delivery.hub().followers[session.pk]
     await store_quietly(session.pk, 1, 1)
     consumer.deliver(1, 1, memory_frames(1, 1))
     await asyncio.sleep(0.05)

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from craft.db import db_sync_to_async
 from craft.models import Event
+from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from craft.eventlog import append_events
 from craft.models import Session
+from craft.storage.eventlog import append_events
 from sandboxes.models import Sandbox
 from sandboxes.services import terminate_sandbox
 from tests.ready import open_ready_session, settled_sandbox

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from craft.db import db_sync_to_async
 from craft.models import Event, Session
+from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
 from sandboxes.acp import AgentConnection, PromptNotSent
 from sandboxes.demo_agent import FRESH_MARKER

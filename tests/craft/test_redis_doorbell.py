@@ -15,7 +15,7 @@ import sys
 import pytest
 from django.conf import settings as django_settings
 
-from craft.db import db_sync_to_async
+from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
 from .wsclient import open_socket, receive_until, session_cookie
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 WRITER = """
 import django, sys, uuid
 django.setup()
-from craft.eventlog import append_events
+from craft.storage.eventlog import append_events
 session_id = uuid.UUID(sys.argv[1])
 for batch in range(5):
     append_events(session_id, [("agent_message_chunk", {"n": batch * 2 + i}) for i in range(2)])

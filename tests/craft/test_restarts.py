@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from craft.models import Event, Turn, Worker
-from craft.turns import RESTARTED
+from craft.turns.recovery import RESTARTED
 from tests.ready import open_ready_session
 
 from ..agents import AGENTS

@@ -17,8 +17,8 @@ from django.conf import settings as django_settings
 from django.test import Client
 from django.urls import reverse
 
-from craft import controls
 from craft.models import Event, Session
+from craft.turns import controls
 from tests.ready import open_ready_session
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from craft import services
-from craft.db import db_sync_to_async
-from craft.eventlog import append_events
 from craft.models import Event
-from craft.runner import SessionRunner
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events
+from craft.turns.runner import SessionRunner
 from tests.ready import open_ready_session
 
 from .wsclient import (

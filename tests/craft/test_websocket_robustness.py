@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from craft.db import db_sync_to_async
 from craft.models import Event, Turn
+from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
 from ..agents import AGENTS
@@ -98,7 +98,8 @@ async def test_session_updates_with_list_params_do_not_end_the_agent(session, co
     await comm.disconnect()
 
 
-# Malformed protocol messages (the ACP client), and poison text (what craft.normalise cleans).
+# Malformed protocol messages (the ACP client), and poison text (what craft.storage.normalise
+# cleans).
 BAD_AGENT_SCENARIOS = [
     "listparams",
     "badresponse",

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import pytest
 
 from craft.models import Event, Lease, Turn
-from craft.turns import LOST
+from craft.turns.recovery import LOST
 from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket

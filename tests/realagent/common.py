@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from craft.db import db_sync_to_async
 from craft.models import Event
+from craft.storage.db import db_sync_to_async
 
 from ..craft.wsclient import is_turn_end, receive_until
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from craft.db import db_sync_to_async
-from craft.runner import runners
+from craft.storage.db import db_sync_to_async
+from craft.turns.runner import runners
 from tests.ready import open_ready_session
 
 from ..agents.fake_model import FakeModel

@@ -11,8 +11,8 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from craft.eventlog import append_event, append_events
 from craft.models import Session
+from craft.storage.eventlog import append_event, append_events
 from sandboxes import services
 from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox

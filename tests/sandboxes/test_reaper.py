@@ -22,9 +22,9 @@ from django.utils import timezone
 from kubernetes.client.rest import ApiException
 
 from craft import services as craft_services
-from craft.eventlog import append_events
 from craft.models import Session
 from craft.session_activity import session_activity
+from craft.storage.eventlog import append_events
 from sandboxes import reaper, services
 from sandboxes.acp import PermissionRequest, TurnEnd, TurnFailed
 from sandboxes.backends.kubernetes import pod_name

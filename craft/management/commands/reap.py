@@ -8,9 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
+from craft.session_activity import session_activity
 from sandboxes import reaper
-
-from ...session_activity import session_activity
 
 
 class Command(BaseCommand):

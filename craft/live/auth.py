@@ -3,10 +3,10 @@
 Channels' `AuthMiddlewareStack` does the same job, but its session layer wraps `send` and
 inspects the session on every outgoing message (to save it on HTTP responses), which costs
 microseconds on each of the thousands of frames a turn streams, and it looks the user up on
-asgiref's one shared thread. This middleware looks the user up on `craft.db.readers` and passes
-`send` through untouched. The checks are Django's own (`django.contrib.auth.get_user`): the
-session's auth hash must match (a password change signs other sessions out) and the backend
-refuses inactive users.
+asgiref's one shared thread. This middleware looks the user up on `craft.storage.db.readers`
+and passes `send` through untouched. The checks are Django's own
+(`django.contrib.auth.get_user`): the session's auth hash must match (a password change signs
+other sessions out) and the backend refuses inactive users.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth import get_user
 from django.http.cookie import parse_cookie
 
-from .db import readers
+from craft.storage.db import readers
 
 
 def _resolve(session_key: str | None) -> tuple[Any, Any]:

@@ -19,7 +19,7 @@ long as it stays open. Two things end it when the account's right to it ends:
   their browser sessions no longer exist, and closes those sockets with the same 4401.
 
 The same registry counts each person's sockets in this process: past
-`CRAFT_MAX_SOCKETS_PER_USER`, a new one is closed with 4429 (see craft.consumers).
+`CRAFT_MAX_SOCKETS_PER_USER`, a new one is closed with 4429 (see craft.live.consumer).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.utils import timezone
 
-from .db import readers
+from craft.storage.db import readers
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def close_sockets(user_id: Any, session_key: str | None = None) -> None:
 
 
 class Closable(Protocol):
-    """A socket the registry can close (see craft.consumers.SessionConsumer)."""
+    """A socket the registry can close (see craft.live.consumer.SessionConsumer)."""
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None: ...
 
@@ -281,9 +281,9 @@ def on_user_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
 
 def connect_signals() -> None:
     user_model = get_user_model()
-    user_logged_out.connect(on_logged_out, dispatch_uid="craft.account_sockets.logout")
-    pre_save.connect(remember_access, sender=user_model, dispatch_uid="craft.account_sockets.pre")
-    post_save.connect(on_user_saved, sender=user_model, dispatch_uid="craft.account_sockets.post")
+    user_logged_out.connect(on_logged_out, dispatch_uid="craft.live.accounts.logout")
+    pre_save.connect(remember_access, sender=user_model, dispatch_uid="craft.live.accounts.pre")
+    post_save.connect(on_user_saved, sender=user_model, dispatch_uid="craft.live.accounts.post")
     post_delete.connect(
-        on_user_deleted, sender=user_model, dispatch_uid="craft.account_sockets.delete"
+        on_user_deleted, sender=user_model, dispatch_uid="craft.live.accounts.delete"
     )

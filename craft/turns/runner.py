@@ -32,6 +32,13 @@ from uuid import UUID
 from django.conf import settings
 from django.db import DataError, IntegrityError
 
+from craft.models import Event, Session
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import Fence, Fenced, Stored, writer
+from craft.storage.normalise import clean_text, clean_title
+from craft.turns import controls
+from craft.turns.inbox import Inbox
+from craft.turns.recovery import close_turns_of_gone_workers
 from sandboxes import services as sandbox_services
 from sandboxes.acp import (
     AgentConnection,
@@ -44,14 +51,6 @@ from sandboxes.acp import (
     Update,
 )
 from sandboxes.models import Sandbox
-
-from . import controls
-from .db import db_sync_to_async
-from .eventlog import Fence, Fenced, Stored, writer
-from .inbox import Inbox
-from .models import Event, Session
-from .normalise import clean_text, clean_title
-from .turns import close_turns_of_gone_workers
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ class SessionRunner:
         self._titled = False
         self._active_at = 0.0
         # (worker, token) of the lease under which this worker runs the session; set by
-        # craft.ownership before each frame it handles here.
+        # craft.cluster.ownership before each frame it handles here.
         self.fence: Fence | None = None
         self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
         # What the last agent of this runner takes in prompts (None: not known yet).
@@ -181,7 +180,7 @@ class SessionRunner:
     async def _append(
         self, events: list[tuple[str, dict[str, Any]]], *, client_id: str | None = None
     ) -> Stored | None:
-        """Store events of this session under this worker's lease (see craft.ownership)."""
+        """Store events of this session under this worker's lease (see craft.cluster.ownership)."""
         return await writer.append(self.session_id, events, client_id=client_id, fence=self.fence)
 
     async def lose(self) -> None:
@@ -633,7 +632,7 @@ class SessionRunner:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    # --- the agent's controls (see craft.controls) -----------------------------------------
+    # --- the agent's controls (see craft.turns.controls) -----------------------------------------
 
     async def _control_connection(self) -> AgentConnection:
         """Return the live agent connection for a control, starting the agent if needed."""

@@ -26,16 +26,15 @@ from typing import Any
 
 from django.conf import settings
 
+from craft.cluster import workers
+from craft.cluster.ownership import listener, ownership
+from craft.session_activity import session_activity
+from craft.storage.db import readers
+from craft.storage.eventlog import writer
+from craft.turns.recovery import close_turns_of_gone_workers
+from craft.turns.runner import SHUTTING_DOWN, runners
 from sandboxes import services as sandbox_services
 from sandboxes.reaper import periodic_reaper
-
-from . import workers
-from .db import readers
-from .eventlog import writer
-from .ownership import listener, ownership
-from .runner import SHUTTING_DOWN, runners
-from .session_activity import session_activity
-from .turns import close_turns_of_gone_workers
 
 logger = logging.getLogger(__name__)
 

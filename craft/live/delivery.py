@@ -41,7 +41,7 @@ def session_group(session_id: UUID) -> str:
 
 
 class Follower(Protocol):
-    """A socket that follows a session (see craft.consumers.SessionConsumer)."""
+    """A socket that follows a session (see craft.live.consumer.SessionConsumer)."""
 
     def deliver(self, first_seq: int, last_seq: int, frames: list[str] | None) -> None: ...
 

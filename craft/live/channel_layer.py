@@ -13,7 +13,7 @@ network rule, and as a second line:
 * a message that does not authenticate is dropped and logged here, instead of raising into
   whichever consumer happened to be reading (which would close an innocent socket);
 * consumers act only on the message types Craft sends through the layer, and take
-  `websocket.*` messages only from their own socket (`craft.consumers`).
+  `websocket.*` messages only from their own socket (`craft.live.consumer`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .consumers import SessionConsumer
+from craft.live.consumer import SessionConsumer
 
 websocket_urlpatterns = [
     path("ws/sessions/<uuid:session_id>/", SessionConsumer.as_asgi()),

@@ -21,14 +21,15 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from . import live, services
-from .account_sockets import FollowsAccount
-from .db import db_sync_to_async
-from .eventlog import frames_after
-from .models import Session
-from .normalise import is_client_id
-from .outbuffer import unsent_bytes
-from .runner import Refused
+from craft import services
+from craft.live import delivery
+from craft.live.accounts import FollowsAccount
+from craft.live.outbuffer import unsent_bytes
+from craft.models import Session
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import frames_after
+from craft.storage.normalise import is_client_id
+from craft.turns.runner import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         Channels' own dispatch hops to asgiref's sync thread before every message (each
         doorbell from another worker, each client frame) to close that thread's stale
         database connections; this consumer never uses that thread's connection (its database
-        work runs on `craft.db.readers`), and the hop is on the path of every forwarded event.
+        work runs on `craft.storage.db.readers`), and the hop is on the path of every forwarded
+        event.
         """
         kind = message.get("type")
         if isinstance(message, FromSocket) != str(kind).startswith("websocket.") or (
@@ -130,9 +132,9 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if not await self.follow_account(user):
             await self._refuse(CLOSE_UNAUTHENTICATED)
             return
-        self.group = live.session_group(self.session_id)
+        self.group = delivery.session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        live.follow(self.session_id, self)
+        delivery.follow(self.session_id, self)
         self._following = True
         await self.accept()
         await self.send_json(
@@ -159,7 +161,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         # The turn goes on: only `cancel` stops it.
         await self.unfollow_account()
         if self._following:
-            live.unfollow(self.session_id, self)
+            delivery.unfollow(self.session_id, self)
             self._following = False
         if self._pump is not None:
             self._pump.cancel()
@@ -274,7 +276,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def events_available(self, message: dict[str, Any]) -> None:
         """Another process stored events (the channel-layer doorbell): read them."""
-        if message.get("origin") != live.PROCESS_ID:
+        if message.get("origin") != delivery.PROCESS_ID:
             last = message["last_seq"]
             self.deliver(message.get("first_seq", last), last, message.get("frames"))
 

@@ -24,11 +24,10 @@ from typing import Any
 from urllib.parse import quote
 from uuid import UUID
 
+from craft.models import Event, Session
+from craft.storage.db import db_sync_to_async
+from craft.storage.normalise import clean_text, clean_title
 from sandboxes.acp import AgentConnection
-
-from .db import db_sync_to_async
-from .models import Event, Session
-from .normalise import clean_text, clean_title
 
 Events = list[tuple[str, dict[str, Any]]]
 

@@ -40,10 +40,10 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import workers
-from .db import readers
-from .models import Lease, Session, Turn, Worker
-from .turns import LOST, close_turn
+from craft.cluster import workers
+from craft.models import Lease, Session, Turn, Worker
+from craft.storage.db import readers
+from craft.turns.recovery import LOST, close_turn
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class Ownership:
         self.others.pop(session_id, None)
 
     def _hold(self, session_id: UUID, token: int) -> None:
-        # Renewals come three times per lease period (craft.lifecycle); a lease this worker
+        # Renewals come three times per lease period (craft.cluster.lifecycle); a lease this worker
         # could not renew (the database is unreachable) is not trusted beyond two thirds of it.
         good_for = _lease_seconds() * 2 / 3
         self.held[session_id] = Held(token, time.monotonic() + good_for)
@@ -289,7 +289,7 @@ class Listener:
                 task.add_done_callback(self._handling.discard)
 
     async def _handle(self, layer: Any, message: dict[str, Any]) -> None:
-        from .runner import Refused
+        from craft.turns.runner import Refused
 
         reply: dict[str, Any] = {"type": "frame.reply", "request": message["request"]}
         try:
@@ -338,7 +338,7 @@ async def route(
 ) -> None:
     """Handle a client frame of a session here if this worker owns it (or can take it over),
     else forward it to the owner; raise the owner's `Refused` here."""
-    from .runner import Refused
+    from craft.turns.runner import Refused
 
     deadline = time.monotonic() + _lease_seconds() + FORWARD_TIMEOUT
     while True:

@@ -16,9 +16,9 @@ from uuid import UUID
 
 from django.db import transaction
 
-from . import workers
-from .eventlog import append_events
-from .models import Turn, Worker
+from craft.cluster import workers
+from craft.models import Turn, Worker
+from craft.storage.eventlog import append_events
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Two ways in:
   sockets without reading them back.
 
 Rows are written with one prepared INSERT per batch rather than through model instances: this
-is the hot path of every streamed token. Values go through `craft.normalise` first, so every
+is the hot path of every streamed token. Values go through `craft.storage.normalise` first, so every
 stored event can be replayed and rendered.
 """
 
@@ -37,10 +37,11 @@ from django.db.models import TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from . import live, workers
-from .db import close_broken_connections
-from .models import Event, Lease, Session, Turn
-from .normalise import encode_event, event_frame, event_json
+from craft.cluster import workers
+from craft.live import delivery
+from craft.models import Event, Lease, Session, Turn
+from craft.storage.db import close_broken_connections
+from craft.storage.normalise import encode_event, event_frame, event_json
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +222,9 @@ def append_events(
             return None
         stored = _insert(session_id, events, encoded, client_id, timezone.now())
         transaction.on_commit(
-            lambda: live.publish([(session_id, stored.first_seq, stored.last_seq, stored.frames)])
+            lambda: delivery.publish(
+                [(session_id, stored.first_seq, stored.last_seq, stored.frames)]
+            )
         )
     return stored
 
@@ -282,7 +285,7 @@ class EventWriter:
         may submit the next batch before the previous one is committed.
         """
         loop = asyncio.get_running_loop()
-        live.hub()  # this loop hears about the commit (and rings other processes) first-hand
+        delivery.hub()  # this loop hears about the commit (and rings other processes) first-hand
         future: asyncio.Future[Stored | None] = loop.create_future()
         if self._thread is None:
             self._start()
@@ -371,7 +374,7 @@ class EventWriter:
 
     def _finish(self, outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:
         """Deliver what was stored and resolve the callers' futures, one wake-up per loop."""
-        notices: list[live.Notice] = [
+        notices: list[delivery.Notice] = [
             (job.session_id, stored.first_seq, stored.last_seq, stored.frames)
             for job, stored, _ in outcomes
             if stored is not None
@@ -379,7 +382,9 @@ class EventWriter:
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for outcome in outcomes:
             by_loop.setdefault(outcome[0].loop, []).append(outcome)
-        live.publish(notices, {loop: partial(_settle, items) for loop, items in by_loop.items()})
+        delivery.publish(
+            notices, {loop: partial(_settle, items) for loop, items in by_loop.items()}
+        )
 
 
 def _settle(outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:

@@ -6,7 +6,7 @@ after each call; a connect per call (milliseconds on PostgreSQL) on one thread f
 process is what made storage the bottleneck. Instead, event-loop code awaits
 `db_sync_to_async` functions, which run on `readers`: a fixed set of threads, each holding its
 own connection for as long as it lives (closed only after an error, or by `stop()`). The event
-log's writer is a thread of the same kind (see `craft.eventlog`).
+log's writer is a thread of the same kind (see `craft.storage.eventlog`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from .models import Worker
+from craft.models import Worker
 
 HEARTBEAT_SECONDS = 5.0
 
