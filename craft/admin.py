@@ -48,7 +48,7 @@ class SessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="worker (lease)")
     def worker(self, session: Session) -> str:
-        """Which server process runs the session's agent (craft.cluster.ownership), if any."""
+        """Which server process runs the session's agent (craft.cluster.leases), if any."""
         lease = getattr(session, "lease", None)
         if lease is None:
             return "-"

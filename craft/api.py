@@ -119,9 +119,10 @@ def session_detail(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         if body is None or not isinstance(body.get("title"), str):
             return error(400, "invalid", "send a JSON object with a 'title' string")
         try:
-            session = services.rename_session(session, body["title"])
+            services.set_session_title(session.pk, body["title"], "user")
         except services.SessionError as exc:
             return error(400, "invalid", str(exc))
+        session.refresh_from_db()
     return JsonResponse({**session_json(session), "sandbox": sandbox_json(session.sandbox)})
 
 

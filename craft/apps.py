@@ -10,7 +10,11 @@ class CraftConfig(AppConfig):
         from django.core import checks
 
         from craft.checks import service_passwords
+        from craft.cluster import forwarding
         from craft.live import accounts
+        from craft.turns.registry import runners
 
         accounts.connect_signals()
+        # A session's commands, routed here by the cluster, are carried out by its runner.
+        forwarding.serve(handle=runners.handle, lose=runners.lose)
         checks.register(service_passwords, checks.Tags.security, deploy=True)

@@ -12,7 +12,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from craft.turns.runner import runners
+from craft.turns.registry import runners
 
 
 @require_GET

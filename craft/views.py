@@ -142,13 +142,14 @@ def rename_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     current_url = (request.htmx.current_url or "") if request.htmx else ""
     current = session if str(session.pk) in current_url else None
     try:
-        session = services.rename_session(session, request.POST.get("title", ""))
+        services.set_session_title(session.pk, request.POST.get("title", ""), "user")
     except services.SessionError as exc:
         if request.htmx:
             # The item again, its menu open, with the message (htmx swaps 422, see base.html).
             context = {"s": session, "current": current, "rename_error": str(exc)}
             return render(request, "craft/_session_item.html", context, status=422)
         messages.error(request, str(exc))
+    session.refresh_from_db()
     if request.htmx:
         return render(request, "craft/_session_item.html", {"s": session, "current": current})
     return redirect("session", session_id=session.pk)

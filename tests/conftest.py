@@ -46,15 +46,15 @@ def stop_agents(request) -> Iterator[None]:
         return
     from channels.layers import channel_layers
 
-    from craft.storage.db import readers
+    from craft.storage.db import db_calls
     from craft.storage.eventlog import writer
-    from craft.turns.runner import runners
+    from craft.turns.registry import runners
 
     runners.clear()
     channel_layers.backends.clear()
     # Their threads hold database connections: close them before the test database goes.
     writer.stop()
-    readers.stop()
+    db_calls.stop()
 
 
 @pytest.fixture

@@ -27,16 +27,19 @@ from typing import Any
 from django.conf import settings
 
 from craft.cluster import workers
-from craft.cluster.ownership import listener, ownership
+from craft.cluster.forwarding import listener
+from craft.cluster.leases import ownership
 from craft.session_activity import session_activity
-from craft.storage.db import readers
+from craft.storage.db import db_calls
 from craft.storage.eventlog import writer
 from craft.turns.recovery import close_turns_of_gone_workers
-from craft.turns.runner import SHUTTING_DOWN, runners
+from craft.turns.registry import runners
 from sandboxes import services as sandbox_services
 from sandboxes.reaper import periodic_reaper
 
 logger = logging.getLogger(__name__)
+
+SHUTTING_DOWN = "The server shut down during this turn."
 
 # After the grace period and the cancel, how long stopped agents' turns may take to be stored.
 RECORD_SECONDS = 10.0
@@ -63,7 +66,7 @@ class Lifecycle:
         self._reaping: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        closed = await readers.run(start_worker)
+        closed = await db_calls.run(start_worker)
         if closed:
             logger.warning("closed %d turn(s) left by a server that is gone", closed)
         await listener.start()
@@ -76,7 +79,7 @@ class Lifecycle:
         while True:
             await asyncio.sleep(workers.HEARTBEAT_SECONDS)
             try:
-                await readers.run(housekeeping_once)
+                await db_calls.run(housekeeping_once)
                 await _release_idle_sessions()
             except Exception:
                 logger.exception("housekeeping failed")
@@ -106,12 +109,12 @@ class Lifecycle:
             await runner.interrupt(SHUTTING_DOWN)
         stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
         # Sandboxes half provisioned here say so, and their "Try again" works at once.
-        abandoned = await readers.run(sandbox_services.abandon_provisioning)
+        abandoned = await db_calls.run(sandbox_services.abandon_provisioning)
         await _wait_for(still, RECORD_SECONDS)
         await ownership.release_all()  # other workers take this one's sessions at once
         listener.stop()
         await asyncio.to_thread(writer.stop)
-        await readers.run(workers.mark_stopped)
+        await db_calls.run(workers.mark_stopped)
         # The database threads are left to end with the process (joining them here made the
         # interpreter crash at exit, in CPython 3.11's garbage collection of pending tasks);
         # the pools are closed so that PostgreSQL sees the connections go.

@@ -43,7 +43,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.utils import timezone
 
-from craft.storage.db import readers
+from craft.storage.db import db_calls
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class AccountSockets:
             return 0
         users = {held.user_id for held in watched.values()}
         keys = {held.session_key for held in watched.values() if held.session_key}
-        hashes, live_keys = await readers.run(account_state, users, keys)
+        hashes, live_keys = await db_calls.run(account_state, users, keys)
         ended = [
             socket
             for socket, held in watched.items()
@@ -223,7 +223,7 @@ class FollowsAccount:
         session = self.scope.get("session")
         self.session_key = session.session_key if session is not None else None
         await self.channel_layer.group_add(self.account_group, self.channel_name)
-        current, auth_hash = await readers.run(_signed_in_user, self.session_key)
+        current, auth_hash = await db_calls.run(_signed_in_user, self.session_key)
         if not (current.is_authenticated and current.pk == user.pk):
             return False
         account_sockets().watch(self, self.session_key, auth_hash)  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 Channels' `AuthMiddlewareStack` does the same job, but its session layer wraps `send` and
 inspects the session on every outgoing message (to save it on HTTP responses), which costs
 microseconds on each of the thousands of frames a turn streams, and it looks the user up on
-asgiref's one shared thread. This middleware looks the user up on `craft.storage.db.readers`
+asgiref's one shared thread. This middleware looks the user up on `craft.storage.db.db_calls`
 and passes `send` through untouched. The checks are Django's own
 (`django.contrib.auth.get_user`): the session's auth hash must match (a password change signs
 other sessions out) and the backend refuses inactive users.
@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth import get_user
 from django.http.cookie import parse_cookie
 
-from craft.storage.db import readers
+from craft.storage.db import db_calls
 
 
 def _resolve(session_key: str | None) -> tuple[Any, Any]:
@@ -40,6 +40,6 @@ class SessionAuthMiddleware:
                 cookie = value
                 break
         cookies = parse_cookie(cookie.decode("latin1"))
-        user, session = await readers.run(_resolve, cookies.get(settings.SESSION_COOKIE_NAME))
+        user, session = await db_calls.run(_resolve, cookies.get(settings.SESSION_COOKIE_NAME))
         scope = {**scope, "cookies": cookies, "session": session, "user": user}
         return await self.inner(scope, receive, send)

@@ -1,7 +1,8 @@
 """The session websocket (API v1, see docs/websocket-api.md).
 
-The consumer authenticates, authorises, and hands each frame to the session's runner; it
-never runs a turn itself. Events reach the browser in seq order, each once: after `resume` the
+The consumer authenticates, authorises, turns each client frame into a checked command
+(`craft.commands`) and hands it to the one service verb for its type; it never runs a turn
+itself. Events reach the browser in seq order, each once: after `resume` the
 consumer reads every stored event after the client's seq from the database, then follows the
 session live. The live layer hands it each committed batch with its frames already encoded;
 the consumer sends whatever continues from the last seq it sent, and reads the database again
@@ -14,6 +15,7 @@ import asyncio
 import json
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
@@ -21,15 +23,14 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from craft import services
+from craft import commands, services
+from craft.errors import Refused
 from craft.live import delivery
 from craft.live.accounts import FollowsAccount
 from craft.live.outbuffer import unsent_bytes
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import frames_after
-from craft.storage.normalise import is_client_id
-from craft.turns.runner import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         Channels' own dispatch hops to asgiref's sync thread before every message (each
         doorbell from another worker, each client frame) to close that thread's stale
         database connections; this consumer never uses that thread's connection (its database
-        work runs on `craft.storage.db.readers`), and the hop is on the path of every forwarded
+        work runs on `craft.storage.db.db_calls`), and the hop is on the path of every forwarded
         event.
         """
         kind = message.get("type")
@@ -183,71 +184,48 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             await self.send_error("bad_frame", "a frame is a JSON object with a string 'type'")
             return
-        handler = self.handlers.get(frame["type"])
-        if handler is None:
-            await self.send_error("unknown_type", f"unknown frame type {frame['type']!r}")
-            return
         try:
-            await handler(self, frame)
+            command = commands.parse(frame)
+            await self.handlers[type(command)](self, command)
         except Refused as refused:
             await self.send_error(refused.code, refused.message)
         except Session.DoesNotExist:
             await self.session_deleted({})
 
-    # --- client frames ----------------------------------------------------------------------
+    # --- client commands (checked by craft.commands) ------------------------------------------
 
-    async def handle_prompt(self, frame: dict[str, Any]) -> None:
-        client_id, text = frame.get("id"), frame.get("text")
-        if not isinstance(client_id, str) or not is_client_id(client_id):
-            raise Refused(
-                "bad_frame",
-                "prompt needs an 'id' string of 1 to 100 printable characters",
-            )
-        if not isinstance(text, str):
-            raise Refused("bad_frame", "prompt needs a 'text' string")
-        await services.post_prompt(self.session_id, client_id, text, frame.get("attachments"))
+    async def handle_prompt(self, prompt: commands.Prompt) -> None:
+        await services.post_prompt(self.session_id, prompt)
 
-    async def handle_cancel(self, frame: dict[str, Any]) -> None:
+    async def handle_cancel(self, cancel: commands.Cancel) -> None:
         await services.cancel_turn(self.session_id)
 
-    async def handle_permission(self, frame: dict[str, Any]) -> None:
-        request_id, option_id = frame.get("request"), frame.get("option")
-        if not isinstance(request_id, str) or not isinstance(option_id, str):
-            raise Refused("bad_frame", "permission needs 'request' and 'option' strings")
-        await services.answer_permission(self.session_id, request_id, option_id)
+    async def handle_permission(self, answer: commands.AnswerPermission) -> None:
+        await services.answer_permission(self.session_id, answer)
 
-    async def handle_resume(self, frame: dict[str, Any]) -> None:
-        after = frame.get("after", 0)
-        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
-            raise Refused("bad_frame", "resume needs 'after': a non-negative integer")
+    async def handle_set_config_option(self, change: commands.SetConfigOption) -> None:
+        await services.set_config_option(self.session_id, change)
+
+    async def handle_set_mode(self, change: commands.SetMode) -> None:
+        await services.set_mode(self.session_id, change)
+
+    async def handle_resume(self, resume: commands.Resume) -> None:
         if self._pump is not None:
             self._pump.cancel()
             await asyncio.gather(self._pump, return_exceptions=True)
             self._pump = None
-        self.sent_seq = after
+        self.sent_seq = resume.after
         self._backlog = None
         self._catch_up = True
         self._start_pump()
 
-    async def handle_set_config_option(self, frame: dict[str, Any]) -> None:
-        config_id, value = frame.get("config"), frame.get("value")
-        if not isinstance(config_id, str) or not isinstance(value, str):
-            raise Refused("bad_frame", "set_config_option needs 'config' and 'value' strings")
-        await services.set_config_option(self.session_id, config_id, value)
-
-    async def handle_set_mode(self, frame: dict[str, Any]) -> None:
-        mode_id = frame.get("mode")
-        if not isinstance(mode_id, str):
-            raise Refused("bad_frame", "set_mode needs a 'mode' string")
-        await services.set_mode(self.session_id, mode_id)
-
-    handlers = {
-        "prompt": handle_prompt,
-        "cancel": handle_cancel,
-        "permission": handle_permission,
-        "resume": handle_resume,
-        "set_config_option": handle_set_config_option,
-        "set_mode": handle_set_mode,
+    handlers: dict[type, Callable[[Any, Any], Awaitable[None]]] = {
+        commands.Prompt: handle_prompt,
+        commands.Cancel: handle_cancel,
+        commands.AnswerPermission: handle_permission,
+        commands.SetConfigOption: handle_set_config_option,
+        commands.SetMode: handle_set_mode,
+        commands.Resume: handle_resume,
     }
 
     # --- live events --------------------------------------------------------------------------

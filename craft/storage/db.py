@@ -4,7 +4,7 @@ Django connections belong to the thread that opened them. asgiref's `sync_to_asy
 every call of every consumer on one shared thread and Channels' wrapper closes the connection
 after each call; a connect per call (milliseconds on PostgreSQL) on one thread for the whole
 process is what made storage the bottleneck. Instead, event-loop code awaits
-`db_sync_to_async` functions, which run on `readers`: a fixed set of threads, each holding its
+`db_sync_to_async` functions, which run on `db_calls`: a fixed set of threads, each holding its
 own connection for as long as it lives (closed only after an error, or by `stop()`). The event
 log's writer is a thread of the same kind (see `craft.storage.eventlog`).
 """
@@ -98,14 +98,16 @@ class DatabaseThreads:
             connections.close_all()
 
 
-readers = DatabaseThreads("craft-db", 4)
+# ORM calls of event-loop code, reads and small writes (leases, a session's title): not the
+# event log's appends, which go through its writer.
+db_calls = DatabaseThreads("craft-db-call", 4)
 
 
 def db_sync_to_async(func: Callable[..., T]) -> Callable[..., Any]:
-    """Wrap a blocking ORM function so that event-loop code can await it (on `readers`)."""
+    """Wrap a blocking ORM function so that event-loop code can await it (on `db_calls`)."""
 
     @functools.wraps(func)
     async def call(*args: Any, **kwargs: Any) -> T:
-        return await readers.run(functools.partial(func, *args, **kwargs))
+        return await db_calls.run(functools.partial(func, *args, **kwargs))
 
     return call

@@ -208,11 +208,14 @@ def append_events(
     events: Sequence[tuple[str, dict[str, Any]]],
     *,
     client_id: str | None = None,
+    fence: Fence | None = None,
 ) -> Stored | None:
-    """Store events for a session in order, with consecutive seqs, in the caller's thread.
+    """Store events for a session in order, with consecutive seqs, in the caller's thread
+    and transaction (one of its own if it has none).
 
     With `client_id` (a prompt), return None and store nothing if the session already has an
-    event with that id. Listeners hear about the events after the transaction commits.
+    event with that id. With `fence`, raise Fenced if that lease has moved on. Listeners hear
+    about the events after the transaction commits.
     """
     encoded = _encode(events)
     if not encoded:
@@ -220,7 +223,7 @@ def append_events(
     with transaction.atomic():
         if client_id is not None and _prompt_stored(session_id, client_id):
             return None
-        stored = _insert(session_id, events, encoded, client_id, timezone.now())
+        stored = _insert(session_id, events, encoded, client_id, timezone.now(), fence)
         transaction.on_commit(
             lambda: delivery.publish(
                 [(session_id, stored.first_seq, stored.last_seq, stored.frames)]

@@ -2,9 +2,9 @@
 
 Kept out of the runner, which only calls these: what a new agent connection records in the
 log (`start_events`), checks of a client's choice against the controls the agent offers
-(`check_config_choice`, `check_mode`), the session title that follows the agent's
-`session_info_update` (`follow_agent_title`), and prompt attachments (`parse_attachments`,
-`prompt_blocks`).
+(`check_config_choice`, `check_mode`, `check_capabilities`), the titles the agent gives the
+session (`agent_titles`), and what a prompt's attachments become for the agent
+(`prompt_blocks`).
 
 Every state a person sees comes from the event log, so each of these ends in events: the agent
 information and controls of a new connection (`agent_info`), one `agent_restarted` per
@@ -14,40 +14,18 @@ through Craft produced, and a `session_title` when the agent names the session.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import posixpath
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
-from uuid import UUID
 
-from craft.models import Event, Session
-from craft.storage.db import db_sync_to_async
-from craft.storage.normalise import clean_text, clean_title
+from craft.commands import Attachment
+from craft.errors import Refused
+from craft.storage.normalise import clean_title
 from sandboxes.acp import AgentConnection
 
 Events = list[tuple[str, dict[str, Any]]]
-
-# What one prompt may carry besides its text. A client frame is at most 4 MiB (daphne's
-# limit as `make run` starts it); base64 makes an image a third bigger.
-MAX_ATTACHMENTS = 10
-MAX_IMAGE_BYTES = 2 * 1024 * 1024
-MAX_IMAGES_BYTES = 2_500_000  # all images of one prompt, decoded
-MAX_PATH_CHARS = 1_000
-IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
-
-
-class Invalid(Exception):
-    """A client's request does not fit what the agent offers; `code` names why."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
 
 # --- a new agent connection ---------------------------------------------------------------
 
@@ -102,23 +80,23 @@ def _values(option: dict[str, Any]) -> Iterator[str]:
 
 
 def check_config_choice(options: list[dict[str, Any]] | None, config_id: str, value: str) -> None:
-    """Raise Invalid unless the agent offers config option `config_id` with `value`."""
+    """Raise Refused unless the agent offers config option `config_id` with `value`."""
     if not options:
-        raise Invalid("no_config_options", "the agent offers no config options")
+        raise Refused("no_config_options", "the agent offers no config options")
     option = next((o for o in options if o.get("id") == config_id), None)
     if option is None:
-        raise Invalid("unknown_config", f"the agent has no config option {config_id!r}")
+        raise Refused("unknown_config", f"the agent has no config option {config_id!r}")
     if option.get("type") != "select" or value not in set(_values(option)):
-        raise Invalid("invalid_value", f"{value!r} is not a value of {config_id!r}")
+        raise Refused("invalid_value", f"{value!r} is not a value of {config_id!r}")
 
 
 def check_mode(modes: dict[str, Any] | None, mode_id: str) -> None:
-    """Raise Invalid unless the agent offers the mode `mode_id`."""
+    """Raise Refused unless the agent offers the mode `mode_id`."""
     available = (modes or {}).get("availableModes")
     if not isinstance(available, list) or not available:
-        raise Invalid("no_modes", "the agent offers no modes")
+        raise Refused("no_modes", "the agent offers no modes")
     if not any(isinstance(m, dict) and m.get("id") == mode_id for m in available):
-        raise Invalid("unknown_mode", f"the agent has no mode {mode_id!r}")
+        raise Refused("unknown_mode", f"the agent has no mode {mode_id!r}")
 
 
 def config_event(options: list[dict[str, Any]]) -> Events:
@@ -147,107 +125,16 @@ def agent_titles(events: Events) -> list[str]:
     return [title for title in titles if title]
 
 
-@db_sync_to_async
-def follow_agent_title(session_id: UUID, title: str) -> Events:
-    """Take the agent's title for the session unless its owner renamed it; return the
-    `session_title` event to store (none if nothing changed)."""
-    renamed = Event.objects.filter(
-        session_id=session_id, kind="session_title", data__source="user"
-    ).exists()
-    if renamed:
-        return []
-    if not Session.objects.filter(pk=session_id).exclude(title=title).update(title=title):
-        return []
-    return [("session_title", {"title": title, "source": "agent"})]
-
-
 # --- prompt attachments -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Attachment:
-    """One thing a prompt carries besides its text, checked."""
-
-    kind: str  # "file" or "image"
-    path: str = ""  # file: relative to the session's workspace
-    mime_type: str = ""  # image
-    data: str = ""  # image: base64
-    name: str = ""
-    size: int = 0  # image: decoded bytes
-
-    def stored(self) -> dict[str, Any]:
-        """Return what the log keeps of it (never an image's bytes)."""
-        if self.kind == "file":
-            return {"type": "file", "path": self.path}
-        return {"type": "image", "mimeType": self.mime_type, "name": self.name,
-                "bytes": self.size}  # fmt: skip
-
-
-def parse_attachments(raw: Any) -> list[Attachment]:
-    """Check a prompt frame's `attachments`; return them, or raise Invalid saying why."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise Invalid("bad_frame", "'attachments' must be a list")
-    if len(raw) > MAX_ATTACHMENTS:
-        raise Invalid(
-            "too_many_attachments", f"a prompt carries at most {MAX_ATTACHMENTS} attachments"
-        )
-    attachments = [_attachment(item) for item in raw]
-    if sum(a.size for a in attachments) > MAX_IMAGES_BYTES:
-        raise Invalid(
-            "attachment_too_large",
-            f"the images of one prompt are limited to {MAX_IMAGES_BYTES // 1_000_000} MB",
-        )
-    return attachments
-
-
-def _attachment(item: Any) -> Attachment:
-    if not isinstance(item, dict) or item.get("type") not in ("file", "image"):
-        raise Invalid("bad_attachment", "an attachment is {'type': 'file' | 'image', ...}")
-    name = item.get("name")
-    name = clean_text(name)[:200] if isinstance(name, str) else ""
-    if item["type"] == "file":
-        path = item.get("path")
-        if not isinstance(path, str) or not _is_workspace_path(path):
-            raise Invalid(
-                "bad_attachment", "a file attachment needs a 'path' relative to the workspace"
-            )
-        return Attachment("file", path=posixpath.normpath(path), name=name)
-    mime_type, data = item.get("mimeType"), item.get("data")
-    if mime_type not in IMAGE_TYPES:
-        raise Invalid("bad_attachment", f"images must be one of {', '.join(sorted(IMAGE_TYPES))}")
-    if not isinstance(data, str) or len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
-        raise Invalid(
-            "attachment_too_large",
-            f"an image is limited to {MAX_IMAGE_BYTES // (1024 * 1024)} MiB",
-        )
-    try:
-        size = len(base64.b64decode(data, validate=True))
-    except (binascii.Error, ValueError):
-        raise Invalid("bad_attachment", "an image's 'data' must be base64") from None
-    if size > MAX_IMAGE_BYTES:
-        raise Invalid(
-            "attachment_too_large",
-            f"an image is limited to {MAX_IMAGE_BYTES // (1024 * 1024)} MiB",
-        )
-    return Attachment("image", mime_type=str(mime_type), data=data, name=name, size=size)
-
-
-def _is_workspace_path(path: str) -> bool:
-    """Whether `path` names something inside the workspace: relative, without `..`."""
-    if not 0 < len(path) <= MAX_PATH_CHARS or clean_text(path) != path or not path.isprintable():
-        return False
-    return not path.startswith("/") and ".." not in path.split("/")
-
-
 def check_capabilities(attachments: list[Attachment], capabilities: dict[str, bool]) -> None:
-    """Raise Invalid if the agent does not take images and the prompt has one.
+    """Raise Refused if the agent does not take images and the prompt has one.
 
     Files go as resource links, which every ACP agent must take.
     """
     if any(a.kind == "image" for a in attachments) and not capabilities.get("image"):
-        raise Invalid("attachments_not_supported", "this agent does not accept images")
+        raise Refused("attachments_not_supported", "this agent does not accept images")
 
 
 def prompt_blocks(attachments: list[Attachment], cwd: str) -> list[dict[str, Any]]:

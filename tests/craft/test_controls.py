@@ -8,9 +8,9 @@ import base64
 import pytest
 
 from craft import services
+from craft.commands import MAX_ATTACHMENTS, MAX_IMAGE_BYTES
 from craft.models import Event, Session
 from craft.storage.db import db_sync_to_async
-from craft.turns.controls import MAX_ATTACHMENTS, MAX_IMAGE_BYTES
 from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
@@ -132,7 +132,7 @@ async def test_the_title_follows_the_agent_until_its_owner_renames_it(session, c
     title = await event(comm, "session_title")
     assert title == {"title": "Tidy the garden", "source": "agent"}
     assert await title_of(session) == "Tidy the garden"
-    await db_sync_to_async(services.rename_session)(session, "Mine")
+    await db_sync_to_async(services.set_session_title)(session.pk, "Mine", "user")
     await turn(comm, "t2", "title Something else")
     assert await title_of(session) == "Mine"
     assert [t["source"] for t in await stored(session, "session_title")] == [

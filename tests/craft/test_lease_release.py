@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from craft.cluster import lifecycle, ownership
+from craft.cluster import leases, lifecycle
 from craft.models import Lease
 from craft.storage.db import db_sync_to_async
-from craft.turns import runner
+from craft.turns import records
 from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
@@ -41,19 +41,19 @@ def lease_of(session_id):
 
 
 async def test_a_release_pass_during_a_prompts_store_leaves_its_lease(session, owner, monkeypatch):
-    checked = runner._sandbox_status
+    checked = records.sandbox_status
 
     async def release_pass_first(session_id):
         await lifecycle._release_idle_sessions()  # housekeeping, at the worst moment
         return await checked(session_id)
 
-    monkeypatch.setattr(runner, "_sandbox_status", release_pass_first)
+    monkeypatch.setattr(records, "sandbox_status", release_pass_first)
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     await comm.send_json_to({"type": "resume", "after": 0})
     frames = await prompt(comm, "first")
     assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
     lease = await lease_of(session.pk)
-    assert lease is not None and lease.token == ownership.ownership.token(session.pk)
+    assert lease is not None and lease.token == leases.ownership.token(session.pk)
     await comm.disconnect()
 
 
@@ -64,18 +64,18 @@ async def test_a_prompt_waits_for_a_release_in_flight_and_takes_a_new_lease(
     await comm.send_json_to({"type": "resume", "after": 0})
     assert (await prompt(comm, "first"))[-1].get("data") == {"stop_reason": "end_turn"}
 
-    deleting = ownership.release
+    deleting = leases.release
 
     def slow_release(session_id, token):
         time.sleep(0.5)  # the delete is slow to arrive: the next prompt's claim comes first
         deleting(session_id, token)
 
-    monkeypatch.setattr(ownership, "release", slow_release)
-    release = asyncio.ensure_future(ownership.ownership.release(session.pk))
+    monkeypatch.setattr(leases, "release", slow_release)
+    release = asyncio.ensure_future(leases.ownership.release(session.pk))
     await asyncio.sleep(0.05)
     frames = await prompt(comm, "second")
     await release
     assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
     lease = await lease_of(session.pk)
-    assert lease is not None and lease.token == ownership.ownership.token(session.pk)
+    assert lease is not None and lease.token == leases.ownership.token(session.pk)
     await comm.disconnect()

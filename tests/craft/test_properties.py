@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from craft.models import Event, Session
-from craft.turns.runner import runners
+from craft.turns.registry import runners
 from tests.ready import open_ready_session
 
 from ..agents import AGENTS

@@ -18,6 +18,7 @@ from django.test import Client
 from django.urls import reverse
 
 from craft.models import Event, Session
+from craft.storage.titles import set_session_title
 from craft.turns import controls
 from tests.ready import open_ready_session
 
@@ -121,10 +122,14 @@ def test_an_agent_s_title_is_cleaned_before_it_is_stored(owner):
     ]
     titles = controls.agent_titles(events)
     assert titles == ["\ufffd"]  # the blank one is no title
-    stored = controls.follow_agent_title.__wrapped__(session.pk, titles[0])
-    assert stored == [("session_title", {"title": "\ufffd", "source": "agent"})]
+    assert set_session_title(session.pk, "\x00\n", "agent") is None  # blank: nothing stored
+    assert set_session_title(session.pk, titles[0], "agent") == "\ufffd"
     session.refresh_from_db()
     assert session.title == "\ufffd"
+    assert Event.objects.filter(session=session, kind="session_title").get().data == {
+        "title": "\ufffd",
+        "source": "agent",
+    }
 
 
 @pytest.mark.skipif(

@@ -19,7 +19,7 @@ from django.db import OperationalError
 from craft.models import Event, Turn
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import EventWriter
-from craft.turns.runner import STORAGE_FAILED
+from craft.turns.turn import STORAGE_FAILED
 from sandboxes import services as sandbox_services
 from sandboxes.acp import AgentConnection
 from tests.ready import open_ready_session

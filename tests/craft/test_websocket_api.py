@@ -13,7 +13,7 @@ from craft import services
 from craft.models import Event
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
-from craft.turns.runner import SessionRunner
+from craft.turns.turn import Turn
 from tests.ready import open_ready_session
 
 from .wsclient import (
@@ -370,13 +370,13 @@ async def test_updates_after_the_prompt_response_wait_for_the_turns_end_to_be_st
     """The race behind a flaky run: the late updates' drain ran while the turn's end was still
     on its way to the log, and stored them first. Here the end is held back on purpose."""
     settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "late_agent.py")]
-    end = SessionRunner._end
+    end = Turn.end
 
     async def slow_end(self, *args, **kwargs):
         await asyncio.sleep(0.5)  # the late updates are in the inbox long before
         await end(self, *args, **kwargs)
 
-    monkeypatch.setattr(SessionRunner, "_end", slow_end)
+    monkeypatch.setattr(Turn, "end", slow_end)
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})

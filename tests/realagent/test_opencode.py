@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from craft.storage.db import db_sync_to_async
-from craft.turns.runner import runners
+from craft.turns.registry import runners
 from tests.ready import open_ready_session
 
 from ..agents.fake_model import FakeModel

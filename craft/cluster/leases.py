@@ -1,4 +1,4 @@
-"""One owner per session across server processes: leases, forwarding, fencing.
+"""One owner per session across server processes: leases and fencing.
 
 With several workers behind a load balancer, a browser's frames reach any of them, but one
 session's agent must run in exactly one (two agents in one workspace corrupt each other's
@@ -8,19 +8,13 @@ work). So:
   it every housekeeping tick while it holds the agent, and releases it when the agent is
   stopped or the worker shuts down. Another worker takes a lease over only once it has
   expired (`CRAFT_SESSION_LEASE_SECONDS`) or its owner is known to be gone; every takeover
-  increases the lease's token and closes the running turn the old owner left.
-* **Forwarding**: `route` sends `prompt`, `cancel` and `permission` frames that reach a
-  worker which is not the owner to the owner's channel on the channel layer; the owner
-  handles them as its own and replies on the sender's worker channel, errors included. A
-  forward that gets no reply (the owner died) is tried again, and once the lease has expired
-  this worker takes it over. A worker never starts a session's agent without holding its
-  lease.
+  increases the lease's token and closes the running turn the old owner left. A worker
+  never starts a session's agent without holding its lease.
 * **Fencing**: the runner's writes carry the lease's token, and the event log refuses them
   once the token has changed (`eventlog.Fenced`): a worker that lost its lease (a long pause,
   a partition) stores nothing more for that session, and stops its agent when it notices.
 
-Each worker listens on its own channel (`Listener`); the in-memory channel layer has one
-worker only, so frames are never forwarded there.
+What reaches a worker that is not the owner is forwarded to it (`craft.cluster.forwarding`).
 """
 
 from __future__ import annotations
@@ -28,31 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 from uuid import UUID
 
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from craft.cluster import workers
 from craft.models import Lease, Session, Turn, Worker
-from craft.storage.db import readers
+from craft.storage.db import db_calls
 from craft.turns.recovery import LOST, close_turn
 
 logger = logging.getLogger(__name__)
-
-# How long a forwarded frame may wait for the owner's reply before the owner is asked again.
-FORWARD_TIMEOUT = 2.0
-
-
-class Unavailable(Exception):
-    """No worker could take the session's frame (its owner is silent and still holds it)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +50,7 @@ class Claim:
     seconds_left: float = 0.0  # how long the owner's lease still runs (another's claim)
 
 
-def _lease_seconds() -> float:
+def lease_seconds() -> float:
     return float(settings.CRAFT_SESSION_LEASE_SECONDS)
 
 
@@ -75,7 +59,7 @@ def acquire(session_id: UUID) -> Claim:
     otherwise say who owns it. A takeover closes the old owner's running turn."""
     me = workers.me().key
     now = timezone.now()
-    expires = now + timedelta(seconds=_lease_seconds())
+    expires = now + timedelta(seconds=lease_seconds())
     with transaction.atomic():
         lease = Lease.objects.select_for_update().filter(session_id=session_id).first()
         if lease is None and not Session.objects.filter(pk=session_id).exists():
@@ -119,7 +103,7 @@ def acquire(session_id: UUID) -> Claim:
 def renew(held: dict[UUID, int]) -> set[UUID]:
     """Renew this worker's leases (session -> token); return the sessions whose lease is lost."""
     me = workers.me().key
-    expires = timezone.now() + timedelta(seconds=_lease_seconds())
+    expires = timezone.now() + timedelta(seconds=lease_seconds())
     lost = set()
     for session_id, token in held.items():
         if not Lease.objects.filter(session_id=session_id, owner=me, token=token).update(
@@ -175,7 +159,7 @@ class Ownership:
             await asyncio.shield(releasing)
         self._claiming[session_id] = self._claiming.get(session_id, 0) + 1
         try:
-            claim = await readers.run(acquire, session_id)
+            claim = await db_calls.run(acquire, session_id)
         finally:
             if self._claiming[session_id] == 1:
                 del self._claiming[session_id]
@@ -198,7 +182,7 @@ class Ownership:
     def _hold(self, session_id: UUID, token: int) -> None:
         # Renewals come three times per lease period (craft.cluster.lifecycle); a lease this worker
         # could not renew (the database is unreachable) is not trusted beyond two thirds of it.
-        good_for = _lease_seconds() * 2 / 3
+        good_for = lease_seconds() * 2 / 3
         self.held[session_id] = Held(token, time.monotonic() + good_for)
 
     async def renew(self) -> None:
@@ -206,7 +190,7 @@ class Ownership:
         if not self.held:
             return
         tokens = {session_id: held.token for session_id, held in self.held.items()}
-        lost = await readers.run(renew, tokens)
+        lost = await db_calls.run(renew, tokens)
         for session_id, token in tokens.items():
             if session_id in lost:
                 await self.lose(session_id)
@@ -229,136 +213,14 @@ class Ownership:
         done = asyncio.get_running_loop().create_future()
         self._releasing[session_id] = done
         try:
-            await readers.run(release, session_id, held.token)
+            await db_calls.run(release, session_id, held.token)
         finally:
             del self._releasing[session_id]
             done.set_result(None)
 
     async def release_all(self) -> None:
         self.held.clear()
-        await readers.run(release_all)
+        await db_calls.run(release_all)
 
 
 ownership = Ownership()
-
-
-# --- forwarding ------------------------------------------------------------------------------
-
-Handler = Callable[[UUID, dict[str, Any], int], Awaitable[None]]
-
-
-class Listener:
-    """This worker's channel: frames forwarded to it, and replies to frames it forwarded."""
-
-    def __init__(self) -> None:
-        self.channel: str = ""
-        self._task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self._handling: set[asyncio.Task[None]] = set()
-        self.handler: Handler | None = None
-
-    async def start(self) -> str:
-        """Listen on a new channel on this loop (once); return its name."""
-        loop = asyncio.get_running_loop()
-        if self._task is not None and self._loop is loop and not self._task.done():
-            return self.channel
-        layer = get_channel_layer()
-        # The default prefix: channels_redis reads one process's channels through a single
-        # Redis key only if they all share it (a second prefix starves the sockets' channels).
-        self.channel = await layer.new_channel()
-        self._loop = loop
-        self._task = loop.create_task(self._listen(layer))
-        await readers.run(_publish_channel, self.channel)
-        return self.channel
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _listen(self, layer: Any) -> None:
-        while True:
-            message = await layer.receive(self.channel)
-            if message.get("type") == "frame.reply":
-                future = self._replies.pop(message.get("request", ""), None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-            elif message.get("type") == "session.frame":
-                task = asyncio.get_running_loop().create_task(self._handle(layer, message))
-                self._handling.add(task)
-                task.add_done_callback(self._handling.discard)
-
-    async def _handle(self, layer: Any, message: dict[str, Any]) -> None:
-        from craft.turns.runner import Refused
-
-        reply: dict[str, Any] = {"type": "frame.reply", "request": message["request"]}
-        try:
-            assert self.handler is not None
-            await route(UUID(message["session"]), message["frame"], self.handler, forwarded=True)
-        except Refused as refused:
-            reply.update(code=refused.code, message=refused.message)
-        except Unavailable:
-            reply["unavailable"] = True
-        except Exception as exc:
-            logger.exception("forwarded frame for session %s failed", message["session"])
-            reply.update(code="internal_error", message=f"internal error: {exc}")
-        await layer.send(message["reply_to"], reply)
-
-    async def forward(self, channel: str, session_id: UUID, frame: dict[str, Any]) -> dict | None:
-        """Send a frame to its session's owner; return its reply, None without one in time."""
-        layer = get_channel_layer()
-        request = uuid.uuid4().hex
-        future = asyncio.get_running_loop().create_future()
-        self._replies[request] = future
-        try:
-            await layer.send(
-                channel,
-                {"type": "session.frame", "request": request, "session": str(session_id),
-                 "frame": frame, "reply_to": self.channel},
-            )  # fmt: skip
-            return await asyncio.wait_for(future, FORWARD_TIMEOUT)
-        except (TimeoutError, Exception) as exc:
-            if not isinstance(exc, TimeoutError):
-                logger.warning("forwarding to %s failed: %s", channel, exc)
-            return None
-        finally:
-            self._replies.pop(request, None)
-
-
-def _publish_channel(channel: str) -> None:
-    workers.ensure_registered()
-    Worker.objects.filter(pk=workers.me().key).update(channel=channel)
-
-
-listener = Listener()
-
-
-async def route(
-    session_id: UUID, frame: dict[str, Any], handle: Handler, *, forwarded: bool = False
-) -> None:
-    """Handle a client frame of a session here if this worker owns it (or can take it over),
-    else forward it to the owner; raise the owner's `Refused` here."""
-    from craft.turns.runner import Refused
-
-    deadline = time.monotonic() + _lease_seconds() + FORWARD_TIMEOUT
-    while True:
-        claim = await ownership.claim(session_id)
-        if claim.mine:
-            await handle(session_id, frame, claim.token)
-            return
-        if forwarded:
-            # The owner changed while the frame was on its way: the sender asks again.
-            raise Unavailable
-        if claim.channel:
-            await listener.start()
-            reply = await listener.forward(claim.channel, session_id, frame)
-            if reply is not None and not reply.get("unavailable"):
-                if reply.get("code"):
-                    raise Refused(reply["code"], reply["message"])
-                return
-            ownership.forget_owner(session_id)
-        if time.monotonic() > deadline:
-            raise Refused(
-                "unavailable", "the server running this session does not answer; try again"
-            )
-        await asyncio.sleep(0.2)

@@ -1,0 +1,235 @@
+"""What a client asks of a session, as typed commands: parsed and checked once, at the socket.
+
+The consumer turns each client frame into one of these (`parse`), or refuses it; from then on
+the command travels as it is: to the worker that owns the session (`craft.cluster`, which
+sends it through the channel layer with `to_wire` and `from_wire` without knowing what it
+means), and into that worker's runner, which carries it out (`craft.turns`).
+
+Only what the agent must decide (an option its permission request offers, a config value it
+offers, whether it takes images) is checked later, by the runner that knows the agent.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from craft.errors import Refused
+from craft.storage.normalise import clean_text, is_client_id
+
+MAX_PROMPT_CHARS = 100_000
+# What one prompt may carry besides its text. A client frame is at most 4 MiB (daphne's
+# limit as `make run` starts it); base64 makes an image a third bigger.
+MAX_ATTACHMENTS = 10
+MAX_IMAGE_BYTES = 2 * 1024 * 1024
+MAX_IMAGES_BYTES = 2_500_000  # all images of one prompt, decoded
+MAX_PATH_CHARS = 1_000
+IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One thing a prompt carries besides its text, checked."""
+
+    kind: str  # "file" or "image"
+    path: str = ""  # file: relative to the session's workspace
+    mime_type: str = ""  # image
+    data: str = ""  # image: base64
+    name: str = ""
+    size: int = 0  # image: decoded bytes
+
+    def stored(self) -> dict[str, Any]:
+        """Return what the log keeps of it (never an image's bytes)."""
+        if self.kind == "file":
+            return {"type": "file", "path": self.path}
+        return {"type": "image", "mimeType": self.mime_type, "name": self.name,
+                "bytes": self.size}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Start a turn with this text (cleaned as it will be stored) and attachments."""
+
+    id: str
+    text: str
+    attachments: tuple[Attachment, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel the running turn."""
+
+
+@dataclass(frozen=True)
+class AnswerPermission:
+    """Answer an open permission request with one of its options."""
+
+    request: str
+    option: str
+
+
+@dataclass(frozen=True)
+class SetConfigOption:
+    """Change one of the agent's session config options."""
+
+    config: str
+    value: str
+
+
+@dataclass(frozen=True)
+class SetMode:
+    """Switch the agent to one of its modes."""
+
+    mode: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Send the stored events after `after`, then follow the session live (the socket's own)."""
+
+    after: int
+
+
+# What the session's owner carries out; `Resume` stays with the socket that received it.
+SessionCommand = Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode
+Command = SessionCommand | Resume
+
+# The frame type of each command, as clients send it.
+FRAME_TYPES: dict[type, str] = {
+    Prompt: "prompt",
+    Cancel: "cancel",
+    AnswerPermission: "permission",
+    SetConfigOption: "set_config_option",
+    SetMode: "set_mode",
+    Resume: "resume",
+}
+
+
+def parse(frame: dict[str, Any]) -> Command:
+    """Return the command a client frame (a JSON object with a string `type`) asks for, or
+    raise Refused saying what is wrong with it."""
+    kind = frame["type"]
+    if kind == "prompt":
+        return _prompt(frame)
+    if kind == "cancel":
+        return Cancel()
+    if kind == "permission":
+        request, option = frame.get("request"), frame.get("option")
+        if not isinstance(request, str) or not isinstance(option, str):
+            raise Refused("bad_frame", "permission needs 'request' and 'option' strings")
+        return AnswerPermission(request, option)
+    if kind == "resume":
+        after = frame.get("after", 0)
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+            raise Refused("bad_frame", "resume needs 'after': a non-negative integer")
+        return Resume(after)
+    if kind == "set_config_option":
+        config, value = frame.get("config"), frame.get("value")
+        if not isinstance(config, str) or not isinstance(value, str):
+            raise Refused("bad_frame", "set_config_option needs 'config' and 'value' strings")
+        return SetConfigOption(config, value)
+    if kind == "set_mode":
+        mode = frame.get("mode")
+        if not isinstance(mode, str):
+            raise Refused("bad_frame", "set_mode needs a 'mode' string")
+        return SetMode(mode)
+    raise Refused("unknown_type", f"unknown frame type {kind!r}")
+
+
+def _prompt(frame: dict[str, Any]) -> Prompt:
+    client_id, text = frame.get("id"), frame.get("text")
+    if not isinstance(client_id, str) or not is_client_id(client_id):
+        raise Refused("bad_frame", "prompt needs an 'id' string of 1 to 100 printable characters")
+    if not isinstance(text, str):
+        raise Refused("bad_frame", "prompt needs a 'text' string")
+    attachments = parse_attachments(frame.get("attachments"))
+    if not text.strip():
+        raise Refused("empty_prompt", "a prompt needs some text")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise Refused("prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters")
+    # The agent gets the prompt as it is stored: text no one could encode is cleaned.
+    return Prompt(client_id, clean_text(text), tuple(attachments))
+
+
+# --- between workers -------------------------------------------------------------------------
+
+
+def to_wire(command: SessionCommand) -> dict[str, Any]:
+    """Return the command as a message for another worker (it was checked here already)."""
+    return {"type": FRAME_TYPES[type(command)], **dataclasses.asdict(command)}
+
+
+def from_wire(message: dict[str, Any]) -> SessionCommand:
+    """Return the command another worker sent with `to_wire` (through the signed layer)."""
+    fields = {key: value for key, value in message.items() if key != "type"}
+    if message["type"] == "prompt":
+        attachments = tuple(Attachment(**item) for item in fields.pop("attachments", ()))
+        return Prompt(**fields, attachments=attachments)
+    kind = next(cls for cls, name in FRAME_TYPES.items() if name == message["type"])
+    command: SessionCommand = kind(**fields)
+    return command
+
+
+# --- prompt attachments -------------------------------------------------------------------
+
+
+def parse_attachments(raw: Any) -> list[Attachment]:
+    """Check a prompt frame's `attachments`; return them, or raise Refused saying why."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise Refused("bad_frame", "'attachments' must be a list")
+    if len(raw) > MAX_ATTACHMENTS:
+        raise Refused(
+            "too_many_attachments", f"a prompt carries at most {MAX_ATTACHMENTS} attachments"
+        )
+    attachments = [_attachment(item) for item in raw]
+    if sum(a.size for a in attachments) > MAX_IMAGES_BYTES:
+        raise Refused(
+            "attachment_too_large",
+            f"the images of one prompt are limited to {MAX_IMAGES_BYTES // 1_000_000} MB",
+        )
+    return attachments
+
+
+def _attachment(item: Any) -> Attachment:
+    if not isinstance(item, dict) or item.get("type") not in ("file", "image"):
+        raise Refused("bad_attachment", "an attachment is {'type': 'file' | 'image', ...}")
+    name = item.get("name")
+    name = clean_text(name)[:200] if isinstance(name, str) else ""
+    if item["type"] == "file":
+        path = item.get("path")
+        if not isinstance(path, str) or not _is_workspace_path(path):
+            raise Refused(
+                "bad_attachment", "a file attachment needs a 'path' relative to the workspace"
+            )
+        return Attachment("file", path=posixpath.normpath(path), name=name)
+    mime_type, data = item.get("mimeType"), item.get("data")
+    if mime_type not in IMAGE_TYPES:
+        raise Refused("bad_attachment", f"images must be one of {', '.join(sorted(IMAGE_TYPES))}")
+    if not isinstance(data, str) or len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise Refused(
+            "attachment_too_large",
+            f"an image is limited to {MAX_IMAGE_BYTES // (1024 * 1024)} MiB",
+        )
+    try:
+        size = len(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        raise Refused("bad_attachment", "an image's 'data' must be base64") from None
+    if size > MAX_IMAGE_BYTES:
+        raise Refused(
+            "attachment_too_large",
+            f"an image is limited to {MAX_IMAGE_BYTES // (1024 * 1024)} MiB",
+        )
+    return Attachment("image", mime_type=str(mime_type), data=data, name=name, size=size)
+
+
+def _is_workspace_path(path: str) -> bool:
+    """Whether `path` names something inside the workspace: relative, without `..`."""
+    if not 0 < len(path) <= MAX_PATH_CHARS or clean_text(path) != path or not path.isprintable():
+        return False
+    return not path.startswith("/") and ".." not in path.split("/")

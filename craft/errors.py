@@ -1,0 +1,21 @@
+"""What Craft refuses, in one place: the errors a client or a person is told about."""
+
+from __future__ import annotations
+
+
+class Refused(Exception):
+    """A client request that was not accepted; `code` and `message` go into the websocket's
+    `error` frame (docs/websocket-api.md lists the codes). Nothing of it was stored."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class SessionError(Exception):
+    """A session operation was refused; the message is fit to show to the user."""
+
+
+class SessionLimit(SessionError):
+    """The user has as many sessions as one person may have."""

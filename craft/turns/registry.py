@@ -1,0 +1,50 @@
+"""The session runners of this process, and where commands for them come in."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from craft.cluster import workers
+from craft.commands import SessionCommand
+from craft.turns.runner import SessionRunner
+
+
+class RunnerRegistry:
+    """The runners of this process, by session id (used from the event loop only)."""
+
+    def __init__(self) -> None:
+        self._runners: dict[UUID, SessionRunner] = {}
+        self.closing = False  # shutting down: no new turns
+
+    def get(self, session_id: UUID) -> SessionRunner:
+        runner = self._runners.get(session_id)
+        if runner is None:
+            runner = self._runners[session_id] = SessionRunner(session_id, self)
+        return runner
+
+    async def handle(self, session_id: UUID, command: SessionCommand, token: int) -> None:
+        """Carry out a command of a session this worker owns under the lease `token`."""
+        runner = self.get(session_id)
+        runner.fence = (workers.me().key, token)
+        await runner.handle(command)
+
+    async def lose(self, session_id: UUID) -> None:
+        """This worker lost the session's lease: its runner stops the agent here."""
+        await self.get(session_id).lose()
+
+    def is_running(self, session_id: UUID) -> bool:
+        runner = self._runners.get(session_id)
+        return runner is not None and runner.running
+
+    def running(self) -> list[SessionRunner]:
+        return [runner for runner in self._runners.values() if runner.running]
+
+    def forget(self, session_id: UUID) -> None:
+        self._runners.pop(session_id, None)
+
+    def clear(self) -> None:
+        self._runners.clear()
+        self.closing = False
+
+
+runners = RunnerRegistry()

@@ -1,0 +1,356 @@
+"""One prompt's turn: from its stored prompt to its one `turn_end` (invariant 8).
+
+A `Turn` owns what belongs to one turn: the permission requests it waits on, whether a cancel
+was asked for, why Craft cut it short, and the task that carries it out. Its runner makes a new
+one for each prompt, so nothing of a turn outlives it. Whatever happens (the agent answers,
+fails, dies, hangs, floods; storage fails; the server shuts down; another worker takes the
+session over), `end()` stores the turn's last events and exactly one `turn_end`, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import DataError, IntegrityError
+
+from craft.commands import Prompt
+from craft.errors import Refused
+from craft.models import Session
+from craft.storage.eventlog import Fenced
+from craft.turns import controls
+from craft.turns.agent_calls import call_agent
+from sandboxes.acp import (
+    AgentConnection,
+    PermissionRequest,
+    PromptNotSent,
+    TurnEnd,
+    TurnFailed,
+    TurnItem,
+    Update,
+)
+
+if TYPE_CHECKING:
+    from craft.turns.runner import SessionRunner
+
+logger = logging.getLogger(__name__)
+
+Events = list[tuple[str, dict[str, Any]]]
+
+BATCH_LIMIT = 500
+STORAGE_FAILED = "Craft could not store the agent's output, so it stopped the agent."
+LOST_EVENTS = "updates of the agent could not be stored and were dropped."
+
+
+class StorageFailed(Exception):
+    """Events of a turn could not be stored; `unsaved` holds them, in order."""
+
+    def __init__(self, cause: BaseException, unsaved: Events) -> None:
+        super().__init__(str(cause))
+        self.unsaved = unsaved
+
+
+class Turn:
+    """Carry out one prompt (all methods run on the event loop)."""
+
+    def __init__(self, runner: SessionRunner, prompt: Prompt) -> None:
+        self.runner = runner
+        self.prompt = prompt
+        self.session_id = runner.session_id
+        self.pending: dict[str, set[str]] = {}  # open permission requests: their option ids
+        self.cancel_requested = False
+        self.interrupted: str | None = None  # why Craft cut the turn short
+        self.task: asyncio.Task[None] | None = None
+        self.ended = False
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def start(self) -> None:
+        # A fresh context: the turn must not inherit the consumer's, which ends when the
+        # browser leaves.
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), context=contextvars.Context()
+        )
+
+    # --- what the person (or the server) does during the turn --------------------------------
+
+    async def cancel(self) -> None:
+        """Ask for the turn to end `cancelled`: answer its open requests, tell the agent."""
+        self.cancel_requested = True
+        await self._answer_open_requests_cancelled()
+        # If the agent has no turn yet (it is starting, or the prompt is being written), the
+        # turn checks `cancel_requested` once the prompt is out: either way the agent hears.
+        if self.runner.connection is not None:
+            await self._send_cancel(self.runner.connection)
+
+    async def interrupt(self, why: str) -> None:
+        """Cut the turn short (the server is shutting down): it ends `interrupted`, saying
+        `why`, with its open permission requests answered `cancelled`. The agent is asked to
+        cancel; the caller stops it."""
+        self.interrupted = why
+        self.cancel_requested = True
+        if self.runner.connection is not None:
+            await call_agent(self.runner.connection.cancel)
+
+    async def answer_permission(self, request_id: str, option_id: str) -> None:
+        """Answer the agent's permission request with one of its options."""
+        options = self.pending.get(request_id)
+        connection = self.runner.connection
+        if options is None or connection is None:
+            raise Refused("unknown_request", "that permission request is not open")
+        if option_id not in options:
+            raise Refused("invalid_option", f"{option_id!r} is not an option of that request")
+        del self.pending[request_id]
+        # Stored before the agent hears it, so the log never shows the agent acting on an
+        # answer that comes later in the log.
+        await self.runner.append(
+            [("permission_answer", {"request": request_id, "option": option_id})]
+        )
+        await call_agent(connection.answer_permission, request_id, option_id)
+
+    async def _answer_open_requests_cancelled(self) -> None:
+        answered = list(self.pending)
+        self.pending.clear()
+        if answered:
+            await self.runner.append(
+                [
+                    ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
+                    for rid in answered
+                ]
+            )
+
+    async def _send_cancel(self, connection: AgentConnection) -> None:
+        await call_agent(connection.cancel)
+        asyncio.get_running_loop().create_task(
+            self._stop_if_still_running(connection), context=contextvars.Context()
+        )
+
+    async def _stop_if_still_running(self, connection: AgentConnection) -> None:
+        """Stop an agent that ignores `session/cancel`, so that cancel always ends the turn.
+
+        Its connection dies with it; the next prompt starts a new agent.
+        """
+        if self.task is None:
+            return
+        grace = settings.CRAFT_CANCEL_GRACE_SECONDS
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), timeout=grace)
+        except TimeoutError:
+            logger.warning(
+                "session %s: agent ignored cancel for %s s; stopping it", self.session_id, grace
+            )
+            await call_agent(connection.stop)
+
+    # --- carrying it out ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """Run the turn to its end; whatever happens, the log gets exactly one turn_end."""
+        runner = self.runner
+        ending: Events = []
+        try:
+            try:
+                connection = await runner.connection_for_turn()
+            except Exception as exc:
+                logger.warning("session %s: agent did not start: %s", self.session_id, exc)
+                ending, reason = [("agent_error", {"message": str(exc)})], "error"
+            else:
+                if self.cancel_requested:
+                    ending, reason = [], "cancelled"
+                else:
+                    ending, reason = await self._send(connection)
+        except Fenced:
+            # Another worker took the session over; it closed this turn. Nothing more here.
+            self.ended = True
+            await runner.drop_connection()
+            return
+        except StorageFailed as failure:
+            logger.exception("session %s: storing the turn failed", self.session_id)
+            await runner.drop_connection()
+            # Keep what the agent said before it was stopped: it goes in with the end.
+            drained = [event for event in runner.drain_inbox() if event[0] != "agent_error"]
+            ending = [*failure.unsaved, *drained, ("agent_error", {"message": STORAGE_FAILED})]
+            reason = "interrupted"
+        except Exception as exc:
+            logger.exception("session %s: turn failed", self.session_id)
+            await runner.drop_connection()
+            ending, reason = [("agent_error", {"message": f"internal error: {exc}"})], "error"
+        if self.interrupted is not None:
+            ending = [*ending, ("agent_error", {"message": self.interrupted})]
+            reason = "interrupted"
+        await self.end(ending, reason)
+
+    async def _send(self, connection: AgentConnection) -> tuple[Events, str]:
+        """Stream the turn; if the prompt could not even be written (the agent died just
+        before), the agent never got it: a new agent takes it, once."""
+        attachments = list(self.prompt.attachments)
+        for attempt in (1, 2):
+            try:
+                controls.check_capabilities(attachments, connection.prompt_capabilities)
+            except Refused as refused:
+                return [("agent_error", {"message": refused.message})], "error"
+            blocks = controls.prompt_blocks(attachments, connection.cwd)
+            try:
+                return await self._stream(connection, blocks)
+            except PromptNotSent as exc:
+                logger.info("session %s: prompt not sent (%s)", self.session_id, exc)
+                await self.runner.drop_connection()
+                if attempt == 2 or self.cancel_requested:
+                    message = f"the agent could not take the prompt: {exc}"
+                    return [("agent_error", {"message": message})], "error"
+            try:
+                connection = await self.runner.connection_for_turn()
+            except Exception as exc:
+                logger.warning("session %s: agent did not start: %s", self.session_id, exc)
+                return [("agent_error", {"message": str(exc)})], "error"
+        raise AssertionError("unreachable")
+
+    async def _stream(
+        self, connection: AgentConnection, blocks: list[dict[str, Any]]
+    ) -> tuple[Events, str]:
+        """Send the prompt and store the turn's items until its end; return the last events
+        (not stored yet) and the stop reason."""
+        inbox = self.runner.inbox
+        assert inbox is not None
+        with inbox:
+            # Writing the prompt can block (a full pipe, a slow exec websocket): not here.
+            await call_agent(connection.prompt, self.prompt.text, inbox.put, blocks)
+            if self.cancel_requested:  # a cancel that came while the prompt was written
+                await self._send_cancel(connection)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + settings.CRAFT_TURN_TIMEOUT_SECONDS
+            stored_size, over, dropped = 0, False, 0
+            while True:
+                try:
+                    batch = await asyncio.wait_for(
+                        inbox.take(BATCH_LIMIT), self._patience(deadline - loop.time())
+                    )
+                except TimeoutError:
+                    await self._time_out(connection, deadline - loop.time() <= 0)
+                    continue
+                events, final = self.events_of(batch)
+                if over:  # past the turn's limit: what the agent still says is counted, not kept
+                    dropped += len([e for e in events if e[0] != "agent_error"])
+                    events = [e for e in events if e[0] == "agent_error"]
+                    self.interrupted = self._over_limit(dropped)
+                if final is not None:
+                    return events, final
+                if not events:
+                    continue
+                try:
+                    stored = await self.runner.append(events)
+                except (Session.DoesNotExist, Fenced):
+                    raise
+                except Exception as exc:
+                    raise StorageFailed(exc, events) from exc
+                self.runner.watch_titles(events)
+                stored_size += stored.size if stored else 0
+                if stored_size > settings.CRAFT_MAX_TURN_BYTES and not over:
+                    over = True
+                    self.interrupted = self._over_limit(0)
+                    self.cancel_requested = True
+                    await self._send_cancel(connection)
+
+    def _over_limit(self, dropped: int) -> str:
+        megabytes = settings.CRAFT_MAX_TURN_BYTES / 2**20
+        said = f"; {dropped} later updates were not stored" if dropped else ""
+        return f"The agent's output passed {megabytes:g} MB in one turn, so Craft stopped it{said}."
+
+    def _patience(self, left: float) -> float | None:
+        """How long to wait for the agent's next item before the turn times out."""
+        if self.interrupted is not None:
+            return None  # cut short already: the cancel, or the stop after it, ends the turn
+        if self.pending:
+            return max(left, 0)  # waiting for a person's answer is not the agent hanging
+        return max(min(left, settings.CRAFT_TURN_IDLE_SECONDS), 0)
+
+    async def _time_out(self, connection: AgentConnection, too_long: bool) -> None:
+        """Cut a turn short that ran too long or whose agent went silent: cancel it; the agent
+        is stopped if it does not end the turn within the cancel grace."""
+        if too_long:
+            minutes = settings.CRAFT_TURN_TIMEOUT_SECONDS / 60
+            self.interrupted = (
+                f"The turn took longer than {minutes:g} minutes, so Craft stopped it."
+            )
+        else:
+            seconds = settings.CRAFT_TURN_IDLE_SECONDS
+            self.interrupted = (
+                f"The agent sent nothing for {seconds:g} seconds, so Craft stopped it."
+            )
+        logger.warning("session %s: %s", self.session_id, self.interrupted)
+        self.cancel_requested = True
+        await self._send_cancel(connection)
+
+    def events_of(self, batch: list[TurnItem]) -> tuple[Events, str | None]:
+        """Turn items into events, noting the permission requests it now waits on; return them
+        and the stop reason if the turn ended."""
+        events: Events = []
+        final: str | None = None
+        for item in batch:
+            if isinstance(item, Update):
+                events.append((item.kind, item.data))
+            elif isinstance(item, PermissionRequest):
+                self.pending[item.request_id] = {str(o.get("optionId")) for o in item.options}
+                data = {"request": item.request_id, "toolCall": item.tool_call,
+                        "options": item.options}  # fmt: skip
+                events.append(("permission_request", data))
+            elif isinstance(item, TurnEnd):
+                final = item.stop_reason
+            elif isinstance(item, TurnFailed):
+                events.append(("agent_error", {"message": item.message}))
+                final = "error"
+        return events, final
+
+    async def end(self, events: Events, stop_reason: str) -> None:
+        """Store the turn's last events and its `turn_end`, once, retrying until storage works.
+
+        Open permission requests are answered `cancelled` in the same append. Only a deleted
+        session (its log is gone with it) or a lost lease (the new owner closes the turn)
+        gives up.
+        """
+        if self.ended:
+            return
+        self.ended = True
+        answers = [
+            ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
+            for rid in self.pending
+        ]
+        self.pending.clear()
+        # Craft's own agent_error events come last; the answers go before them.
+        errors = [event for event in events if event[0] == "agent_error"]
+        others = [event for event in events if event[0] != "agent_error"]
+        last = [*others, *answers, *errors, ("turn_end", {"stop_reason": stop_reason})]
+        delay = 0.1
+        while True:
+            try:
+                await self.runner.append(last)
+                self.runner.watch_titles(others)
+                return
+            except Session.DoesNotExist:
+                logger.info("session %s was deleted during a turn", self.session_id)
+                return
+            except Fenced:
+                await self.runner.drop_connection()
+                return
+            except (DataError, IntegrityError, ValueError) as exc:
+                if not others:
+                    raise
+                # The database refuses something in the turn's last events: the end itself
+                # must get in; say what could not be kept.
+                logger.error("session %s: dropping events the database refuses: %s",
+                             self.session_id, exc)  # fmt: skip
+                lost = ("agent_error", {"message": f"{len(others)} {LOST_EVENTS}"})
+                last = [*answers, lost, *errors, ("turn_end", {"stop_reason": stop_reason})]
+                others = []
+            except Exception:
+                # Most likely the database is unreachable for a while: keep trying.
+                logger.exception(
+                    "session %s: could not store the end of the turn; retrying in %.1f s",
+                    self.session_id, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
