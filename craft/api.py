@@ -48,8 +48,7 @@ def _json_body(request: SignedInRequest) -> dict[str, Any] | None:
 
 
 def _own_session(request: SignedInRequest, session_id: UUID) -> Session | None:
-    sessions = Session.objects.select_related("sandbox").with_running()
-    return sessions.filter(pk=session_id, owner=request.user).first()
+    return Session.objects.one_of(request.user, session_id)
 
 
 def _running(session: Session) -> bool:

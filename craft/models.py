@@ -15,6 +15,12 @@ class SessionQuerySet(models.QuerySet["Session"]):
     def owned_by(self, user: User | AnonymousUser) -> "SessionQuerySet":
         return self.filter(owner=user)
 
+    def one_of(self, user: User | AnonymousUser, session_id: uuid.UUID | str) -> "Session | None":
+        """Return `user`'s session `session_id` with its sandbox and whether a turn runs, or
+        None: someone else's session and a missing one are not told apart."""
+        sessions = self.owned_by(user).select_related("sandbox").with_running()
+        return sessions.filter(pk=session_id).first()
+
     def recent_first(self) -> "SessionQuerySet":
         return self.order_by("-updated_at")
 

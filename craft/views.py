@@ -15,8 +15,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.models import User
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -25,7 +25,7 @@ from craft import services
 from craft.api import MAX_EVENTS_PAGE
 from craft.http import SignedInRequest
 from craft.models import Session
-from sandboxes.backends import get_backend
+from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -33,9 +33,10 @@ logger = logging.getLogger(__name__)
 
 def _own_session(request: SignedInRequest, session_id: UUID) -> Session:
     """Return the signed-in user's session; 404 for anyone else's (do not reveal it exists)."""
-    return get_object_or_404(
-        Session.objects.select_related("sandbox").with_running(), pk=session_id, owner=request.user
-    )
+    session = Session.objects.one_of(request.user, session_id)
+    if session is None:
+        raise Http404("no such session")
+    return session
 
 
 def _current_sandbox(user: User) -> Sandbox | None:
@@ -67,7 +68,7 @@ def session_workspace(session: Session) -> str:
     The page uses it only to show paths relative to the workspace, never the host's.
     """
     try:
-        return get_backend(session.sandbox.backend).workspace_path(session.sandbox, session.pk)
+        return sandbox_services.workspace_path(session.sandbox, session.pk)
     except Exception:
         logger.exception("no workspace path for session %s", session.pk)
         return ""

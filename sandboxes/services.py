@@ -332,6 +332,11 @@ def require_running(sandbox: Sandbox) -> None:
         raise SandboxUnavailable(f"your sandbox is {row['status']}{why}")
 
 
+def workspace_path(sandbox: Sandbox, session_id: UUID) -> str:
+    """Return the session's workspace as its agent sees it (its working directory)."""
+    return get_backend(sandbox.backend).workspace_path(sandbox, session_id)
+
+
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
     """Stop the session's agent connection (if any) and remove its workspace."""
     agent_connections.stop_session(sandbox.pk, session_id)

@@ -66,8 +66,7 @@ class FromSocket(dict[str, Any]):
 
 @db_sync_to_async
 def _owned_session(user: Any, session_id: UUID) -> Session | None:
-    sessions = Session.objects.select_related("sandbox").with_running()
-    return sessions.filter(pk=session_id, owner=user).first()
+    return Session.objects.one_of(user, session_id)
 
 
 @db_sync_to_async
