@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -184,3 +185,43 @@ def kube_backend(settings, kube, tmp_path):
     get_backend.cache_clear()
     yield get_backend("kubernetes")
     get_backend.cache_clear()
+
+
+@contextlib.contextmanager
+def queries_in_every_thread() -> Iterator[list[tuple[str, str]]]:
+    """Collect (thread name, SQL) of every query any thread runs meanwhile.
+
+    Django's CaptureQueriesContext sees one connection, one thread's; Craft's database work
+    runs on threads of its own (the event writer, the database threads).
+    """
+    import threading
+
+    from django.db.backends.utils import CursorWrapper
+
+    seen: list[tuple[str, str]] = []
+    execute, executemany = CursorWrapper.execute, CursorWrapper.executemany
+
+    def counted_execute(self, sql, params=None):
+        seen.append((threading.current_thread().name, str(sql)))
+        return execute(self, sql, params)
+
+    def counted_executemany(self, sql, param_list):
+        seen.append((threading.current_thread().name, str(sql)))
+        return executemany(self, sql, param_list)
+
+    # The event log writes its rows with COPY on PostgreSQL, straight on psycopg's cursor.
+    import psycopg
+
+    copy = psycopg.Cursor.copy
+
+    def counted_copy(self, statement, *args, **kwargs):
+        seen.append((threading.current_thread().name, str(statement)))
+        return copy(self, statement, *args, **kwargs)
+
+    CursorWrapper.execute, CursorWrapper.executemany = counted_execute, counted_executemany
+    psycopg.Cursor.copy = counted_copy
+    try:
+        yield seen
+    finally:
+        CursorWrapper.execute, CursorWrapper.executemany = execute, executemany
+        psycopg.Cursor.copy = copy

@@ -13,7 +13,7 @@ from craft.models import Event, Session
 from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
-from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
+from .wsclient import is_turn_end, open_socket, receive_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -26,11 +26,6 @@ PIXEL = (
 @pytest.fixture
 def session(owner):
     return open_ready_session(owner, "")
-
-
-@pytest.fixture
-def cookie(owner):
-    return session_cookie(owner)
 
 
 @db_sync_to_async

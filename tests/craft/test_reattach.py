@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from craft.models import Event, Session
+from craft.models import Session
 from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
 from sandboxes.acp import AgentConnection, PromptNotSent
 from sandboxes.demo_agent import FRESH_MARKER
 from tests.ready import open_ready_session
 
-from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
+from .logs import stored_log
+from .wsclient import is_turn_end, open_socket, receive_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -31,16 +32,6 @@ RESTORES = {"resume": "resume", "load": "load", "none": "none", "both": "resume"
 @pytest.fixture
 def session(owner):
     return open_ready_session(owner, "memory")
-
-
-@pytest.fixture
-def cookie(owner):
-    return session_cookie(owner)
-
-
-@db_sync_to_async
-def log_of(session) -> list[tuple[int, str, dict]]:
-    return [(e.seq, e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
 
 
 @db_sync_to_async
@@ -108,7 +99,7 @@ async def test_a_killed_agent_is_reattached_and_remembers(session, cookie, setti
     restarts = [f["data"] for f in frames if f.get("kind") == "agent_restarted"]
     assert restarts == [{"restored": restored}]
     assert (await agent_session_id(session) == first_id) is (restored != "none")
-    log = await log_of(session)
+    log = await stored_log(session)
     assert [seq for seq, _, _ in log] == list(range(1, len(log) + 1))
     # The load replayed the conversation to the agent; none of it reached the log again.
     assert [k for _, k, _ in log].count("user_message_chunk") == 0
@@ -130,7 +121,7 @@ async def test_a_resume_that_replays_stores_nothing_of_the_replay(session, cooki
     await asyncio.to_thread(killed, await agent_pid(comm, "m2"))
     _, reply = await turn(comm, "m3", "recall")
     assert reply == "You asked me to remember: kiwi."
-    log = await log_of(session)
+    log = await stored_log(session)
     chunks = [d["content"]["text"] for _, k, d in log if k == "agent_message_chunk"]
     assert chunks.count("I will remember kiwi.") == 1
     assert [k for _, k, _ in log].count("user_message_chunk") == 0
@@ -177,7 +168,7 @@ async def test_the_first_start_of_a_session_is_no_restart(session, cookie):
     await comm.send_json_to({"type": "resume", "after": 0})
     await turn(comm, "f1", "hello")
     await turn(comm, "f2", "hello again")
-    kinds = [k for _, k, _ in await log_of(session)]
+    kinds = [k for _, k, _ in await stored_log(session)]
     assert "agent_restarted" not in kinds
     assert kinds.count("agent_info") == 1, "one agent process, one agent_info"
     await comm.disconnect()

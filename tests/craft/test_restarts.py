@@ -22,12 +22,9 @@ from tests.ready import open_ready_session
 
 from ..agents import AGENTS
 from ..server import Daphne, Socket
+from .logs import log_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def log_of(session) -> list[tuple[int, str, dict]]:
-    return [(e.seq, e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
 
 
 def wait_for(condition, timeout: float = 20.0, what: str = "condition"):

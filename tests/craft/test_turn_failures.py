@@ -16,7 +16,7 @@ import threading
 import pytest
 from django.db import OperationalError
 
-from craft.models import Event, Turn
+from craft.models import Turn
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import EventWriter
 from craft.turns.turn import STORAGE_FAILED
@@ -24,7 +24,8 @@ from sandboxes import services as sandbox_services
 from sandboxes.acp import AgentConnection
 from tests.ready import open_ready_session
 
-from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
+from .logs import stored_log
+from .wsclient import is_turn_end, open_socket, receive_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -32,16 +33,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 @pytest.fixture
 def session(owner):
     return open_ready_session(owner, "failures")
-
-
-@pytest.fixture
-def cookie(owner):
-    return session_cookie(owner)
-
-
-@db_sync_to_async
-def log_of(session) -> list[tuple[int, str, dict]]:
-    return [(e.seq, e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
 
 
 @db_sync_to_async
@@ -85,7 +76,7 @@ async def test_a_storage_failure_mid_turn_stops_the_agent_and_loses_nothing(
         {"type": "event", "seq": frames[-1]["seq"], "kind": "turn_end",
          "data": {"stop_reason": "interrupted"}},
     ]  # fmt: skip
-    log = await log_of(session)
+    log = await stored_log(session)
     assert [seq for seq, _, _ in log] == list(range(1, len(log) + 1))
     chunks = [d["content"]["text"] for _, k, d in log if k == "agent_message_chunk"][1:]
     numbers = [int(text.split()[1]) for text in chunks]
@@ -178,7 +169,7 @@ async def test_a_cancel_just_before_the_turn_ends_leaves_one_turn_end(session, c
         await comm.send_json_to({"type": "cancel"})
         frames = await receive_until(comm, is_turn_end)
         assert len([f for f in frames if f.get("kind") == "turn_end"]) == 1
-    log = await log_of(session)
+    log = await stored_log(session)
     assert len([1 for _, kind, _ in log if kind == "turn_end"]) == 5
     assert await running_turns(session) == 0
     await comm.disconnect()

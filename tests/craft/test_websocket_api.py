@@ -36,11 +36,6 @@ def session(owner):
     return open_ready_session(owner, "websocket")
 
 
-@pytest.fixture
-def cookie(owner):
-    return session_cookie(owner)
-
-
 def store_events(session, count, start=0):
     append_events(session.pk, [("agent_message_chunk", _chunk(start + i)) for i in range(count)])
 

@@ -15,7 +15,7 @@ from tests.ready import open_ready_session
 
 from ..agents import AGENTS
 from ..sandboxes.test_acp_connection import PROMPT_ANSWERS
-from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
+from .wsclient import is_turn_end, open_socket, receive_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -23,11 +23,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 @pytest.fixture
 def session(owner):
     return open_ready_session(owner, "robustness")
-
-
-@pytest.fixture
-def cookie(owner):
-    return session_cookie(owner)
 
 
 @pytest.fixture

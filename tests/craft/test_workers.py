@@ -21,6 +21,7 @@ from craft.turns.recovery import LOST
 from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket
+from .logs import log_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,10 +62,6 @@ def workers(tmp_path, redis_url):
         if server.process is not None and server.process.poll() is None:
             os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
-
-
-def log_of(session) -> list[tuple[int, str, dict]]:
-    return [(e.seq, e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
 
 
 def ask_pid(sock: Socket, prompt_id: str) -> int:
