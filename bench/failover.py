@@ -16,8 +16,6 @@ redis://127.0.0.1:6379/2):
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 import os
 import signal
@@ -25,7 +23,7 @@ import time
 import uuid
 from typing import Any
 
-from .harness import Client, Figure, Site, median
+from .harness import Client, Figure, Site, median, run_alone
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/2")
 FORWARD_TARGET_MS = 3.0
@@ -121,19 +119,9 @@ async def run(site: Site, rounds: int = 10) -> list[Figure]:
 
 
 def main(argv: Any = None) -> None:
-    from .__main__ import print_table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    args = parser.parse_args(argv)
     if "BENCH_DATABASE_URL" not in os.environ:
         os.environ["BENCH_DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/postgres"
-    site = Site()
-    try:
-        site.setup_django()
-        print_table(site.database, asyncio.run(run(site, args.rounds)))
-    finally:
-        site.close()
+    run_alone(__doc__.splitlines()[0], run, argv, rounds=10)
 
 
 if __name__ == "__main__":

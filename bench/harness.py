@@ -10,6 +10,7 @@ limits a rate.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -24,7 +25,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,3 +340,25 @@ class DirectAgent:
             self.process.wait(5)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+def run_alone(
+    description: str,
+    run: Callable[..., Awaitable[list[Figure]]],
+    argv: Any = None,
+    **defaults: int,
+) -> None:
+    """Run one benchmark on its own (`python -m bench.<name>`): its options, named like the
+    parameters of its `run`, from the command line; its table printed."""
+    from .__main__ import print_table
+
+    parser = argparse.ArgumentParser(description=description)
+    for name, default in defaults.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    options = vars(parser.parse_args(argv))
+    site = Site()
+    try:
+        site.setup_django()
+        print_table(site.database, asyncio.run(run(site, **options)))
+    finally:
+        site.close()

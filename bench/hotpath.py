@@ -22,7 +22,6 @@ same demo agent driven directly over its stdio (the floor):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import threading
@@ -31,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .harness import Client, DirectAgent, Figure, Server, Site, median, percentile
+from .harness import Client, DirectAgent, Figure, Server, Site, median, percentile, run_alone
 
 FOLLOW_UP = "count 1"
 STREAM_CHUNKS = 10_000
@@ -276,17 +275,7 @@ async def run(site: Site, rounds: int) -> list[Figure]:
 
 
 def main(argv: Any = None) -> None:
-    from .__main__ import print_table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    args = parser.parse_args(argv)
-    site = Site()
-    try:
-        site.setup_django()
-        print_table(site.database, asyncio.run(run(site, args.rounds)))
-    finally:
-        site.close()
+    run_alone(__doc__.splitlines()[0], run, argv, rounds=30)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@ memory before and after.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
 import uuid
 from typing import Any
 
-from .harness import Figure, Site, raise_open_files_limit
+from .harness import Figure, Site, raise_open_files_limit, run_alone
 
 TARGET_KIB = 50.0
 
@@ -72,17 +71,7 @@ async def run(site: Site, sockets: int = 10_000) -> list[Figure]:
 
 
 def main(argv: Any = None) -> None:
-    from .__main__ import print_table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sockets", type=int, default=10_000)
-    args = parser.parse_args(argv)
-    site = Site()
-    try:
-        site.setup_django()
-        print_table(site.database, asyncio.run(run(site, args.sockets)))
-    finally:
-        site.close()
+    run_alone(__doc__.splitlines()[0], run, argv, sockets=10_000)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,11 @@ the bottom).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import uuid
 from typing import Any
 
-from .harness import Figure, Site, median
+from .harness import Figure, Site, median, run_alone
 
 CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -252,18 +250,7 @@ async def run(site: Site, runs: int = 5, events: int = 5000) -> list[Figure]:
 
 
 def main(argv: Any = None) -> None:
-    from .__main__ import print_table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=5000)
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args(argv)
-    site = Site()
-    try:
-        site.setup_django()
-        print_table(site.database, asyncio.run(run(site, args.runs, args.events)))
-    finally:
-        site.close()
+    run_alone(__doc__.splitlines()[0], run, argv, runs=5, events=5000)
 
 
 if __name__ == "__main__":

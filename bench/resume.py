@@ -9,13 +9,11 @@ once, in order.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import time
 import uuid
 from typing import Any
 
-from .harness import Client, Figure, Server, Site, median
+from .harness import Client, Figure, Server, Site, median, run_alone
 
 TARGET_MS = 250.0
 
@@ -66,18 +64,7 @@ async def run(site: Site, events: int = 10_000, runs: int = 5) -> list[Figure]:
 
 
 def main(argv: Any = None) -> None:
-    from .__main__ import print_table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args(argv)
-    site = Site()
-    try:
-        site.setup_django()
-        print_table(site.database, asyncio.run(run(site, args.events, args.runs)))
-    finally:
-        site.close()
+    run_alone(__doc__.splitlines()[0], run, argv, events=10_000, runs=5)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -50,27 +51,22 @@ def env_bool(name: str, default: bool) -> bool:
 
 def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     """Return an integer variable of at least `minimum`."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
-    return value
+    return _env_number(name, default, minimum, int, "an integer")
 
 
 def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
     """Return a number variable of at least `minimum`."""
+    return _env_number(name, default, minimum, float, "a number")
+
+
+def _env_number(name: str, default: Any, minimum: Any, parse: Any, what: str) -> Any:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+        raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}") from None
     if value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
     return value
