@@ -1,6 +1,6 @@
 // The fold: a session's events, applied in seq order, into the blocks a person reads. This is
 // the one place where events are interpreted (invariant "one renderer"); render.mjs only draws
-// what it holds. No DOM here: a pure function of the events.
+// what it holds. No DOM here, so that Node can run it (tests/js/fold.test.mjs).
 //
 // A block is a plain object with a `kind` that the page shows as `data-kind`: "user", "agent"
 // and "thought" (messages), "tool", "plan", "permission", "turn_end", "error", "restart",

@@ -3,7 +3,7 @@
 // docs/websocket-api.md) into what a person reads; see "One renderer" in docs/architecture.md.
 // This module wires the parts, each of which has one job:
 //
-//   fold.mjs         events into the blocks a person reads (no DOM)
+//   fold.mjs         events into the blocks a person reads (no DOM: Node tests it)
 //   render.mjs       those blocks drawn as the transcript, and the clicks in it
 //   blocks.mjs       what each kind of block looks like
 //   socket.mjs       the websocket, reconnects, and the load guard (how a page stays exact)
