@@ -11,7 +11,7 @@ DAPHNE_OPTIONS := --websocket-max-message-size 4194304 --websocket-max-frame-siz
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run run-cluster test bench lint format venv dev-venv browser haproxy isolation realagent migrate clean
+.PHONY: run run-cluster test bench lint format venv dev-venv browser node haproxy isolation realagent migrate clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ browser:
 	  echo "Installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Node for the page script's unit tests (tests/js/): its own test runner, no npm packages.
+# Debian's nodejs (Node 18 in bookworm) is enough.
+node:
+	@command -v node >/dev/null 2>&1 || { \
+	  echo "Installing Debian's nodejs for the page script's tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; } \
+	  || { echo "The page script's tests need node: install Debian's nodejs (apt-get install nodejs)." >&2; exit 1; }
+
 lint: dev-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -94,7 +102,8 @@ realagent:
 	  && $(FAST_AGENT_VENV)/bin/pip install --quiet fast-agent-mcp==$(FAST_AGENT_VERSION); \
 	fi
 
-test: dev-venv browser haproxy isolation lint
+test: dev-venv browser haproxy isolation node lint
+	node --test tests/js/
 	$(BIN)/pytest $(PYTEST_ARGS)
 	@if [ -x $(REALAGENT) ] || [ -x $(FAST_AGENT_VENV)/bin/fast-agent ]; then \
 	  $(BIN)/pytest -m realagent tests/realagent; \

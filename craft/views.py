@@ -1,6 +1,6 @@
 """Pages: the chat page (sidebar of sessions, one session's shell) and its htmx pieces.
 
-The transcript itself is rendered in the browser (static/craft/session.js) from the JSON event
+The transcript itself is rendered in the browser (static/craft/session/) from the JSON event
 log, the same data every API client reads: see "One renderer" in docs/architecture.md.
 """
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.urls import reverse
 
 from craft.models import Session
@@ -66,6 +68,16 @@ def test_the_session_page_is_a_shell_the_browser_fills_from_the_event_log(client
     workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
     assert f'data-workspace="{workspace}"' in page
     assert 'aria-current="page"' in page
+
+
+def test_the_page_preloads_every_module_of_its_script(client, owner):
+    session = open_ready_session(owner)
+    client.force_login(owner)
+    page = client.get(reverse("session", args=[session.pk])).content.decode()
+    folder = Path(settings.BASE_DIR) / "static" / "craft" / "session"
+    modules = {f"/static/craft/session/{module.name}" for module in folder.glob("*.mjs")}
+    assert set(re.findall(r'<link rel="modulepreload" href="([^"]+)"', page)) == modules
+    assert '<script type="module" src="/static/craft/session/main.mjs"></script>' in page
 
 
 def test_the_sandbox_line_polls_only_while_the_sandbox_starts(client, owner):

@@ -1,0 +1,201 @@
+// How each kind of block of the fold (fold.mjs) looks: the element it is drawn as, and what
+// changes in it when a later event changes the block. Drawing a block gives a record of its
+// parts ({element, marks, body, ...}) that render.mjs keeps beside it.
+
+import { fillCollapsible, writePlain } from "./collapsible.mjs";
+import { el } from "./dom.mjs";
+import { renderToolBody } from "./tool-body.mjs";
+import { ANSWERS, PLAN_STATUS } from "./words.mjs";
+
+// Built once: creating a formatter per call (toLocaleTimeString) is slow in long sessions.
+const clockFormat = new Intl.DateTimeFormat([], { hour: "2-digit", minute: "2-digit" });
+const dateFormat = new Intl.DateTimeFormat([], { dateStyle: "medium", timeStyle: "short" });
+
+function timeElement(ms) {
+  const date = new Date(ms);
+  const node = el("time", "", clockFormat.format(date));
+  node.dateTime = date.toISOString();
+  node.title = dateFormat.format(date);
+  return node;
+}
+
+/** Return how blocks are drawn for a session whose paths `paths` makes readable; technical
+ *  detail is shown to `staff` only. */
+export function blockDrawing({ paths, staff }) {
+  // An element with the hidden holder of its events' marks.
+  function newRecord(block, tag, className) {
+    const element = el(tag, className);
+    element.setAttribute("data-kind", block.kind);
+    const marks = el("span", "marks");
+    marks.hidden = true;
+    element.appendChild(marks);
+    return { element, marks };
+  }
+
+  function technicalDetails(parent, text) {
+    if (!staff || !text) return;
+    const details = parent.appendChild(el("details", "tech"));
+    details.appendChild(el("summary", "", "Details"));
+    details.appendChild(el("pre", "", paths.scrubHostPaths(text)));
+  }
+
+  const BUILDERS = {
+    user(block) {
+      const record = newRecord(block, "div", "msg user");
+      const { element } = record;
+      record.body = element.appendChild(el("div", "bubble"));
+      renderBody(block, record);
+      if (block.attachments.length) {
+        element.appendChild(el("p", "msg-attachments", `Attached: ${block.attachments.join(", ")}`));
+      }
+      element.appendChild(el("div", "msg-meta")).appendChild(timeElement(block.time));
+      return record;
+    },
+    agent(block) {
+      const record = newRecord(block, "div", "msg agent");
+      return Object.assign(record, { body: record.element.appendChild(el("div", "bubble")), shown: null });
+    },
+    thought(block) {
+      const record = newRecord(block, "details", "thought");
+      record.element.appendChild(el("summary", "", block.thinking ? "Thinking…" : "Thought"));
+      if (block.thinking) record.element.open = true;
+      return Object.assign(record, { body: record.element.appendChild(el("div", "body")), shown: null });
+    },
+    tool(block) {
+      const record = newRecord(block, "div", "tool");
+      const { element } = record;
+      element.dataset.toolCallId = block.toolCallId;
+      const head = element.appendChild(el("div", "tool-head"));
+      Object.assign(record, {
+        label: head.appendChild(el("span", "tool-kind")),
+        title: head.appendChild(el("span", "tool-title")),
+        badge: head.appendChild(el("span", "badge")),
+        body: element.appendChild(el("div", "tool-body")),
+      });
+      updateTool(block, record);
+      return record;
+    },
+    plan(block) {
+      const record = newRecord(block, "div", "plan");
+      record.element.appendChild(el("div", "plan-title", "Plan")).appendChild(el("span", "plan-progress"));
+      record.element.appendChild(el("ul"));
+      return record;
+    },
+    permission(block) {
+      const record = newRecord(block, "div", "permission");
+      const { element } = record;
+      element.dataset.request = block.request;
+      element.dataset.answer = "";
+      const question = element.appendChild(el("div", "permission-q"));
+      question.id = `permission-${block.seq}`;
+      question.appendChild(el("span", "permission-label", "The agent asks for permission: "));
+      question.appendChild(el("strong", "", block.title));
+      record.body = element.appendChild(el("div", "permission-body"));
+      renderBody(block, record);
+      const options = element.appendChild(el("div", "options"));
+      options.setAttribute("role", "group");
+      options.setAttribute("aria-labelledby", question.id);
+      for (const option of block.offered) {
+        const button = options.appendChild(el("button", "option", option.name));
+        if (ANSWERS[option.kind]) button.classList.add(option.kind);
+        button.type = "button";
+        button.dataset.option = option.id;
+      }
+      const answer = element.appendChild(el("div", "permission-answer"));
+      answer.tabIndex = -1;
+      return Object.assign(record, { answer });
+    },
+    turn_end(block) {
+      const record = newRecord(block, "div", "turn-end");
+      record.element.dataset.reason = block.reason;
+      record.element.appendChild(el("span", "label", block.label));
+      if (block.took) record.element.appendChild(el("span", "turn-meta", ` · ${block.took}`));
+      return record;
+    },
+    error(block) {
+      const record = newRecord(block, "div", "agent-error");
+      record.element.appendChild(el("p", "", block.summary));
+      technicalDetails(record.element, block.detail);
+      return record;
+    },
+    other(block) {
+      const record = newRecord(block, "div", "note");
+      record.element.appendChild(el("span", "", block.text));
+      technicalDetails(record.element, block.detail);
+      return record;
+    },
+    restart(block) {
+      const record = newRecord(block, "p", "divider");
+      record.element.dataset.restored = block.restored;
+      record.element.appendChild(el("span", "", block.label));
+      return record;
+    },
+    quiet(block) {
+      const record = newRecord(block, "div", "quiet");
+      record.element.hidden = true;
+      return record;
+    },
+  };
+
+  /** Return the record of a new element for `block`. */
+  function build(block) {
+    return BUILDERS[block.kind](block);
+  }
+
+  /** Show what changed in a block's head or state (a thought that is over, a tool's status,
+   *  a permission's answer). */
+  function update(block, record) {
+    if (block.kind === "thought") updateThought(block, record);
+    else if (block.kind === "tool") updateTool(block, record);
+    else if (block.kind === "permission") updatePermission(block, record);
+  }
+
+  function updateThought(block, record) {
+    record.element.querySelector("summary").textContent = block.thinking ? "Thinking…" : "Thought";
+    if (!block.thinking && !record.userOpened) record.element.open = false;
+  }
+
+  function updateTool(block, record) {
+    record.element.dataset.status = block.status;
+    record.label.textContent = block.label;
+    record.title.textContent = block.title;
+    record.badge.textContent = block.badge;
+  }
+
+  function updatePermission(block, { element, answer }) {
+    element.dataset.answer = block.answer;
+    element.querySelectorAll(".options button").forEach((b) => (b.disabled = true));
+    answer.textContent = block.answerText;
+    if (!block.chosen) return;
+    const chosen = element.querySelector(`.options button[data-option="${CSS.escape(block.chosen)}"]`);
+    if (chosen) chosen.classList.add("chosen");
+  }
+
+  /** Draw a block's body (anew): a user's message, a tool's content, what a permission
+   *  request is for, a plan's entries. Agent messages are render.mjs's (they wait for
+   *  Markdown). */
+  function renderBody(block, record) {
+    if (block.kind === "user") fillCollapsible(record.body, block.text, writePlain);
+    else if (block.kind === "tool") renderToolBody(record.body, block.call, paths);
+    else if (block.kind === "permission") renderToolBody(record.body, block.details, paths);
+    else if (block.kind === "plan") renderPlan(block, record);
+  }
+
+  function renderPlan(block, { element }) {
+    const list = element.querySelector("ul");
+    list.replaceChildren();
+    let done = 0;
+    for (const entry of block.entries) {
+      if (entry.status === "completed") done++;
+      const li = list.appendChild(el("li", "plan-entry"));
+      li.setAttribute("data-status", entry.status);
+      li.appendChild(el("span", "check")).setAttribute("aria-hidden", "true");
+      li.appendChild(el("span", "plan-text", entry.text));
+      li.appendChild(el("span", "sr-only", ` (${PLAN_STATUS[entry.status]})`));
+    }
+    element.querySelector(".plan-progress").textContent =
+      block.entries.length ? ` · ${done} of ${block.entries.length} done` : "";
+  }
+
+  return { build, update, renderBody, technicalDetails };
+}

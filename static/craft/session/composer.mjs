@@ -1,0 +1,114 @@
+// The composer: sending a prompt (with its @ mentions and images), and stopping the agent.
+
+import { $ } from "./dom.mjs";
+import { FRAME_ERRORS } from "./words.mjs";
+
+// daphne's default websocket frame limit: a bigger frame closes the socket (close 1009).
+const MAX_FRAME_BYTES = 1024 * 1024;
+// A prompt with images may be bigger: the server takes frames of up to 4 MiB (as `make run`
+// starts daphne) and limits the images themselves.
+const MAX_ATTACHED_FRAME_BYTES = 4 * 1024 * 1024 - 4096;
+const MAX_MENTIONS = 10;
+
+function newId() {
+  // crypto.randomUUID needs a secure context; getRandomValues does not.
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// @ mentions: `@path` names a file of the workspace, sent as a link the agent can read.
+function mentionedFiles(text) {
+  const paths = new Set();
+  for (const match of text.matchAll(/(?:^|\s)@([^\s@]+)/g)) {
+    const path = match[1].replace(/[.,;:!?)]+$/, "");
+    if (!path || path.startsWith("/") || path.includes("://") || path.split("/").includes("..")) continue;
+    paths.add(path);
+    if (paths.size >= MAX_MENTIONS) break;
+  }
+  return [...paths].map((path) => ({ type: "file", path }));
+}
+
+/** Start the composer; `connection` sends frames (socket.mjs). */
+export function createComposer({ connection, status, attachments, palette }) {
+  const form = $("composer");
+  const promptBox = $("prompt");
+  let pendingPrompt = null; // {id, text, key} until its user_message event arrives
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = promptBox.value;
+    if (!text.trim()) {
+      status.showFrameError("Type a message first.");
+      return;
+    }
+    if (status.running) {
+      status.showFrameError(FRAME_ERRORS.turn_running);
+      return;
+    }
+    if (status.sandboxStatus === "provisioning") {
+      status.showFrameError(FRAME_ERRORS.sandbox_starting);
+      return;
+    }
+    const images = attachments.images();
+    const attached = [...mentionedFiles(text), ...images.map((image) => ({
+      type: "image", mimeType: image.mimeType, data: image.data, name: image.name,
+    }))];
+    // Re-sending the same message reuses the id, so a prompt sent just before a disconnect
+    // is never run twice.
+    const key = `${images.map((i) => i.id).join(",")}\n${text}`;
+    if (!pendingPrompt || pendingPrompt.key !== key) {
+      pendingPrompt = { id: newId(), text, key };
+    }
+    const message = { type: "prompt", id: pendingPrompt.id, text };
+    if (attached.length) message.attachments = attached;
+    const frame = JSON.stringify(message);
+    const bytes = new TextEncoder().encode(frame).length;
+    const limit = attached.length ? MAX_ATTACHED_FRAME_BYTES : MAX_FRAME_BYTES;
+    if (bytes > limit) {
+      pendingPrompt = null;
+      const size = `(${(bytes / 1048576).toFixed(1)} MB; the limit is ${Math.round(limit / 1048576)} MB)`;
+      status.showFrameError(
+        attached.length
+          ? `This message and its attachments are too large to send ${size}. It's still in the box: remove an image, or shorten the text.`
+          : `This message is too long to send ${size}. It's still in the box: shorten it, or put the long part in a file in the workspace.`,
+        true,
+      );
+      return;
+    }
+    status.hideFrameError();
+    if (!connection.sendText(frame)) {
+      status.showFrameError("Not connected. Your message is kept; send it again in a moment.");
+    }
+  });
+
+  promptBox.addEventListener("keydown", (event) => {
+    if (palette.handleKey(event)) return;
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+
+  function stop() {
+    if (!status.running) return;
+    if (connection.send({ type: "cancel" })) status.announce("Stopping…");
+    else status.showFrameError("Not connected: the agent could not be stopped yet.");
+  }
+  $("stop").addEventListener("click", stop);
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape" || event.defaultPrevented || !status.running) return;
+    if (event.target.closest && event.target.closest(".sidebar, details[open] > summary")) return;
+    event.preventDefault();
+    stop();
+  });
+
+  return {
+    /** A user message was stored (a block of the fold): the prompt it carries is sent. */
+    promptStored(block) {
+      if (!pendingPrompt || pendingPrompt.id !== block.promptId) return;
+      pendingPrompt = null;
+      if (promptBox.value === block.text) promptBox.value = "";
+      attachments.clear();
+    },
+  };
+}

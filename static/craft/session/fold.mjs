@@ -1,0 +1,380 @@
+// The fold: a session's events, applied in seq order, into the blocks a person reads. This is
+// the one place where events are interpreted (invariant "one renderer"); render.mjs only draws
+// what it holds. No DOM here, so that Node can run it (tests/js/fold.test.mjs).
+//
+// A block is a plain object with a `kind` that the page shows as `data-kind`: "user", "agent"
+// and "thought" (messages), "tool", "plan", "permission", "turn_end", "error", "restart",
+// "other" (a note) and one hidden "quiet" block for the events that have no block of their
+// own. Every applied event belongs to exactly one block. Labels, titles and plan entries are
+// ready to read; message text and tool content stay as the agent sent them, since drawing them
+// (and cutting host paths out of them) waits until the page draws.
+//
+// apply(event, live) folds one event; `live` when it arrives on the socket as it happens
+// rather than from the stored history (a thought shown live says it is going on). It returns
+// a step that says what to draw: `block` (the event's), `updated` (blocks whose head or state
+// changed: drawn now), `stale` (blocks whose body changed: drawn once per frame or per loaded
+// page, however many updates came) and, when the event said so, `title` (the session's new
+// title), `controls` (the agent's controls changed), `truncated` (the event was cut short for
+// delivery: the whole of it can be fetched) and `failed` (it could not be shown: its block is
+// a note saying so). Blocks appear in `blocks` in the order the page shows them.
+
+import { isObject, str } from "./values.mjs";
+import {
+  ANSWERS, PLAN_STATUS, RESTARTS, STOP_REASONS, TOOL_KINDS, TOOL_STATUS,
+  agentErrorSummary, duration, formatBytes,
+} from "./words.mjs";
+
+// ACP updates with no block of their own: the controls around the composer show them.
+const QUIET_KINDS = new Set([
+  "available_commands_update", "current_mode_update", "config_option_update",
+  "config_options_update", "session_info_update", "usage_update", "agent_info",
+  // The person's own words: the page shows the prompt from Craft's user_message.
+  "user_message_chunk",
+]);
+const MAX_KNOWN_PATHS = 2000;
+
+/** Return an empty fold for a session whose paths `paths` makes readable (paths.mjs). */
+export function createFold({ paths, now = Date.now }) {
+  const fold = {
+    lastSeq: 0, // the highest seq applied: it advances for every event, shown or not
+    blocks: [],
+    turnStartedAt: null, // when this turn's user message was stored (ms)
+    // What the agent offers, as the log last said (agent_info and the updates after it).
+    agent: { prompt: {}, configOptions: null, modes: null, commands: [], usage: null },
+    knownPaths: new Set(), // workspace paths seen in this session, for @ mentions
+    apply,
+    refold,
+    fail,
+  };
+  let turn = 0; // user messages so far: tool call ids restart with every agent process
+  let last = null; // the last block, for chunks that continue it
+  let quiet = null;
+  let plan = null; // this turn's plan
+  let turnTools = []; // this turn's tool cards
+  const tools = new Map(); // `${turn}:${toolCallId}` -> tool card
+  const permissions = new Map(); // request id -> permission block
+  let step = null; // the step being folded
+
+  /** Apply one event; return its step, or null for one already applied (or without a seq).
+   *  Never throws. */
+  function apply(event, live = false) {
+    if (!isObject(event)) return null;
+    const seq = event.seq;
+    if (!Number.isSafeInteger(seq) || seq <= fold.lastSeq) return null; // already applied
+    step = { seq, live, block: null, updated: [], stale: [], truncated: false };
+    try {
+      step.block = foldEvent(event, isObject(event.data) ? event.data : {});
+      step.truncated = event.truncated === true && step.block !== quiet;
+    } catch (error) {
+      console.error("could not fold event", seq, error);
+      fail(step);
+    }
+    fold.lastSeq = seq;
+    return step;
+  }
+
+  /** Give a step that could not be shown a note of its own instead (a guard, never a wedge). */
+  function fail(broken) {
+    step = broken;
+    broken.block = note("Something the agent sent could not be shown.");
+    broken.truncated = false;
+    broken.failed = true;
+  }
+
+  function foldEvent(event, data) {
+    switch (event.kind) {
+      case "user_message": return userMessage(event, data);
+      case "agent_message_chunk": return chunk("agent", event, data);
+      case "agent_thought_chunk": return chunk("thought", event, data);
+      case "tool_call":
+      case "tool_call_update": return toolCall(event, data);
+      case "plan": return planUpdate(data);
+      case "permission_request": return permissionRequest(event, data);
+      case "permission_answer": return permissionAnswer(data);
+      case "turn_end": return turnEnd(event, data);
+      case "agent_error": return agentError(data);
+      case "session_title": return sessionTitle(data);
+      case "agent_restarted": return agentRestarted(data);
+      case "agent_info":
+      case "config_option_update":
+      case "config_options_update":
+      case "current_mode_update":
+      case "available_commands_update":
+      case "usage_update":
+        followControls(event.kind, data);
+        return quietBlock();
+      default:
+        if (QUIET_KINDS.has(event.kind)) return quietBlock();
+        return note("The agent sent an update this page can't show.", `kind: ${str(event.kind)}`);
+    }
+  }
+
+  function append(block) {
+    const previous = last;
+    fold.blocks.push(block);
+    last = block;
+    if (previous && previous.kind === "thought") {
+      previous.thinking = false; // a thought is over once something follows it
+      step.updated.push(previous);
+    }
+    return block;
+  }
+
+  function quietBlock() {
+    if (!quiet) {
+      quiet = { kind: "quiet" };
+      fold.blocks.push(quiet); // not `last`: chunks go on across quiet events
+    }
+    return quiet;
+  }
+
+  function timeOf(event) {
+    const parsed = event.created_at ? Date.parse(event.created_at) : NaN;
+    return Number.isNaN(parsed) ? now() : parsed;
+  }
+
+  function userMessage(event, data) {
+    turn += 1;
+    plan = null;
+    turnTools = [];
+    fold.turnStartedAt = timeOf(event);
+    const text = str(data.text);
+    const attached = Array.isArray(data.attachments) ? data.attachments.filter(isObject) : [];
+    const attachments = attached.map((a) => {
+      if (a.type === "file" && typeof a.path === "string") {
+        fold.knownPaths.add(a.path);
+        return a.path;
+      }
+      const size = Number.isFinite(a.bytes) ? ` (${formatBytes(a.bytes)})` : "";
+      return `${str(a.name) || "image"}${size}`;
+    });
+    return append({
+      kind: "user", promptId: data.id, text, parts: [{ seq: event.seq, text }], attachments,
+      time: fold.turnStartedAt,
+    });
+  }
+
+  function textOf(data) {
+    return isObject(data) && isObject(data.content) && data.content.type === "text"
+      ? str(data.content.text)
+      : "";
+  }
+
+  // Message chunks join the message they continue; a thought shown live says it is going on.
+  function chunk(kind, event, data) {
+    let block = last;
+    if (!block || block.kind !== kind) {
+      block = append(kind === "thought"
+        ? { kind, thinking: step.live, parts: [], text: "" }
+        : { kind, parts: [], text: "" });
+    }
+    const text = textOf(data);
+    block.parts.push({ seq: event.seq, text });
+    block.text += text;
+    step.stale.push(block);
+    return block;
+  }
+
+  // Tool cards are keyed by (turn, toolCallId). Updates carry only the fields that changed;
+  // `content` replaces the whole list. `call` keeps what is known of the call, as ACP has it.
+  function toolCall(event, data) {
+    const id = str(data.toolCallId);
+    const key = `${turn}:${id}`;
+    let card = tools.get(key);
+    if (!card) {
+      card = {
+        kind: "tool", toolCallId: id, status: "pending", label: "Tool", title: "Tool call",
+        badge: TOOL_STATUS.pending, call: {}, contentSeq: null,
+      };
+      tools.set(key, card);
+      turnTools.push(card);
+      append(card);
+    }
+    const call = card.call;
+    if (typeof data.kind === "string") {
+      card.label = TOOL_KINDS[data.kind] || "Tool";
+      call.kind = data.kind;
+    }
+    if (typeof data.title === "string" && data.title) {
+      card.title = paths.scrub(data.title);
+      call.title = data.title;
+    }
+    if (typeof data.status === "string") {
+      card.status = data.status;
+      card.badge = TOOL_STATUS[data.status] || "Updated";
+    }
+    if (Array.isArray(data.locations)) {
+      call.locations = data.locations;
+      for (const l of data.locations) {
+        if (isObject(l) && typeof l.path === "string" && fold.knownPaths.size < MAX_KNOWN_PATHS) {
+          const path = paths.relPath(l.path);
+          if (path && path !== "." && !path.startsWith("/")) fold.knownPaths.add(path);
+        }
+      }
+    }
+    if (isObject(data.rawInput)) call.rawInput = data.rawInput;
+    if (Array.isArray(data.content)) {
+      call.content = data.content;
+      card.contentSeq = event.seq;
+    }
+    step.updated.push(card);
+    if (Array.isArray(data.content) || Array.isArray(data.locations) || isObject(data.rawInput)) {
+      step.stale.push(card); // in a loaded page, only the card's last content is drawn
+    }
+    return card;
+  }
+
+  function planEntries(entries) {
+    return entries.filter(isObject).map((entry) => ({
+      status: PLAN_STATUS[entry.status] ? entry.status : "pending",
+      text: paths.scrub(str(entry.content)),
+    }));
+  }
+
+  // A plan always carries the whole list: it replaces the turn's plan.
+  function planUpdate(data) {
+    if (!plan) plan = append({ kind: "plan", entries: [] });
+    if (!Array.isArray(data.entries)) return plan; // malformed: keep the last good list
+    plan.entries = planEntries(data.entries);
+    step.stale.push(plan);
+    return plan;
+  }
+
+  function permissionRequest(event, data) {
+    const call = isObject(data.toolCall) ? data.toolCall : {};
+    const request = str(data.request);
+    // What is being approved: the proposed content, the command, the files it touches. A
+    // request may omit content that an earlier tool_call of this turn carried.
+    const card = tools.get(`${turn}:${str(call.toolCallId)}`);
+    const known = card ? card.call : {};
+    const offered = [];
+    for (const option of Array.isArray(data.options) ? data.options : []) {
+      if (!isObject(option) || typeof option.optionId !== "string") continue;
+      const kind = typeof option.kind === "string" ? option.kind : "";
+      offered.push({ id: option.optionId, kind, name: str(option.name) || option.optionId });
+    }
+    const block = {
+      kind: "permission", seq: event.seq, request,
+      title: paths.scrub(str(call.title)) || "use a tool",
+      details: {
+        title: call.title,
+        kind: typeof call.kind === "string" ? call.kind : known.kind,
+        content: Array.isArray(call.content) && call.content.length ? call.content : known.content,
+        locations: Array.isArray(call.locations) ? call.locations : known.locations,
+        rawInput: isObject(call.rawInput) ? call.rawInput : known.rawInput,
+      },
+      offered, answer: "", answerText: "", chosen: null,
+    };
+    if (request) permissions.set(request, block);
+    return append(block);
+  }
+
+  function closePermission(block, answer, text) {
+    block.answer = answer;
+    block.answerText = text;
+    step.updated.push(block);
+  }
+
+  function permissionAnswer(data) {
+    const block = permissions.get(str(data.request));
+    if (!block) return note("An answer to a question this page never showed.");
+    const optionId = typeof data.option === "string" ? data.option : "";
+    if (!optionId) {
+      closePermission(block, "cancelled", "Cancelled: the turn was stopped.");
+    } else {
+      const offered = block.offered.find((o) => o.id === optionId);
+      // The agent's own name for the option, after what choosing it means when ACP says.
+      const text = !offered ? "Answered."
+        : ANSWERS[offered.kind] ? `${ANSWERS[offered.kind]} (${offered.name})`
+          : `You chose: ${offered.name}`;
+      block.chosen = optionId;
+      closePermission(block, optionId, text);
+    }
+    return block;
+  }
+
+  function turnEnd(event, data) {
+    const reason = str(data.stop_reason);
+    const ended = timeOf(event);
+    const took = fold.turnStartedAt !== null && ended - fold.turnStartedAt >= 1000
+      ? duration(ended - fold.turnStartedAt) : null;
+    for (const block of permissions.values()) {
+      if (block.answer === "") closePermission(block, "expired", "No longer open: the turn ended.");
+    }
+    // A tool the agent never finished must not look like it is still running.
+    for (const card of turnTools) {
+      if (card.status === "pending" || card.status === "in_progress") {
+        card.badge = "Not finished";
+        step.updated.push(card);
+      }
+    }
+    return append({ kind: "turn_end", reason, label: STOP_REASONS[reason] || "The turn ended", took });
+  }
+
+  function agentError(data) {
+    const message = str(data.message);
+    return append({ kind: "error", summary: agentErrorSummary(message), detail: message });
+  }
+
+  function note(text, detail = "") {
+    return append({ kind: "other", text, detail });
+  }
+
+  function agentRestarted(data) {
+    const restored = str(data.restored);
+    return append({ kind: "restart", restored, label: RESTARTS[restored] || "Agent restarted" });
+  }
+
+  function sessionTitle(data) {
+    if (typeof data.title === "string" && data.title.trim()) step.title = data.title;
+    return quietBlock();
+  }
+
+  // The agent's controls: the fold keeps the newest state, controls.mjs shows it.
+  function followControls(kind, data) {
+    const agent = fold.agent;
+    if (kind === "agent_info") {
+      agent.prompt = isObject(data.promptCapabilities) ? data.promptCapabilities : {};
+      agent.configOptions = Array.isArray(data.configOptions) ? data.configOptions.filter(isObject) : null;
+      agent.modes = isObject(data.modes) ? data.modes : null;
+    } else if ((kind === "config_option_update" || kind === "config_options_update") && Array.isArray(data.configOptions)) {
+      agent.configOptions = data.configOptions.filter(isObject);
+    } else if (kind === "current_mode_update") {
+      const mode = typeof data.currentModeId === "string" ? data.currentModeId : data.modeId;
+      if (agent.modes && typeof mode === "string") agent.modes = { ...agent.modes, currentModeId: mode };
+    } else if (kind === "available_commands_update" && Array.isArray(data.availableCommands)) {
+      agent.commands = data.availableCommands.filter((c) => isObject(c) && typeof c.name === "string" && c.name);
+    } else if (kind === "usage_update") {
+      agent.usage = data;
+    }
+    step.controls = true;
+  }
+
+  /** Fold the whole of an event that was delivered cut short into its block (`block`, as
+   *  apply() gave it). Return whether the block changed, so must be drawn again. */
+  function refold(block, event) {
+    const data = isObject(event.data) ? event.data : {};
+    if (block.parts) {
+      const part = block.parts.find((p) => p.seq === event.seq);
+      const text = event.kind === "user_message" ? str(data.text) : textOf(data);
+      if (part) part.text = text;
+      block.text = block.parts.map((p) => p.text).join("");
+      return true;
+    }
+    if (block.kind === "tool" && Array.isArray(data.content) && block.contentSeq === event.seq) {
+      block.call.content = data.content;
+      return true;
+    }
+    if (block.kind === "permission" && isObject(data.toolCall)) {
+      block.details = data.toolCall;
+      return true;
+    }
+    if (block.kind === "plan" && Array.isArray(data.entries)) {
+      block.entries = planEntries(data.entries);
+      return true;
+    }
+    return false;
+  }
+
+  return fold;
+}

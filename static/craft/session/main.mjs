@@ -1,0 +1,156 @@
+// The live session page (templates/craft/session.html). The server renders no transcript: the
+// page folds the session's event log (the same JSON every API client reads,
+// docs/websocket-api.md) into what a person reads; see "One renderer" in docs/architecture.md.
+// This module wires the parts, each of which has one job:
+//
+//   fold.mjs         events into the blocks a person reads (no DOM: Node tests it)
+//   render.mjs       those blocks drawn as the transcript, and the clicks in it
+//   blocks.mjs       what each kind of block looks like
+//   socket.mjs       the websocket, reconnects, and the load guard (how a page stays exact)
+//   history.mjs      stored events over HTTP
+//   status.mjs       what the page shows around the transcript
+//   controls.mjs     the agent's own controls
+//   composer.mjs     sending prompts, stopping the agent
+//   palette.mjs      "/" commands and "@" files in the prompt box
+//   attachments.mjs  images for the next prompt
+//
+// Agent output is untrusted: text goes in through textContent, Markdown is sanitised
+// (markdown.mjs), and paths are shown relative to the workspace (paths.mjs).
+
+import { createAttachments } from "./attachments.mjs";
+import { createComposer } from "./composer.mjs";
+import { createControls } from "./controls.mjs";
+import { $ } from "./dom.mjs";
+import { createFold } from "./fold.mjs";
+import { fetchJson, loadHistory } from "./history.mjs";
+import { createPalette } from "./palette.mjs";
+import { workspacePaths } from "./paths.mjs";
+import { createView } from "./render.mjs";
+import { followBottom } from "./scroll.mjs";
+import { createConnection } from "./socket.mjs";
+import { createStatus } from "./status.mjs";
+import { isObject } from "./values.mjs";
+import { FRAME_ERRORS, STOP_REASONS } from "./words.mjs";
+
+const root = $("session");
+const sessionId = root.dataset.session;
+const transcript = $("transcript");
+const promptBox = $("prompt");
+const paths = workspacePaths(root.dataset.workspace, sessionId);
+const fold = createFold({ paths });
+const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt });
+const scroll = followBottom({ transcript, jumpButton: $("jump"), promptBox });
+const connection = createConnection({
+  url: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/sessions/${sessionId}/`,
+  serverLastSeq: Number(root.dataset.lastSeq || 0),
+  lastSeq: () => fold.lastSeq,
+  loadEvents,
+  page: {
+    connection: status.showConnection,
+    announce: status.announce,
+    hello(frame) {
+      status.setRunning(frame.running);
+      if (isObject(frame.sandbox)) status.setSandbox(frame.sandbox);
+    },
+    event(frame) {
+      applyEvent(frame, true);
+      view.scheduleFlush();
+    },
+    error: refused,
+    loaded,
+    loadFailed: status.showLoadFailure,
+  },
+});
+const controls = createControls({ fold, send: connection.send, status });
+const view = createView({
+  transcript, fold, paths, scroll,
+  staff: root.dataset.staff === "true",
+  libraries: (root.dataset.libraries || "").split(" ").filter(Boolean),
+  hooks: {
+    beforeFlush: controls.draw,
+    answer: (request, option) => connection.send({ type: "permission", request, option }),
+    announce: status.announce,
+    showError: status.showFrameError,
+    fetchEvent: (seq) => fetchJson(root.dataset.eventUrl.replace(/0\/$/, `${seq}/`)),
+  },
+});
+const attachments = createAttachments({ fold, status });
+const composer = createComposer({ connection, status, attachments, palette: createPalette({ fold }) });
+
+// Apply one event: fold it, draw it, and let the page around the transcript follow.
+function applyEvent(event, live = false) {
+  const step = fold.apply(event, live);
+  if (!step) return;
+  view.draw(step);
+  if (step.block.kind === "user") composer.promptStored(step.block);
+  if (step.title) status.setTitle(step.title);
+  if (step.controls) controls.changed();
+  if (live && !step.failed) followLive(event.kind, step.block);
+}
+
+// What a person is told of a live event besides the transcript.
+function followLive(kind, block) {
+  const sessionsChanged = () => document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
+  switch (kind) {
+    case "user_message":
+      status.setRunning(true);
+      status.announce("The agent is working.");
+      sessionsChanged();
+      break;
+    case "permission_request":
+      status.announce(`The agent asks for permission: ${block.title}.`);
+      break;
+    case "turn_end":
+      status.setRunning(false);
+      status.announce(STOP_REASONS[block.reason] || "The turn ended.");
+      sessionsChanged();
+      break;
+    case "agent_error":
+      status.showFrameError(block.summary);
+      break;
+    case "agent_restarted":
+      status.announce(block.label);
+      break;
+    case "session_title":
+      sessionsChanged();
+      break;
+  }
+}
+
+// The connection's load: the stored events after the last one applied, drawn as they come.
+async function loadEvents({ controller, cache, serverLastSeq }) {
+  const load = view.startLoad(applyEvent);
+  try {
+    return await loadHistory({
+      url: root.dataset.eventsUrl, pageSize: Number(root.dataset.pageSize || 1000),
+      lastSeq: () => fold.lastSeq, serverLastSeq, controller, cache,
+    }, load.page);
+  } finally {
+    load.show(); // what was applied counts, even when the load failed: show it
+  }
+}
+
+function loaded(body) {
+  status.hideLoadFailure();
+  status.setRunning(body.running);
+  if (isObject(body.sandbox)) status.setSandbox(body.sandbox);
+  if (!view.loaded) requestAnimationFrame(firstLoadDone);
+}
+
+function firstLoadDone() {
+  if (!view.firstLoadDone()) return;
+  if (!fold.lastSeq || document.activeElement === document.body) promptBox.focus({ preventScroll: true });
+}
+
+function refused(frame) {
+  if (frame.code === "not_running") return; // Stop raced with the end of the turn
+  controls.revert(); // a refused change: the pickers go back to what the agent said
+  status.showFrameError(FRAME_ERRORS[frame.code] || "The server did not accept that. Try again in a moment.");
+}
+
+$("retry-now").addEventListener("click", () => connection.load());
+window.addEventListener("offline", () => status.showConnection("offline"));
+window.addEventListener("online", () => connection.online());
+
+status.start();
+connection.start(); // the first load uses what the page preloaded, and the socket joins it

@@ -1,0 +1,177 @@
+// What the page shows around the transcript: the connection, whether the agent is working,
+// the session's title, the sandbox banner, errors, and what a screen reader is told.
+
+import { $ } from "./dom.mjs";
+import { str } from "./values.mjs";
+
+const CONNECTION = {
+  connected: ["connected", "Connected"],
+  reconnecting: ["reconnecting", "Reconnecting…"],
+  offline: ["offline", "Offline"],
+  "signed-out": ["offline", "Signed out: reload to sign in"],
+  "no-access": ["offline", "No access"],
+};
+
+const SANDBOX_BANNERS = {
+  provisioning: "Your sandbox is starting…",
+  terminating: "This session's sandbox is stopping. The agent can't work here any more.",
+  terminated: "This session's sandbox was stopped, so the agent can't work here any more. Start a new session to carry on.",
+  failed: "Your sandbox could not start, so the agent can't work here yet.",
+};
+
+/** Return the page's status around the transcript of the session shown in `root`;
+ *  turnStartedAt() tells when the running turn started (ms, or null). */
+export function createStatus({ root, turnStartedAt }) {
+  const sessionId = root.dataset.session;
+  const conn = $("conn");
+  const announcer = $("announcer");
+  const working = $("working");
+  const workingTime = $("working-time");
+  const favicon = $("favicon");
+  const promptBox = $("prompt");
+  const sendButton = $("send");
+  const stopButton = $("stop");
+  const frameError = $("frame-error");
+  const loadError = $("load-error");
+  const sandboxBanner = $("sandbox-banner");
+  const retrySandbox = $("retry-sandbox");
+  let running = root.dataset.running === "true";
+  let sandboxStatus = root.dataset.sandboxStatus || "";
+  let sandboxDetail = root.dataset.sandboxDetail || "";
+  let workingTimer = null;
+  let frameErrorTimer = null;
+
+  function announce(text) {
+    announcer.textContent = "";
+    setTimeout(() => (announcer.textContent = text), 50);
+  }
+
+  function showConnection(state) {
+    const name = state === "reconnecting" && navigator.onLine === false ? "offline" : state;
+    const [shown, text] = CONNECTION[name];
+    conn.dataset.state = shown;
+    conn.querySelector(".conn-text").textContent = text;
+  }
+
+  function setRunning(value) {
+    running = Boolean(value);
+    root.dataset.running = running ? "true" : "false";
+    // Nothing can be sent while a turn runs, or while the sandbox is not running.
+    sendButton.disabled = running || Boolean(sandboxStatus && sandboxStatus !== "running");
+    stopButton.hidden = !running;
+    working.hidden = !running;
+    clearInterval(workingTimer);
+    if (running) {
+      const started = turnStartedAt() ?? Date.now();
+      const tick = () => {
+        const seconds = Math.max(0, Math.floor((Date.now() - started) / 1000));
+        workingTime.textContent = `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
+      };
+      tick();
+      workingTimer = setInterval(tick, 1000);
+    }
+    favicon.href = favicon.href.replace(/favicon(-busy)?\.svg/, running ? "favicon-busy.svg" : "favicon.svg");
+  }
+
+  function setTitle(title) {
+    $("session-title").textContent = title;
+    document.title = `${title} · Craft`;
+    const item = document.getElementById(`session-${sessionId}`);
+    if (!item) return;
+    const name = item.querySelector(".session-name");
+    if (name) name.textContent = title;
+    const link = item.querySelector(".session-link");
+    if (link) link.title = title;
+    const input = item.querySelector("input[name=title]");
+    if (input && document.activeElement !== input) input.value = title;
+  }
+
+  function setSandbox(sandbox) {
+    const status = str(sandbox.status);
+    sandboxStatus = status;
+    let text = SANDBOX_BANNERS[status];
+    // While it starts, the banner shows how far it got (on Kubernetes: the pod's phase and
+    // latest event), as the sidebar's sandbox line does.
+    if (status === "provisioning" && str(sandbox.detail)) text = `${text} ${str(sandbox.detail)}`;
+    sandboxBanner.hidden = !text;
+    sandboxBanner.dataset.status = status;
+    if (text) sandboxBanner.querySelector(".sandbox-banner-text").textContent = text;
+    sandboxBanner.querySelector(".start-again").hidden = status === "provisioning" || status === "failed";
+    retrySandbox.hidden = status !== "failed";
+    const usable = !text || status === "provisioning";
+    promptBox.disabled = !usable;
+    const empty = $("empty-transcript");
+    if (empty && !usable) empty.hidden = true;
+    if (!usable || status === "provisioning") sendButton.disabled = true;
+    else sendButton.disabled = running;
+  }
+
+  // "Try again" on a failed sandbox: set it up again for this session (POST /api/sandbox/),
+  // then follow its progress as the sidebar's sandbox line polls it.
+  retrySandbox.addEventListener("click", async () => {
+    retrySandbox.disabled = true;
+    const token = sandboxBanner.querySelector("input[name=csrfmiddlewaretoken]");
+    try {
+      const response = await fetch(retrySandbox.dataset.url, {
+        method: "POST", credentials: "same-origin",
+        headers: { "X-CSRFToken": token ? token.value : "" },
+      });
+      if (!response.ok) throw new Error(`the server refused (${response.status})`);
+      setSandbox(await response.json());
+      const line = $("sandbox-status");
+      if (line && window.htmx) window.htmx.trigger(line, "craft:refresh");
+    } catch (error) {
+      showFrameError(`Your sandbox could not be set up again: ${error.message}. Try again in a moment.`);
+    } finally {
+      retrySandbox.disabled = false;
+    }
+  });
+
+  // The sidebar's sandbox line polls the sandbox while it starts (sidebar.js): the banner and
+  // the composer follow each new answer.
+  document.addEventListener("htmx:afterSettle", () => {
+    const line = $("sandbox-status");
+    if (!line || !line.dataset.status || line.dataset.status === "none") return;
+    if (line.dataset.status === sandboxStatus && line.dataset.detail === sandboxDetail) return;
+    sandboxDetail = line.dataset.detail || "";
+    setSandbox({ status: line.dataset.status, detail: sandboxDetail });
+  });
+
+  function showFrameError(message, sticky = false) {
+    frameError.textContent = message;
+    frameError.hidden = false;
+    clearTimeout(frameErrorTimer);
+    if (!sticky) frameErrorTimer = setTimeout(() => (frameError.hidden = true), 8000);
+  }
+
+  function hideFrameError() {
+    frameError.hidden = true;
+  }
+
+  function showLoadFailure(message, delay) {
+    loadError.querySelector(".load-error-text").textContent =
+      `Couldn't load this session: ${message}. Retrying in ${Math.ceil(delay / 1000)} s.`;
+    loadError.hidden = false;
+  }
+
+  function hideLoadFailure() {
+    loadError.hidden = true;
+  }
+
+  /** Show what the page was rendered with (running, the sandbox). */
+  function start() {
+    setRunning(running);
+    setSandbox({ status: sandboxStatus, detail: sandboxDetail });
+  }
+
+  return {
+    get running() {
+      return running;
+    },
+    get sandboxStatus() {
+      return sandboxStatus;
+    },
+    announce, showConnection, setRunning, setTitle, setSandbox, showFrameError, hideFrameError,
+    showLoadFailure, hideLoadFailure, start,
+  };
+}

@@ -1,0 +1,403 @@
+// The fold (static/craft/session/fold.mjs): a session's events into the blocks a person reads.
+// Run by Node's own test runner (`node --test tests/js/`), without a browser or a DOM.
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+
+import { createFold } from "../../static/craft/session/fold.mjs";
+import { workspacePaths } from "../../static/craft/session/paths.mjs";
+
+const SESSION = "0f6b9a52-3c1e-4c57-9a4e-2f0d8c1b7e11";
+const WORKSPACE = `/srv/craft/sandboxes/s1/sessions/${SESSION}`;
+const NOW = Date.parse("2025-01-01T12:00:00Z");
+
+// A fold and a way to feed it events with consecutive seqs: fold(kind, data, extra) applies one
+// event and returns its step; the fold's state is on `fold.state`.
+function session() {
+  const state = createFold({ paths: workspacePaths(WORKSPACE, SESSION), now: () => NOW });
+  let seq = 0;
+  const fold = (kind, data = {}, extra = {}) => state.apply({ seq: ++seq, kind, data, ...extra });
+  fold.state = state;
+  return fold;
+}
+
+const text = (t) => ({ content: { type: "text", text: t } });
+const kinds = (fold) => fold.state.blocks.map((b) => b.kind);
+
+describe("messages", () => {
+  test("agent chunks join into one message per turn, with the seq of each part", () => {
+    const fold = session();
+    fold("user_message", { id: "p1", text: "hello" });
+    const first = fold("agent_message_chunk", text("Hel"));
+    const second = fold("agent_message_chunk", text("lo!"));
+    assert.equal(first.block, second.block);
+    assert.equal(second.block.text, "Hello!");
+    assert.deepEqual(second.block.parts, [{ seq: 2, text: "Hel" }, { seq: 3, text: "lo!" }]);
+    assert.deepEqual(second.stale, [second.block]); // its text is drawn at the next flush
+    fold("turn_end", { stop_reason: "end_turn" });
+    fold("user_message", { id: "p2", text: "again" });
+    const next = fold("agent_message_chunk", text("Hi"));
+    assert.notEqual(next.block, first.block);
+    assert.deepEqual(kinds(fold), ["user", "agent", "turn_end", "user", "agent"]);
+  });
+
+  test("a tool call between chunks starts a new message; quiet updates do not", () => {
+    const fold = session();
+    const before = fold("agent_message_chunk", text("a"));
+    fold("usage_update", { used: 1, size: 10 });
+    fold("session_info_update", {});
+    assert.equal(fold("agent_message_chunk", text("b")).block, before.block);
+    fold("tool_call", { toolCallId: "t1" });
+    const after = fold("agent_message_chunk", text("c"));
+    assert.notEqual(after.block, before.block);
+    assert.equal(before.block.text, "ab");
+    assert.deepEqual(kinds(fold), ["agent", "quiet", "tool", "agent"]);
+  });
+
+  test("thoughts are blocks of their own, shown as going on while live until something follows", () => {
+    const fold = session();
+    const thought = fold("agent_thought_chunk", text("hmm"), {}).block;
+    assert.equal(thought.kind, "thought");
+    assert.equal(thought.thinking, false); // loaded from history: already over
+    const live = session();
+    const step = live.state.apply({ seq: 1, kind: "agent_thought_chunk", data: text("hmm") }, true);
+    assert.equal(step.block.thinking, true);
+    const reply = live.state.apply({ seq: 2, kind: "agent_message_chunk", data: text("ok") }, true);
+    assert.equal(step.block.thinking, false);
+    assert.deepEqual(reply.updated, [step.block]);
+  });
+
+  test("a user message carries its prompt id, its time and what was attached", () => {
+    const fold = session();
+    const step = fold("user_message", {
+      id: "p1", text: "look", attachments: [
+        { type: "file", path: "src/app.py" },
+        { type: "image", name: "shot.png", bytes: 2400 },
+        { type: "image" },
+        "junk",
+      ],
+    }, { created_at: "2025-01-01T11:59:00Z" });
+    assert.equal(step.block.promptId, "p1");
+    assert.equal(step.block.time, Date.parse("2025-01-01T11:59:00Z"));
+    assert.deepEqual(step.block.attachments, ["src/app.py", "shot.png (2 kB)", "image"]);
+    assert.ok(fold.state.knownPaths.has("src/app.py"));
+    assert.equal(fold.state.turnStartedAt, step.block.time);
+  });
+});
+
+describe("tool calls", () => {
+  test("an update changes the fields it carries; its content replaces the list", () => {
+    const fold = session();
+    fold("user_message", { text: "go" });
+    const call = fold("tool_call", {
+      toolCallId: "t1", kind: "execute", title: "Run tests", status: "pending",
+      rawInput: { command: ["pytest", "-q"] },
+      content: [{ type: "content", content: { type: "text", text: "one" } }],
+    });
+    const card = call.block;
+    assert.deepEqual(
+      [card.label, card.title, card.status, card.badge], ["Run", "Run tests", "pending", "Waiting"]);
+    const update = fold("tool_call_update", {
+      toolCallId: "t1", status: "completed",
+      content: [{ type: "content", content: { type: "text", text: "two" } }],
+    });
+    assert.equal(update.block, card);
+    assert.deepEqual([card.label, card.title, card.badge], ["Run", "Run tests", "Done"]);
+    assert.deepEqual(card.call.content, [{ type: "content", content: { type: "text", text: "two" } }]);
+    assert.deepEqual(card.call.rawInput, { command: ["pytest", "-q"] }); // kept: not in the update
+    assert.equal(card.contentSeq, update.seq);
+    assert.deepEqual(update.updated, [card]);
+    assert.deepEqual(update.stale, [card]);
+    // An update without content, locations or input leaves the body as it was drawn.
+    assert.deepEqual(fold("tool_call_update", { toolCallId: "t1", title: "" }).stale, []);
+    assert.equal(card.title, "Run tests"); // an empty title is no title
+    assert.equal(kinds(fold).filter((k) => k === "tool").length, 1);
+  });
+
+  test("unknown kinds and statuses read as a tool that was updated", () => {
+    const fold = session();
+    const card = fold("tool_call", { toolCallId: "t1", kind: "teleport", status: "beaming" }).block;
+    assert.deepEqual([card.label, card.badge, card.status], ["Tool", "Updated", "beaming"]);
+  });
+
+  test("tool call ids restart with every agent process: a later turn gets a card of its own", () => {
+    const fold = session();
+    fold("user_message", { text: "one" });
+    const first = fold("tool_call", { toolCallId: "call-0", title: "Read a" }).block;
+    fold("user_message", { text: "two" });
+    const second = fold("tool_call", { toolCallId: "call-0", title: "Read b" }).block;
+    assert.notEqual(first, second);
+    assert.equal(first.title, "Read a");
+  });
+
+  test("titles and locations are relative to the workspace; locations feed @ mentions", () => {
+    const fold = session();
+    const card = fold("tool_call", {
+      toolCallId: "t1", title: `Edit ${WORKSPACE}/src/app.py`,
+      locations: [{ path: `${WORKSPACE}/src/app.py` }, { path: "/etc/passwd" }, { path: WORKSPACE }, 7],
+    }).block;
+    assert.equal(card.title, "Edit src/app.py");
+    assert.deepEqual([...fold.state.knownPaths], ["src/app.py"]);
+  });
+
+  test("a turn's end marks the tools it never finished", () => {
+    const fold = session();
+    fold("user_message", { text: "go" });
+    const running = fold("tool_call", { toolCallId: "a", status: "in_progress" }).block;
+    const done = fold("tool_call", { toolCallId: "b", status: "completed" }).block;
+    const end = fold("turn_end", { stop_reason: "cancelled" });
+    assert.equal(running.badge, "Not finished");
+    assert.equal(running.status, "in_progress");
+    assert.equal(done.badge, "Done");
+    assert.deepEqual(end.updated, [running]);
+  });
+});
+
+describe("plans", () => {
+  test("a plan replaces the turn's plan whole; a new turn has a plan of its own", () => {
+    const fold = session();
+    fold("user_message", { text: "plan" });
+    const plan = fold("plan", { entries: [
+      { content: "Read", status: "completed" }, { content: "Write", status: "in_progress" },
+    ] }).block;
+    const again = fold("plan", { entries: [{ content: `Test ${WORKSPACE}/t.py`, status: "bogus" }] });
+    assert.equal(again.block, plan);
+    assert.deepEqual(plan.entries, [{ status: "pending", text: "Test t.py" }]);
+    assert.deepEqual(again.stale, [plan]);
+    const broken = fold("plan", { entries: "none" });
+    assert.equal(broken.block, plan);
+    assert.deepEqual(broken.stale, []); // malformed: the last good list stays
+    assert.equal(plan.entries.length, 1);
+    fold("user_message", { text: "another" });
+    assert.notEqual(fold("plan", { entries: [] }).block, plan);
+  });
+});
+
+describe("permission requests", () => {
+  const options = [
+    { optionId: "yes", kind: "allow_once", name: "Allow" },
+    { optionId: "always", kind: "allow_always", name: "Always" },
+    { optionId: "odd", name: "Something else" },
+    { optionId: 3, name: "not an option" },
+  ];
+
+  test("a request offers the agent's options and is closed by its answer", () => {
+    const fold = session();
+    fold("user_message", { text: "go" });
+    fold("tool_call", { toolCallId: "t1", kind: "edit", content: [{ type: "diff", path: "a" }] });
+    const request = fold("permission_request", {
+      request: "r1", toolCall: { toolCallId: "t1", title: "Edit a" }, options,
+    }).block;
+    assert.equal(request.title, "Edit a");
+    assert.deepEqual(request.offered.map((o) => o.id), ["yes", "always", "odd"]);
+    // What is approved includes what the earlier tool call carried.
+    assert.equal(request.details.kind, "edit");
+    assert.deepEqual(request.details.content, [{ type: "diff", path: "a" }]);
+    assert.equal(request.answer, "");
+    const answer = fold("permission_answer", { request: "r1", option: "always" });
+    assert.equal(answer.block, request);
+    assert.deepEqual(answer.updated, [request]);
+    assert.equal(request.answer, "always");
+    assert.equal(request.chosen, "always");
+    assert.equal(request.answerText, "You allowed this from now on (Always)");
+  });
+
+  test("answers read as what choosing meant, or the option's own name", () => {
+    const fold = session();
+    for (const [i, option] of ["odd", "gone"].entries()) {
+      fold("permission_request", { request: `r${i}`, options });
+      fold("permission_answer", { request: `r${i}`, option });
+    }
+    const [odd, gone] = fold.state.blocks;
+    assert.equal(odd.answerText, "You chose: Something else");
+    assert.equal(gone.answerText, "Answered.");
+  });
+
+  test("a cancelled request, an unknown one, and one the turn's end left open", () => {
+    const fold = session();
+    const cancelled = fold("permission_request", { request: "r1", options }).block;
+    const open = fold("permission_request", { request: "r2", options }).block;
+    fold("permission_answer", { request: "r1" });
+    assert.equal(cancelled.answer, "cancelled");
+    assert.equal(cancelled.answerText, "Cancelled: the turn was stopped.");
+    const stray = fold("permission_answer", { request: "nope", option: "yes" }).block;
+    assert.equal(stray.kind, "other");
+    assert.equal(stray.text, "An answer to a question this page never showed.");
+    const end = fold("turn_end", { stop_reason: "end_turn" });
+    assert.equal(open.answer, "expired");
+    assert.equal(open.answerText, "No longer open: the turn ended.");
+    assert.equal(cancelled.answer, "cancelled");
+    assert.deepEqual(end.updated, [open]);
+  });
+
+  test("a request without a title asks to use a tool", () => {
+    const fold = session();
+    assert.equal(fold("permission_request", { request: "r1" }).block.title, "use a tool");
+  });
+});
+
+describe("turn ends and the rest", () => {
+  test("a turn's end says how it ended, and how long it took", () => {
+    const fold = session();
+    const labels = {
+      end_turn: "Done", cancelled: "Stopped", refusal: "The agent declined to continue",
+      interrupted: "Interrupted", max_tokens: "Stopped: the reply reached its length limit",
+      something_new: "The turn ended",
+    };
+    for (const [reason, label] of Object.entries(labels)) {
+      assert.equal(fold("turn_end", { stop_reason: reason }).block.label, label);
+    }
+    fold("user_message", { text: "go" }, { created_at: "2025-01-01T11:58:00Z" });
+    const end = fold("turn_end", { stop_reason: "end_turn" }, { created_at: "2025-01-01T11:59:05Z" });
+    assert.equal(end.block.took, "1 min 5 s");
+    fold("user_message", { text: "quick" }, { created_at: "2025-01-01T11:59:10Z" });
+    assert.equal(fold("turn_end", {}, { created_at: "2025-01-01T11:59:10.5Z" }).block.took, null);
+  });
+
+  test("a restarted agent is a divider that says whether it remembers", () => {
+    const fold = session();
+    const label = (restored) => fold("agent_restarted", { restored }).block.label;
+    assert.equal(label("resume"), "Agent restarted — context restored");
+    assert.equal(label("load"), "Agent restarted — context restored");
+    assert.equal(label("none"), "Agent restarted — the agent starts fresh");
+    assert.equal(label(undefined), "Agent restarted");
+    assert.deepEqual(new Set(kinds(fold)), new Set(["restart"]));
+  });
+
+  test("an agent error is summarised for people, its message kept for staff", () => {
+    const fold = session();
+    const error = fold("agent_error", { message: "agent exited with code 1" }).block;
+    assert.equal(error.summary, "The agent stopped unexpectedly.");
+    assert.equal(error.detail, "agent exited with code 1");
+    assert.equal(fold("agent_error", {}).block.summary, "The agent ran into a problem.");
+  });
+
+  test("a session title names the session; a blank one does not", () => {
+    const fold = session();
+    const titled = fold("session_title", { title: "Fix the build" });
+    assert.equal(titled.title, "Fix the build");
+    assert.equal(titled.block.kind, "quiet");
+    assert.equal(fold("session_title", { title: "   " }).title, undefined);
+    assert.equal(fold("session_title", { title: 42 }).title, undefined);
+  });
+
+  test("unknown kinds become a quiet note; quiet kinds share one hidden block", () => {
+    const fold = session();
+    const unknown = fold("teleport_update", { anything: 1 }).block;
+    assert.equal(unknown.kind, "other");
+    assert.equal(unknown.text, "The agent sent an update this page can't show.");
+    assert.equal(unknown.detail, "kind: teleport_update");
+    const quiet = ["user_message_chunk", "session_info_update", "usage_update", "agent_info"]
+      .map((kind) => fold(kind).block);
+    assert.equal(new Set(quiet).size, 1);
+    assert.equal(quiet[0].kind, "quiet");
+    assert.equal(fold.state.blocks.filter((b) => b.kind === "quiet").length, 1);
+  });
+
+  test("the agent's controls follow agent_info and the updates after it", () => {
+    const fold = session();
+    const info = fold("agent_info", {
+      promptCapabilities: { image: true },
+      modes: { currentModeId: "ask", availableModes: [{ id: "ask" }, { id: "code" }] },
+      configOptions: [{ id: "model", type: "select" }, "junk"],
+    });
+    assert.equal(info.controls, true);
+    const agent = fold.state.agent;
+    assert.equal(agent.prompt.image, true);
+    assert.equal(agent.configOptions.length, 1);
+    fold("current_mode_update", { currentModeId: "code" });
+    assert.equal(agent.modes.currentModeId, "code");
+    fold("available_commands_update", { availableCommands: [{ name: "test" }, { name: "" }, {}] });
+    assert.deepEqual(agent.commands, [{ name: "test" }]);
+    fold("config_option_update", { configOptions: "nope" });
+    assert.equal(agent.configOptions.length, 1); // malformed: kept
+    fold("usage_update", { used: 5, size: 10 });
+    assert.deepEqual(agent.usage, { used: 5, size: 10 });
+  });
+});
+
+describe("order and delivery", () => {
+  test("events apply once, in seq order: a seq already applied or not a seq is ignored", () => {
+    const { apply, ...state } = createFold({ paths: workspacePaths("", SESSION) });
+    const event = (seq) => ({ seq, kind: "agent_message_chunk", data: text(`${seq}`) });
+    assert.ok(apply(event(1)));
+    assert.ok(apply(event(3))); // the fold takes what it is given; gaps are the socket's to fill
+    for (const seq of [3, 2, 1, 0, -1, 3.5, "4", null, Number.MAX_SAFE_INTEGER + 2]) {
+      assert.equal(apply(event(seq)), null, `seq ${seq}`);
+    }
+    assert.equal(apply(event(4)).block.text, "134");
+    assert.equal(state.blocks[0].text, "134");
+  });
+
+  test("lastSeq advances for every event, shown or not", () => {
+    const fold = session();
+    fold("usage_update");
+    fold("teleport");
+    fold("user_message", null);
+    assert.equal(fold.state.lastSeq, 3);
+  });
+
+  test("an event cut short for delivery can be fetched whole and folded again", () => {
+    const fold = session();
+    const step = fold("agent_message_chunk", text("start of a long… "), { truncated: true });
+    assert.equal(step.truncated, true);
+    fold("agent_message_chunk", text("end"));
+    assert.equal(fold("usage_update", {}, { truncated: true }).truncated, false); // quiet: nothing to show
+    const whole = { seq: step.seq, kind: "agent_message_chunk", data: text("start of a long story ") };
+    assert.equal(fold.state.refold(step.block, whole), true);
+    assert.equal(step.block.text, "start of a long story end");
+    const card = fold("tool_call", { toolCallId: "t", content: [] }, { truncated: true });
+    const full = [{ type: "content", content: { type: "text", text: "all" } }];
+    assert.equal(fold.state.refold(card.block, { seq: card.seq, data: { content: full } }), true);
+    assert.deepEqual(card.block.call.content, full);
+    assert.equal(fold.state.refold(card.block, { seq: card.seq - 1, data: { content: [] } }), false);
+  });
+});
+
+describe("malformed data", () => {
+  const KINDS = [
+    "user_message", "agent_message_chunk", "agent_thought_chunk", "tool_call", "tool_call_update",
+    "plan", "permission_request", "permission_answer", "turn_end", "agent_error", "session_title",
+    "agent_restarted", "agent_info", "config_option_update", "config_options_update",
+    "current_mode_update", "available_commands_update", "usage_update", "user_message_chunk",
+    "something_new", undefined, null, 7,
+  ];
+  const DATA = [
+    null, undefined, "text", 42, true, [], [1, 2],
+    { text: 5, attachments: "x", content: "x", toolCallId: {}, title: [], status: 3, kind: 1,
+      locations: "x", rawInput: [], entries: {}, options: "x", toolCall: "x", request: [],
+      option: 5, stop_reason: {}, message: [], restored: 1, promptCapabilities: 1, modes: [],
+      configOptions: {}, availableCommands: "x", currentModeId: 3 },
+    { content: { type: "text", text: null }, attachments: [null, { type: "file", path: 3 }],
+      locations: [null, { path: null }], entries: [null, { content: {} }],
+      options: [null, { optionId: null }], toolCall: { toolCallId: null, content: "x" },
+      availableCommands: [null, { name: 5 }] },
+  ];
+
+  test("no kind with any data makes the fold throw, and every event is applied", () => {
+    const fold = session();
+    let seq = 0;
+    for (const kind of KINDS) {
+      for (const data of DATA) {
+        const step = fold.state.apply({ seq: ++seq, kind, data });
+        assert.ok(step.block, `${kind} with ${JSON.stringify(data)}`);
+        assert.ok(!step.failed, `${kind} with ${JSON.stringify(data)} failed`);
+      }
+    }
+    assert.equal(fold.state.lastSeq, seq);
+    for (const event of [null, undefined, "event", 3, [], {}, { seq: "1" }]) {
+      assert.equal(fold.state.apply(event), null);
+    }
+  });
+
+  test("a failure while folding becomes a note, and the seq still counts as applied", (t) => {
+    t.mock.method(console, "error", () => {});
+    const fold = session();
+    const hostile = { get text() { throw new Error("boom"); } };
+    const step = fold("user_message", hostile);
+    assert.equal(step.failed, true);
+    assert.equal(step.block.kind, "other");
+    assert.equal(step.block.text, "Something the agent sent could not be shown.");
+    assert.equal(fold.state.lastSeq, step.seq);
+  });
+});
