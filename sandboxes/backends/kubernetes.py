@@ -9,9 +9,11 @@ Two kinds of API client, on purpose. `kubernetes.stream.stream()` swaps `call_ap
 ApiClient behind the API object it is given while it runs (kubernetes-client/python issue
 #928): a REST call made on that ApiClient from another thread in that window is sent as a
 websocket handshake and fails with `ApiException(status=0, reason="Handshake status 200 OK")`,
-and two overlapping streams can leave the patch installed for good. So the REST ApiClient is
-never passed to `stream()` (nor to the same swap that `ExecProcess` uses to open its
-websocket with a deadline), and every exec gets an ApiClient of its own.
+and two overlapping streams can leave the patch installed for good. Craft's exec transport
+calls neither `stream()` nor the private function behind it, and swaps nothing (it builds its
+request with the public `ApiClient.param_serialize`, see `kubernetes_exec.exec_request`);
+still, the REST ApiClient is never handed to an exec and every exec gets an ApiClient of its
+own, so that no later use of `stream()` can bring the bug back.
 
 The exec transport itself (the websocket, its frames and deadlines) is `kubernetes_exec.py`;
 only these two modules import the kubernetes client.
@@ -103,7 +105,7 @@ class KubernetesBackend:
         """Connect with `configuration` (default: in-cluster, else kubeconfig).
 
         `rest_client` and `exec_api_client` exist for tests; in particular, the test that
-        shows why they must differ passes the same client for both.
+        shows that execs leave their ApiClient alone passes the same client for both.
         """
         self.configuration = configuration or load_configuration()
         # The REST client. Never pass it (or an API object built on it) to stream(): #928.

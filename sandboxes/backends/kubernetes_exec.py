@@ -27,7 +27,6 @@ import certifi
 from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes.stream import ws_client
-from kubernetes.stream.stream import _websocket_request
 from websocket import (
     ABNF,
     WebSocket,
@@ -57,12 +56,12 @@ class ExecResult:
 class ExecProcess:
     """A program running in a pod through the exec websocket, as an `AgentProcess`.
 
-    The kubernetes client does the handshake (auth, TLS, subprotocol); after that this class
-    reads the websocket itself on one thread: stdout as bytes, decoded only as whole lines (a
-    UTF-8 character split across frames survives), stderr to a `StderrLog` (lines cut, its
-    logging rate-limited), the status channel parsed defensively for the exit code. Pings
-    keep an idle connection honest: no frame at all for `idle_timeout` seconds means the
-    connection is dead.
+    The kubernetes client builds the request (`exec_request`: URL, query, authentication);
+    this class opens the websocket within a deadline, then reads it on one thread: stdout as
+    bytes, decoded only as whole lines (a UTF-8 character split across frames survives),
+    stderr to a `StderrLog` (lines cut, its logging rate-limited), the status channel parsed
+    defensively for the exit code. Pings keep an idle connection honest: no frame at all for
+    `idle_timeout` seconds means the connection is dead.
     """
 
     def __init__(
@@ -106,10 +105,9 @@ class ExecProcess:
 
         The client's `stream()` opens its websocket without any timeout (`_request_timeout`
         is ignored without preloading): a handshake that the API server never answers would
-        hold a thread and a socket for good. So the client only builds the request (URL,
-        query, auth headers, through the same `call_api` swap that `stream()` does, on this
-        exec's own ApiClient) and Craft opens the websocket itself, with a socket timeout, on
-        a helper thread. When the deadline passes first, the socket is shut down, which ends
+        hold a thread and a socket for good. So the client only builds the request
+        (`exec_request`) and Craft opens the websocket itself, with a socket timeout, on a
+        helper thread. When the deadline passes first, the socket is shut down, which ends
         the helper at once; a websocket that opens after that is closed.
         """
         opened: list[WebSocket] = []
@@ -117,39 +115,25 @@ class ExecProcess:
         handover = threading.Lock()
         abandoned = False
 
-        def open_websocket(
-            configuration: k8s.Configuration,
-            _method: str,
-            url: str,
-            headers: dict[str, Any] | None = None,
-            **_ignored: Any,
-        ) -> WebSocket:
-            ws_url = ws_client.get_websocket_url(url)
-            ws = WebSocket(sslopt=_ssl_options(configuration, ws_url), skip_utf8_validation=False)
+        def open_websocket() -> WebSocket:
+            # Building the request may refresh a token (a kubeconfig exec plugin), so it
+            # runs under the deadline too.
+            configuration = api_client.configuration
+            url, headers = exec_request(
+                api_client, namespace=namespace, pod=pod, container=container, argv=argv
+            )
+            ws = WebSocket(sslopt=_ssl_options(configuration, url), skip_utf8_validation=False)
             opened.append(ws)
-            options = _connect_options(configuration, url, headers or {})
+            options = _connect_options(configuration, url, headers)
             # A socket timeout a little past the deadline: the deadline below always comes
             # first, and the socket timeout only ends a connect that shutdown cannot reach.
-            ws.connect(ws_url, timeout=timeout + 1, **options)
+            ws.connect(url, timeout=timeout + 1, **options)
             return ws
 
         def connect() -> None:
             nonlocal abandoned
             try:
-                ws = _websocket_request(
-                    open_websocket,
-                    None,
-                    k8s.CoreV1Api(api_client).connect_get_namespaced_pod_exec,
-                    pod,
-                    namespace,
-                    container=container,
-                    command=argv,
-                    stdin=True,
-                    stdout=True,
-                    stderr=True,
-                    tty=False,
-                    _preload_content=False,
-                )
+                ws = open_websocket()
             except BaseException as exc:
                 result.set_exception(exc)
                 return
@@ -327,6 +311,42 @@ class ExecProcess:
             self._ws.shutdown()
         except Exception:
             pass
+
+
+def exec_request(
+    api_client: k8s.ApiClient, *, namespace: str, pod: str, container: str, argv: list[str]
+) -> tuple[str, dict[str, Any]]:
+    """Return the websocket URL and the headers of an exec of `argv` in the pod's container
+    (stdin, stdout, stderr, no tty), the request the client's generated
+    `CoreV1Api.connect_get_namespaced_pod_exec` would send.
+
+    Why not that method: it sends its request only through `ApiClient.call_api`, and the
+    client's one way to turn that into a websocket is `stream()`, which opens the websocket
+    with no timeout, by way of the private `kubernetes.stream.stream._websocket_request`,
+    which swaps `call_api` on the ApiClient while it runs (kubernetes-client/python#928).
+    The public `ApiClient.param_serialize`, which the generated methods themselves call, builds
+    the same request (URL, query, the `BearerToken` authentication, token refresh included)
+    from the endpoint's path and parameters, stated here; so Craft uses no private name and
+    swaps nothing. Checked against kubernetes 37.0.2: `test_kubernetes_exec.py` compares this
+    request with the generated method's, so an upgrade that changes either fails there.
+    """
+    _method, url, headers, _body, _post_params = api_client.param_serialize(
+        method="GET",
+        resource_path="/api/v1/namespaces/{namespace}/pods/{name}/exec",
+        path_params={"namespace": namespace, "name": pod},
+        query_params=[
+            ("command", argv),
+            ("container", container),
+            ("stderr", True),
+            ("stdin", True),
+            ("stdout", True),
+            ("tty", False),
+        ],
+        header_params={},
+        collection_formats={"command": "multi"},
+        auth_settings=["BearerToken"],
+    )
+    return ws_client.get_websocket_url(url), headers
 
 
 def exit_code_of(status: dict[str, Any]) -> int:

@@ -17,6 +17,7 @@ import uuid
 import pytest
 from kubernetes import client as kubernetes
 from kubernetes.client.rest import ApiException
+from kubernetes.stream import stream
 from websocket import WebSocketException
 
 from craft import services as craft_services
@@ -438,8 +439,9 @@ def test_an_idle_exec_connection_stays_up_across_prompts(kube_backend, sandbox, 
 # --- REST and streaming clients -----------------------------------------------------------
 
 
-def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
-    """Run overlapping execs on 4 threads while this thread lists and reads pods."""
+def exec_while_rest_goes_on(rest, run_exec, kube, pod, seconds=3.0):
+    """Run `run_exec()` over and over on 4 threads while this thread lists pods and reads
+    `pod` through `rest`; return how many REST calls were made and the errors of both sides."""
     kube.exec_handshake_delay = 0.2  # widen the window in which stream() patches its client
     stop = threading.Event()
     exec_errors: list[BaseException] = []
@@ -447,9 +449,7 @@ def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
     def exec_loop():
         while not stop.is_set():
             try:
-                process = backend.exec(sandbox, ["true"])
-                process.close_stdin()
-                process.wait(10)
+                run_exec()
             except BaseException as exc:
                 exec_errors.append(exc)
 
@@ -457,15 +457,15 @@ def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
     for thread in threads:
         thread.start()
     # A REST call that went out as a websocket handshake fails with "Handshake status 200 OK":
-    # wrapped in an ApiException by `stream()`, as websocket-client's own error by the exec
-    # transport's handshake (which uses the same swap).
+    # wrapped in an ApiException by `stream()`, as websocket-client's own error by a transport
+    # that swapped `call_api` to open its websocket itself (as Craft's once did).
     rest_errors: list[Exception] = []
     calls = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            backend.core.list_namespaced_pod(NAMESPACE)
-            backend.core.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
+            rest.list_namespaced_pod(NAMESPACE)
+            rest.read_namespaced_pod(pod, NAMESPACE)
         except (ApiException, WebSocketException) as exc:
             rest_errors.append(exc)
         calls += 2
@@ -476,26 +476,74 @@ def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
     return calls, rest_errors, exec_errors
 
 
+def backend_exec(backend, sandbox):
+    """Return a function that runs `true` in the sandbox through the backend's exec."""
+
+    def run():
+        process = backend.exec(sandbox, ["true"])
+        process.close_stdin()
+        process.wait(10)
+
+    return run
+
+
 def test_rest_calls_during_overlapping_execs_do_not_fail(kube_backend, sandbox, kube):
-    calls, rest_errors, exec_errors = exec_while_rest_goes_on(kube_backend, sandbox, kube)
+    calls, rest_errors, exec_errors = exec_while_rest_goes_on(
+        kube_backend.core, backend_exec(kube_backend, sandbox), kube, pod_name(sandbox)
+    )
     assert calls > 50
     assert rest_errors == []
     assert exec_errors == []
     assert len(kube.execs) > 8
 
 
-def test_one_shared_api_client_reproduces_handshake_status_200(kube_backend, sandbox, kube):
-    """The bug the separation prevents (kubernetes-client/python #928), shown on purpose.
-
-    If this test ever fails, the client no longer patches the ApiClient and the separation
-    could be revisited; until then it proves the test above has teeth.
-    """
+def test_execs_leave_the_api_client_they_are_given_alone(kube_backend, sandbox, kube):
+    """Even one ApiClient for REST and every exec breaks nothing: the exec transport builds its
+    request without `stream()` and its `call_api` swap (`exec_request`)."""
     shared = kubernetes.ApiClient(kube_backend.configuration)
-    broken = KubernetesBackend(
+    sharing = KubernetesBackend(
         kube_backend.configuration, rest_client=shared, exec_api_client=lambda: shared
     )
-    _, rest_errors, _ = exec_while_rest_goes_on(broken, sandbox, kube)
-    assert rest_errors, "sharing one ApiClient did not break REST calls"
+    calls, rest_errors, exec_errors = exec_while_rest_goes_on(
+        sharing.core, backend_exec(sharing, sandbox), kube, pod_name(sandbox)
+    )
+    assert calls > 50
+    assert rest_errors == []
+    assert exec_errors == []
+
+
+def test_stream_on_one_shared_api_client_reproduces_handshake_status_200(
+    kube_backend, sandbox, kube
+):
+    """The bug the separate clients guard against (kubernetes-client/python #928), on purpose.
+
+    If this test ever fails, the client's `stream()` no longer patches the ApiClient it is
+    given; until then it proves that the tests above would see that bug.
+    """
+    shared = kubernetes.ApiClient(kube_backend.configuration)
+    exec_api = kubernetes.CoreV1Api(shared)
+
+    def run_exec():
+        response = stream(
+            exec_api.connect_get_namespaced_pod_exec,
+            pod_name(sandbox),
+            NAMESPACE,
+            command=["true"],
+            stdin=False,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            _preload_content=False,
+        )
+        response.run_forever(timeout=10)
+        response.close()
+        # websocket-client leaves its socket open when the server closed first.
+        response.sock.shutdown()
+
+    _, rest_errors, _ = exec_while_rest_goes_on(
+        kubernetes.CoreV1Api(shared), run_exec, kube, pod_name(sandbox)
+    )
+    assert rest_errors, "stream() on a shared ApiClient did not break REST calls"
     assert any("Handshake status 200" in str(exc) for exc in rest_errors)
 
 
