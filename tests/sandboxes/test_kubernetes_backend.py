@@ -1,14 +1,14 @@
-"""The kubernetes backend with the real `kubernetes` client against the test API server.
+"""The kubernetes backend with the real `kubernetes` client against the test API server:
+pods, Services and the NetworkPolicy, workspaces, the REST and exec ApiClients, and a chat in
+a pod end to end.
 
 The test server runs exec'd commands as local processes with the pod's /workspace mapped to
-a folder, so the cache behaviours can be observed on real agent processes (their pids). The
-exec transport itself is `test_kubernetes_exec.py`.
+a folder. The exec transport itself is `test_kubernetes_exec.py`; what a session sees of its
+agent connection, on this backend as on the local one, is `test_agent_connections.py`.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 import uuid
@@ -23,11 +23,9 @@ from craft import services as craft_services
 from sandboxes import services
 from sandboxes.acp import AgentConnection
 from sandboxes.backends.kubernetes import NETWORK_POLICY, KubernetesBackend, pod_name
-from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 from tests.ready import settled_sandbox
 
-from ..conftest import run_concurrently
 from .agents import reply_text, run_turn
 from .kube import NAMESPACE, agent_execs
 
@@ -43,10 +41,6 @@ def sandbox(kube_backend, owner):
 
 def new_session(sandbox) -> uuid.UUID:
     return uuid.uuid4()  # its workspace is created at its agent's first start
-
-
-def agent_pid(connection) -> int:
-    return int(reply_text(run_turn(connection, "pid")).split()[1])
 
 
 def workspace(kube, sandbox, session_id):
@@ -206,83 +200,6 @@ def test_a_session_workspace_is_made_by_its_agents_start_and_removed_by_exec(san
     services.remove_session_workspace(sandbox, session_id)
     assert not folder.exists()
     assert kube.execs[-1].argv[:3] == ["rm", "-rf", "--"]
-
-
-# --- the connection cache, over exec --------------------------------------------------------
-
-
-def test_the_first_prompt_starts_an_exec_and_follow_ups_reuse_it(sandbox, kube):
-    session_id = new_session(sandbox)
-    first = services.connect_agent(sandbox, session_id)
-    pid = agent_pid(first)
-    assert [e.pid for e in agent_execs(kube)] == [pid]
-    again = services.connect_agent(sandbox, session_id)
-    assert again is first
-    assert agent_pid(again) == pid
-    assert len(agent_execs(kube)) == 1
-
-
-def test_an_agent_killed_mid_turn_is_replaced_on_the_next_prompt(sandbox, kube):
-    session_id = new_session(sandbox)
-    connection = services.connect_agent(sandbox, session_id)
-    old_pid = agent_pid(connection)
-    done = threading.Event()
-    items = []
-    connection.prompt("slow 100 0.05", lambda item: (items.append(item), done.set()))
-    time.sleep(0.3)
-    os.kill(old_pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while connection.is_running and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not connection.is_running
-    assert type(items[-1]).__name__ == "TurnFailed"
-    replacement = services.connect_agent(sandbox, session_id)
-    assert replacement is not connection
-    assert agent_pid(replacement) != old_pid
-    assert len(agent_execs(kube)) == 2
-
-
-def test_different_sessions_get_different_execs(sandbox, kube):
-    a = services.connect_agent(sandbox, new_session(sandbox))
-    b = services.connect_agent(sandbox, new_session(sandbox))
-    assert a is not b
-    assert agent_pid(a) != agent_pid(b)
-
-
-def test_terminating_stops_this_sandboxes_execs_and_no_other(sandbox, kube, stranger):
-    mine = [services.connect_agent(sandbox, new_session(sandbox)) for _ in range(2)]
-    other = services.provision_sandbox(stranger)
-    theirs = services.connect_agent(other, new_session(other))
-    services.terminate_sandbox(sandbox)
-    assert all(not c.is_running for c in mine)
-    assert agent_connections.count(sandbox.pk) == 0
-    assert theirs.is_running
-    assert reply_text(run_turn(theirs, "still there")) == "Echo: still there"
-
-
-def test_cleaning_up_a_session_stops_its_exec(sandbox, kube):
-    session_id = new_session(sandbox)
-    connection = services.connect_agent(sandbox, session_id)
-    services.remove_session_workspace(sandbox, session_id)
-    assert not connection.is_running
-    assert agent_connections.get(sandbox.pk, session_id) is None
-    deadline = time.monotonic() + 5
-    while agent_execs(kube)[-1].returncode is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert agent_execs(kube)[-1].returncode is not None
-
-
-def test_cleaning_up_a_session_without_an_exec_is_fine(sandbox, kube):
-    session_id = new_session(sandbox)
-    services.remove_session_workspace(sandbox, session_id)
-    assert agent_execs(kube) == []
-
-
-def test_two_concurrent_first_prompts_start_one_exec(sandbox, kube):
-    session_id = new_session(sandbox)
-    got = run_concurrently(lambda: services.connect_agent(sandbox, session_id), 4)
-    assert all(c is got[0] for c in got)
-    assert len(agent_execs(kube)) == 1
 
 
 # --- REST and streaming clients -----------------------------------------------------------
