@@ -13,6 +13,16 @@ from typing import Any
 
 
 def unsent_bytes(send: Any) -> int | None:
+    """Return how many bytes the transport behind daphne's `send` still holds for its client,
+    or None when there is no Twisted transport to ask.
+
+    Twisted has no public way to ask: a transport (`twisted.internet.abstract.FileDescriptor`)
+    keeps what the kernel has not taken in `dataBuffer` from `offset` on, and what was written
+    since its last attempt in a list that only its private `_tempDataLen` counts. This reads
+    that private attribute (checked against Twisted 26.10.0). A Twisted without it would make
+    this answer None and quietly lift the limit, so `tests/craft/test_outbuffer.py` drives a
+    real TCP transport and fails, saying so, if the attribute goes or means something else.
+    """
     protocol = next(iter(getattr(send, "args", ())), None)
     transport = getattr(protocol, "transport", None)
     if transport is None or not hasattr(transport, "_tempDataLen"):

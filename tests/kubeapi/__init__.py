@@ -1,5 +1,10 @@
-"""A small Kubernetes API server that the official client can talk to, for tests."""
+"""A Kubernetes API server for tests, serving what Craft's kubernetes backend calls.
 
-from tests.kubeapi.server import ExecRecord, KubeTestServer
+`server.py` is the server (`KubeTestServer`), `objects.py` its pods, services, events and
+network policies, `exec.py` its pod exec websocket.
+"""
+
+from tests.kubeapi.exec import ExecRecord
+from tests.kubeapi.server import KubeTestServer
 
 __all__ = ["ExecRecord", "KubeTestServer"]

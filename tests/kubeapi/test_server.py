@@ -2,7 +2,8 @@
 
 These tests pin down what the sandbox backend's tests rely on: the REST shapes deserialise into
 the client's models, errors raise ApiException with the right status, pods move along their
-timelines, and exec streams behave like a kubelet's.
+timelines, and exec streams behave like a kubelet's. What the server does not model (watches,
+discovery, older exec protocols...) is refused or answered 404, never half-done.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import websocket
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 from kubernetes.stream.ws_client import WSClient
 
 from tests.kubeapi import KubeTestServer
-from tests.kubeapi.server import parse_go_bool
+from tests.kubeapi.objects import parse_go_bool
 
 NS = "craft-test"
 
@@ -123,18 +123,7 @@ def body_of(exc: ApiException) -> dict[str, Any]:
     return json.loads(exc.body)
 
 
-# -- discovery and configuration --------------------------------------------------------------
-
-
-def test_discovery(server: KubeTestServer, api: client.CoreV1Api) -> None:
-    api_client = api.api_client
-    version = client.VersionApi(api_client).get_code()
-    assert (version.git_version, version.major, version.minor) == ("v1.31.0", "1", "31")
-    assert client.CoreApi(api_client).get_api_versions().versions == ["v1"]
-    names = {r.name for r in api.get_api_resources().resources}
-    assert {"pods", "pods/exec", "pods/log", "services", "events", "namespaces"} <= names
-    assert client.ApisApi(api_client).get_api_versions().groups == []
-    assert ("GET", "/version/") in server.requests
+# -- configuration --------------------------------------------------------------
 
 
 def test_kubeconfig_is_usable(server: KubeTestServer, tmp_path: Path) -> None:
@@ -154,9 +143,8 @@ def test_pod_create_get_list_delete(api: client.CoreV1Api) -> None:
     created = api.create_namespaced_pod(NS, pod_body("web", {"app": "web", "tier": "front"}))
     api.create_namespaced_pod(NS, pod_body("db", {"app": "db"}))
     api.create_namespaced_pod("elsewhere", pod_body("web", {"app": "web"}))
-    assert created.metadata.uid and created.metadata.resource_version
+    assert created.metadata.uid
     assert created.metadata.namespace == NS
-    assert created.metadata.creation_timestamp is not None
     assert created.status.phase == "Pending"
 
     fetched = api.read_namespaced_pod("web", NS)
@@ -168,10 +156,8 @@ def test_pod_create_get_list_delete(api: client.CoreV1Api) -> None:
 
     assert names() == ["db", "web"]
     assert names(label_selector="app=web,tier=front") == ["web"]
-    assert names(label_selector="app!=web") == ["db"]
-    assert names(field_selector="metadata.name=db") == ["db"]
-    everywhere = api.list_pod_for_all_namespaces(label_selector="app=web")
-    assert sorted(p.metadata.namespace for p in everywhere.items) == [NS, "elsewhere"]
+    assert names(label_selector="app=db") == ["db"]
+    assert [p.metadata.name for p in api.list_namespaced_pod("elsewhere").items] == ["web"]
 
     deleted = api.delete_namespaced_pod("web", NS, grace_period_seconds=0)
     assert deleted.metadata.deletion_timestamp is not None
@@ -231,7 +217,6 @@ def test_pod_becomes_ready_after_the_delay(server: KubeTestServer, api: client.C
     ready = wait_for(lambda: (p := api.read_namespaced_pod("slow", NS)) and is_ready(p) and p)
     assert time.monotonic() - start >= 0.3
     assert ready.status.phase == "Running"
-    assert ready.status.pod_ip.startswith("10.0.0.")
     conditions = {c.type: c.status for c in ready.status.conditions}
     assert all(
         conditions[t] == "True" for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
@@ -304,28 +289,16 @@ def test_rest_failures_then_recovery(server: KubeTestServer, api: client.CoreV1A
     assert server.rest_failures == 0
 
 
-def test_delete_delay_keeps_a_terminating_pod(
-    server: KubeTestServer, api: client.CoreV1Api
-) -> None:
-    server.delete_delay = 0.3
-    api.create_namespaced_pod(NS, pod_body("lingering"))
-    api.delete_namespaced_pod("lingering", NS, propagation_policy="Foreground")
-    assert api.read_namespaced_pod("lingering", NS).metadata.deletion_timestamp is not None
-    with pytest.raises(ApiException) as gone:
-        wait_for(lambda: api.read_namespaced_pod("lingering", NS) and False, timeout=3)
-    assert gone.value.status == 404
-
-
-def test_watch_pods_sees_the_pod_become_ready(api: client.CoreV1Api) -> None:
-    api.create_namespaced_pod(NS, pod_body("watched"))
-    seen: list[tuple[str, bool]] = []
-    watcher = watch.Watch()
-    for event in watcher.stream(api.list_namespaced_pod, NS, timeout_seconds=3):
-        seen.append((event["type"], is_ready(event["object"])))
-        if is_ready(event["object"]):
-            watcher.stop()
-    assert seen[0][0] == "ADDED"
-    assert seen[-1] == ("MODIFIED", True)
+def test_what_is_not_modelled_is_refused_not_half_done(api: client.CoreV1Api) -> None:
+    for unmodelled in (
+        {"label_selector": "app!=web"},
+        {"label_selector": "canary"},
+        {"field_selector": "metadata.name=web"},
+        {"watch": True},
+    ):
+        with pytest.raises(ApiException) as refused:
+            api.list_namespaced_pod(NS, **unmodelled)
+        assert refused.value.status == 400, unmodelled
 
 
 # -- services ---------------------------------------------------------------------------------
@@ -337,12 +310,11 @@ def test_services(api: client.CoreV1Api) -> None:
         "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
     }
     created = api.create_namespaced_service(NS, body)
-    assert created.spec.cluster_ip.startswith("10.96.0.")
-    assert created.spec.ports[0].protocol == "TCP"
+    assert created.spec.selector == {"app": "web"}
     with pytest.raises(ApiException) as conflict:
         api.create_namespaced_service(NS, body)
     assert conflict.value.status == 409
-    assert api.read_namespaced_service("web", NS).spec.cluster_ip == created.spec.cluster_ip
+    assert api.read_namespaced_service("web", NS).metadata.uid == created.metadata.uid
     listed = api.list_namespaced_service(NS, label_selector="app=web").items
     assert [s.metadata.name for s in listed] == ["web"]
     api.delete_namespaced_service("web", NS)
@@ -368,7 +340,7 @@ def test_exec_echo(
     assert (record.namespace, record.pod, record.container) == (NS, pod, "main")
     assert record.argv == ["echo", "hello"]
     assert record.protocol == "v5.channel.k8s.io"
-    assert record.pid and record.returncode == 0 and record.ended is not None
+    assert record.pid and record.returncode == 0
 
 
 def test_exec_stderr_and_exit_code(api: client.CoreV1Api, pod: str, run_exec: RunExec) -> None:
@@ -497,42 +469,14 @@ def test_exec_missing_executable(
     assert server.execs[-1].returncode == 127
 
 
-def test_exec_v4_protocol(
+def test_an_exec_that_does_not_offer_v5_is_refused(
     server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
 ) -> None:
-    resp = run_exec(
-        pod, ["sh", "-c", "exit 3"], _headers={"sec-websocket-protocol": "v4.channel.k8s.io"}
-    )
-    resp.run_forever(timeout=5)
-    assert resp.subprotocol == "v4.channel.k8s.io"
-    assert resp.returncode == 3
-    assert server.execs[-1].protocol == "v4.channel.k8s.io"
-
-
-def test_exec_without_a_subprotocol_uses_the_oldest_one(server: KubeTestServer, pod: str) -> None:
-    # No Sec-WebSocket-Protocol offered: the kubelet picks its unnamed default, whose error
-    # channel carries a plain message (and nothing on success).
-    query = "command=sh&command=-c&command=exit%204&stdin=1&stdout=1&stderr=1"
-    url = f"ws://127.0.0.1:{server.port}/api/v1/namespaces/{NS}/pods/{pod}/exec?{query}"
-    ws = websocket.create_connection(url)
-    try:
-        assert "sec-websocket-protocol" not in {k.lower() for k in ws.getheaders()}
-        ws.send_binary(b"\x04" + b'{"Width":80,"Height":24}')  # resize: ignored without a TTY
-        frames = []
-        while True:
-            opcode, data = ws.recv_data()
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                break
-            frames.append(data)
-    finally:
-        ws.close()
-        ws.shutdown()
-    assert frames == [
-        b"\x01",  # the empty priming frame on stdout
-        b"\x03command terminated with non-zero exit code: error executing command "
-        b"[sh -c exit 4], exit code 4",
-    ]
-    assert server.execs[-1].protocol == ""
+    with pytest.raises(ApiException) as refused:
+        run_exec(pod, ["true"], _headers={"sec-websocket-protocol": "v4.channel.k8s.io"})
+    assert "400" in str(refused.value)
+    assert "requested protocol(s) are not supported" in str(refused.value)
+    assert server.execs == []
 
 
 def test_closing_the_websocket_kills_the_process(

@@ -43,3 +43,8 @@ def ending(items: list[TurnItem]) -> TurnEnd | TurnFailed:
     last = items[-1]
     assert isinstance(last, TurnEnd | TurnFailed)
     return last
+
+
+def agent_pid(connection: AgentConnection) -> int:
+    """Ask the demo agent behind `connection` for its process id (a whole turn)."""
+    return int(reply_text(run_turn(connection, "pid")).split()[1])

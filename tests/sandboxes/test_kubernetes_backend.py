@@ -1,15 +1,14 @@
-"""The kubernetes backend with the real `kubernetes` client against the test API server.
+"""The kubernetes backend with the real `kubernetes` client against the test API server:
+pods, Services and the NetworkPolicy, workspaces, the REST and exec ApiClients, and a chat in
+a pod end to end.
 
 The test server runs exec'd commands as local processes with the pod's /workspace mapped to
-a folder, so the cache behaviours can be observed on real agent processes (their pids).
+a folder. The exec transport itself is `test_kubernetes_exec.py`; what a session sees of its
+agent connection, on this backend as on the local one, is `test_agent_connections.py`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
-import sys
 import threading
 import time
 import uuid
@@ -17,18 +16,16 @@ import uuid
 import pytest
 from kubernetes import client as kubernetes
 from kubernetes.client.rest import ApiException
+from kubernetes.stream import stream
 from websocket import WebSocketException
 
 from craft import services as craft_services
 from sandboxes import services
-from sandboxes.acp import AgentConnection, Update
-from sandboxes.backends import SandboxError
+from sandboxes.acp import AgentConnection
 from sandboxes.backends.kubernetes import NETWORK_POLICY, KubernetesBackend, pod_name
-from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 from tests.ready import settled_sandbox
 
-from ..conftest import run_concurrently
 from .agents import reply_text, run_turn
 from .kube import NAMESPACE, agent_execs
 
@@ -44,10 +41,6 @@ def sandbox(kube_backend, owner):
 
 def new_session(sandbox) -> uuid.UUID:
     return uuid.uuid4()  # its workspace is created at its agent's first start
-
-
-def agent_pid(connection) -> int:
-    return int(reply_text(run_turn(connection, "pid")).split()[1])
 
 
 def workspace(kube, sandbox, session_id):
@@ -209,237 +202,12 @@ def test_a_session_workspace_is_made_by_its_agents_start_and_removed_by_exec(san
     assert kube.execs[-1].argv[:3] == ["rm", "-rf", "--"]
 
 
-# --- the connection cache, over exec --------------------------------------------------------
-
-
-def test_the_first_prompt_starts_an_exec_and_follow_ups_reuse_it(sandbox, kube):
-    session_id = new_session(sandbox)
-    first = services.connect_agent(sandbox, session_id)
-    pid = agent_pid(first)
-    assert [e.pid for e in agent_execs(kube)] == [pid]
-    again = services.connect_agent(sandbox, session_id)
-    assert again is first
-    assert agent_pid(again) == pid
-    assert len(agent_execs(kube)) == 1
-
-
-def test_an_agent_killed_mid_turn_is_replaced_on_the_next_prompt(sandbox, kube):
-    session_id = new_session(sandbox)
-    connection = services.connect_agent(sandbox, session_id)
-    old_pid = agent_pid(connection)
-    done = threading.Event()
-    items = []
-    connection.prompt("slow 100 0.05", lambda item: (items.append(item), done.set()))
-    time.sleep(0.3)
-    os.kill(old_pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while connection.is_running and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not connection.is_running
-    assert type(items[-1]).__name__ == "TurnFailed"
-    replacement = services.connect_agent(sandbox, session_id)
-    assert replacement is not connection
-    assert agent_pid(replacement) != old_pid
-    assert len(agent_execs(kube)) == 2
-
-
-def test_different_sessions_get_different_execs(sandbox, kube):
-    a = services.connect_agent(sandbox, new_session(sandbox))
-    b = services.connect_agent(sandbox, new_session(sandbox))
-    assert a is not b
-    assert agent_pid(a) != agent_pid(b)
-
-
-def test_terminating_stops_this_sandboxes_execs_and_no_other(sandbox, kube, stranger):
-    mine = [services.connect_agent(sandbox, new_session(sandbox)) for _ in range(2)]
-    other = services.provision_sandbox(stranger)
-    theirs = services.connect_agent(other, new_session(other))
-    services.terminate_sandbox(sandbox)
-    assert all(not c.is_running for c in mine)
-    assert agent_connections.count(sandbox.pk) == 0
-    assert theirs.is_running
-    assert reply_text(run_turn(theirs, "still there")) == "Echo: still there"
-
-
-def test_cleaning_up_a_session_stops_its_exec(sandbox, kube):
-    session_id = new_session(sandbox)
-    connection = services.connect_agent(sandbox, session_id)
-    services.remove_session_workspace(sandbox, session_id)
-    assert not connection.is_running
-    assert agent_connections.get(sandbox.pk, session_id) is None
-    deadline = time.monotonic() + 5
-    while agent_execs(kube)[-1].returncode is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert agent_execs(kube)[-1].returncode is not None
-
-
-def test_cleaning_up_a_session_without_an_exec_is_fine(sandbox, kube):
-    session_id = new_session(sandbox)
-    services.remove_session_workspace(sandbox, session_id)
-    assert agent_execs(kube) == []
-
-
-def test_two_concurrent_first_prompts_start_one_exec(sandbox, kube):
-    session_id = new_session(sandbox)
-    got = run_concurrently(lambda: services.connect_agent(sandbox, session_id), 4)
-    assert all(c is got[0] for c in got)
-    assert len(agent_execs(kube)) == 1
-
-
-# --- the exec transport -------------------------------------------------------------------
-
-
-def run(backend, sandbox, code: str, stdin: bytes | None = None):
-    process = backend.exec(sandbox, [sys.executable, "-c", code])
-    if stdin is not None:
-        process.write(stdin)
-    process.close_stdin()
-    return process, process.wait(15)
-
-
-def test_multibyte_characters_split_across_frames_survive(kube_backend, sandbox, kube):
-    kube.exec_frame_size = 1  # every byte its own frame
-    _, result = run(kube_backend, sandbox, "print('héllo ✓ wörld')")
-    assert result.stdout.decode("utf-8") == "héllo ✓ wörld\n"
-    assert result.exit_code == 0
-
-
-def test_a_5_mb_agent_line_arrives_whole_over_exec(sandbox, kube):
-    connection = services.connect_agent(sandbox, new_session(sandbox))
-    items = run_turn(connection, "big 5", timeout=60)
-    (chunk,) = [i for i in items if isinstance(i, Update) and i.kind == "agent_message_chunk"]
-    assert len(chunk.data["content"]["text"].encode("utf-8")) >= 5 * 1024 * 1024
-
-
-def test_stderr_is_kept_apart_and_a_non_zero_exit_is_surfaced(kube_backend, sandbox, kube):
-    code = "import sys; print('out'); print('oops', file=sys.stderr); sys.exit(3)"
-    _, result = run(kube_backend, sandbox, code)
-    assert result.stdout == b"out\n"
-    assert "oops" in result.stderr
-    assert result.exit_code == 3
-    with pytest.raises(SandboxError, match=r"exit 3"):
-        kube_backend._run(sandbox, [sys.executable, "-c", code])
-
-
-def test_exec_stderr_is_cut_per_line_and_logged_at_the_rate(
-    kube_backend, sandbox, kube, settings, caplog
-):
-    settings.CRAFT_STDERR_LOG_BYTES_PER_SECOND = 4096
-    caplog.set_level(logging.INFO, logger="craft.agent.stderr")
-    code = (
-        "import sys\n"
-        "write = sys.stderr.buffer.write\n"
-        "write(b'x' * 2**20 + b'\\n')\n"
-        "for i in range(5000):\n"
-        "    write(b'%05d' % i + b'y' * 94 + b'\\n')\n"
-        "write(b'last')\n"
-    )
-    process, result = run(kube_backend, sandbox, code)
-    assert result.exit_code == 0
-    assert result.stderr.splitlines()[-2:] == ["04999" + "y" * 94, "last"]
-    logged = [r.getMessage() for r in caplog.records if r.name == "craft.agent.stderr"]
-    limit = settings.CRAFT_MAX_STDERR_BYTES
-    assert logged[0] == f"[{process.ident}] {'x' * limit} [cut: a line of {2**20} bytes]"
-    prefix = f"[{process.ident}] "
-    lines = [m for m in logged if m.startswith(prefix) and "were not logged" not in m]
-    dropped = sum(int(m.removeprefix(prefix).split()[0]) for m in logged if "were not logged" in m)
-    assert len(lines) + dropped == 5002
-    assert dropped > 2500, "500 kB went by at 4 kB a second"
-
-
-def test_closing_stdin_ends_the_program_reading_it(kube_backend, sandbox, kube):
-    code = "import sys; data = sys.stdin.read(); print(len(data), data.upper(), end='')"
-    _, result = run(kube_backend, sandbox, code, stdin=b"hello")
-    assert result.stdout == b"5 HELLO"
-    assert result.exit_code == 0
-    assert kube.execs[-1].stdin_closed
-    assert kube.execs[-1].protocol == "v5.channel.k8s.io"
-
-
-def test_a_slow_exec_handshake_is_bounded(kube_backend, sandbox, kube, settings):
-    settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = 1
-    kube.exec_handshake_delay = 3
-    started = time.monotonic()
-    with pytest.raises(SandboxError, match="no handshake within 1 s"):
-        kube_backend.exec(sandbox, ["true"])
-    assert time.monotonic() - started < 2
-
-
-def client_sockets_to(port: int) -> int:
-    """Return how many open sockets of this process are connected to `port` (client side)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as rows:
-            for row in list(rows)[1:]:
-                fields = row.split()
-                if int(fields[2].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(fields[9])
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        count += link.startswith("socket:[") and link[8:-1] in inodes
-    return count
-
-
-def handshake_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("exec-handshake-")]
-
-
-def test_a_handshake_that_times_out_is_closed_leaving_no_thread_or_socket(
-    kube_backend, sandbox, kube, settings
-):
-    settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = 1
-    kube.exec_handshake_delay = 6  # the API server takes the request and says nothing
-    before = client_sockets_to(kube.port)  # the REST client's pooled connection
-    assert handshake_threads() == []
-    with pytest.raises(SandboxError, match="no handshake within 1 s"):
-        kube_backend.exec(sandbox, ["true"])
-    deadline = time.monotonic() + 1
-    while time.monotonic() < deadline and (
-        handshake_threads() or client_sockets_to(kube.port) > before
-    ):
-        time.sleep(0.02)
-    assert handshake_threads() == [], "the handshake's thread outlived its deadline"
-    assert client_sockets_to(kube.port) == before, "the handshake's socket outlived it"
-
-
-def test_an_exec_in_a_vanished_pod_fails_in_words_not_http_headers(kube_backend, sandbox, kube):
-    kube_backend.core.delete_namespaced_pod(pod_name(sandbox), NAMESPACE)
-    with pytest.raises(SandboxError) as failure:
-        kube_backend.exec(sandbox, ["true"])
-    message = str(failure.value)
-    assert message == (
-        f"the sandbox's pod {pod_name(sandbox)} is gone: "
-        f'pods "{pod_name(sandbox)}" not found (404)'
-    )
-
-
-def test_a_refused_exec_fails_the_turn_clearly(sandbox, kube):
-    session_id = new_session(sandbox)
-    kube.exec_refused = True
-    with pytest.raises(SandboxError, match="refused") as failure:
-        services.connect_agent(sandbox, session_id)
-    assert "-+-+-" not in str(failure.value) and "content-type" not in str(failure.value)
-    kube.exec_refused = False
-    assert services.connect_agent(sandbox, session_id).is_running
-
-
-def test_an_idle_exec_connection_stays_up_across_prompts(kube_backend, sandbox, kube, settings):
-    settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT = 1  # pings every ~0.5 s keep it alive
-    connection = services.connect_agent(sandbox, new_session(sandbox))
-    time.sleep(2.5)
-    assert connection.is_running
-    assert reply_text(run_turn(connection, "later")) == "Echo: later"
-
-
 # --- REST and streaming clients -----------------------------------------------------------
 
 
-def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
-    """Run overlapping execs on 4 threads while this thread lists and reads pods."""
+def exec_while_rest_goes_on(rest, run_exec, kube, pod, seconds=3.0):
+    """Run `run_exec()` over and over on 4 threads while this thread lists pods and reads
+    `pod` through `rest`; return how many REST calls were made and the errors of both sides."""
     kube.exec_handshake_delay = 0.2  # widen the window in which stream() patches its client
     stop = threading.Event()
     exec_errors: list[BaseException] = []
@@ -447,9 +215,7 @@ def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
     def exec_loop():
         while not stop.is_set():
             try:
-                process = backend.exec(sandbox, ["true"])
-                process.close_stdin()
-                process.wait(10)
+                run_exec()
             except BaseException as exc:
                 exec_errors.append(exc)
 
@@ -457,15 +223,15 @@ def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
     for thread in threads:
         thread.start()
     # A REST call that went out as a websocket handshake fails with "Handshake status 200 OK":
-    # wrapped in an ApiException by `stream()`, as websocket-client's own error by the exec
-    # transport's handshake (which uses the same swap).
+    # wrapped in an ApiException by `stream()`, as websocket-client's own error by a transport
+    # that swapped `call_api` to open its websocket itself (as Craft's once did).
     rest_errors: list[Exception] = []
     calls = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            backend.core.list_namespaced_pod(NAMESPACE)
-            backend.core.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
+            rest.list_namespaced_pod(NAMESPACE)
+            rest.read_namespaced_pod(pod, NAMESPACE)
         except (ApiException, WebSocketException) as exc:
             rest_errors.append(exc)
         calls += 2
@@ -476,26 +242,74 @@ def exec_while_rest_goes_on(backend, sandbox, kube, seconds=3.0):
     return calls, rest_errors, exec_errors
 
 
+def backend_exec(backend, sandbox):
+    """Return a function that runs `true` in the sandbox through the backend's exec."""
+
+    def run():
+        process = backend.exec(sandbox, ["true"])
+        process.close_stdin()
+        process.wait(10)
+
+    return run
+
+
 def test_rest_calls_during_overlapping_execs_do_not_fail(kube_backend, sandbox, kube):
-    calls, rest_errors, exec_errors = exec_while_rest_goes_on(kube_backend, sandbox, kube)
+    calls, rest_errors, exec_errors = exec_while_rest_goes_on(
+        kube_backend.core, backend_exec(kube_backend, sandbox), kube, pod_name(sandbox)
+    )
     assert calls > 50
     assert rest_errors == []
     assert exec_errors == []
     assert len(kube.execs) > 8
 
 
-def test_one_shared_api_client_reproduces_handshake_status_200(kube_backend, sandbox, kube):
-    """The bug the separation prevents (kubernetes-client/python #928), shown on purpose.
-
-    If this test ever fails, the client no longer patches the ApiClient and the separation
-    could be revisited; until then it proves the test above has teeth.
-    """
+def test_execs_leave_the_api_client_they_are_given_alone(kube_backend, sandbox, kube):
+    """Even one ApiClient for REST and every exec breaks nothing: the exec transport builds its
+    request without `stream()` and its `call_api` swap (`exec_request`)."""
     shared = kubernetes.ApiClient(kube_backend.configuration)
-    broken = KubernetesBackend(
+    sharing = KubernetesBackend(
         kube_backend.configuration, rest_client=shared, exec_api_client=lambda: shared
     )
-    _, rest_errors, _ = exec_while_rest_goes_on(broken, sandbox, kube)
-    assert rest_errors, "sharing one ApiClient did not break REST calls"
+    calls, rest_errors, exec_errors = exec_while_rest_goes_on(
+        sharing.core, backend_exec(sharing, sandbox), kube, pod_name(sandbox)
+    )
+    assert calls > 50
+    assert rest_errors == []
+    assert exec_errors == []
+
+
+def test_stream_on_one_shared_api_client_reproduces_handshake_status_200(
+    kube_backend, sandbox, kube
+):
+    """The bug the separate clients guard against (kubernetes-client/python #928), on purpose.
+
+    If this test ever fails, the client's `stream()` no longer patches the ApiClient it is
+    given; until then it proves that the tests above would see that bug.
+    """
+    shared = kubernetes.ApiClient(kube_backend.configuration)
+    exec_api = kubernetes.CoreV1Api(shared)
+
+    def run_exec():
+        response = stream(
+            exec_api.connect_get_namespaced_pod_exec,
+            pod_name(sandbox),
+            NAMESPACE,
+            command=["true"],
+            stdin=False,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            _preload_content=False,
+        )
+        response.run_forever(timeout=10)
+        response.close()
+        # websocket-client leaves its socket open when the server closed first.
+        response.sock.shutdown()
+
+    _, rest_errors, _ = exec_while_rest_goes_on(
+        kubernetes.CoreV1Api(shared), run_exec, kube, pod_name(sandbox)
+    )
+    assert rest_errors, "stream() on a shared ApiClient did not break REST calls"
     assert any("Handshake status 200" in str(exc) for exc in rest_errors)
 
 
