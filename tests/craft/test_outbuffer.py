@@ -1,6 +1,6 @@
 """`unsent_bytes` against a real Twisted TCP transport, the kind daphne gives each websocket.
 
-`craft/outbuffer.py` reads Twisted's private `FileDescriptor._tempDataLen`: these tests fail,
+`craft/live/outbuffer.py` reads Twisted's private `FileDescriptor._tempDataLen`: these tests fail,
 naming it, if a Twisted upgrade takes it away or changes what it counts.
 """
 
@@ -16,7 +16,7 @@ from twisted.internet import tcp
 from twisted.internet.protocol import Protocol
 from twisted.internet.testing import MemoryReactor
 
-from craft.outbuffer import unsent_bytes
+from craft.live.outbuffer import unsent_bytes
 
 SIZE = 2 * 1024 * 1024
 
@@ -60,7 +60,7 @@ def test_twisted_transports_still_count_unwritten_data_in_temp_data_len(connecti
     transport, _ = connection
     assert hasattr(transport, "_tempDataLen"), (
         "twisted.internet.abstract.FileDescriptor has no `_tempDataLen` any more (checked "
-        "against Twisted 26.10.0): craft/outbuffer.py can no longer see what a websocket has "
+        "against Twisted 26.10.0): craft/live/outbuffer.py can no longer see what a websocket has "
         "not sent, and the per-socket buffer limit is off. Find what replaced it."
     )
     transport.write(b"x" * 1000)
