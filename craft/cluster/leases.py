@@ -189,13 +189,17 @@ class Ownership:
         """Renew every lease this worker holds; stop what it lost."""
         if not self.held:
             return
-        tokens = {session_id: held.token for session_id, held in self.held.items()}
-        lost = await db_calls.run(renew, tokens)
-        for session_id, token in tokens.items():
+        renewing = dict(self.held)
+        lost = await db_calls.run(renew, {s: held.token for s, held in renewing.items()})
+        for session_id, held in renewing.items():
+            if self.held.get(session_id) is not held:
+                # Released (or released and claimed again) while the renewal was on its way:
+                # bringing the old hold back would let a command run under a deleted lease.
+                continue
             if session_id in lost:
                 await self.lose(session_id)
             else:
-                self._hold(session_id, token)
+                self._hold(session_id, held.token)
 
     async def lose(self, session_id: UUID) -> None:
         """Forget a lease this worker no longer holds, and stop its agent."""

@@ -1,10 +1,12 @@
 """An idle session's lease is released, but never under a prompt that is taking it.
 
 Housekeeping gives up the leases of sessions this worker runs no agent for, so that their next
-prompt may go to any worker. These tests run that release at the two moments it used to break
-a prompt (whose first event was then refused as fenced): while the prompt is being stored,
-before its turn or agent exists; and while a release's database delete is still on its way
-when the next prompt claims the lease.
+prompt may go to any worker. These tests run that release at the three moments it used to
+break a prompt (whose first event was then refused as fenced): while the prompt is being
+stored, before its turn or agent exists; while a release's database delete is still on its way
+when the next prompt claims the lease; and while a renewal of the lease, which started before
+the release, is still on its way (it brought the released lease back into memory, and the next
+prompt ran under a lease that no longer existed).
 """
 
 from __future__ import annotations
@@ -78,4 +80,30 @@ async def test_a_prompt_waits_for_a_release_in_flight_and_takes_a_new_lease(
     assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
     lease = await lease_of(session.pk)
     assert lease is not None and lease.token == leases.ownership.token(session.pk)
+    await comm.disconnect()
+
+
+async def test_a_renewal_on_its_way_does_not_bring_back_a_released_lease(
+    session, owner, monkeypatch
+):
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    claim = await leases.ownership.claim(session.pk)
+    assert claim.mine
+    renewing = leases.renew
+
+    def slow_renew(held):
+        lost = renewing(held)  # the lease row is still there: renewed
+        time.sleep(0.5)  # and the answer is slow to come back
+        return lost
+
+    monkeypatch.setattr(leases, "renew", slow_renew)
+    renewal = asyncio.ensure_future(leases.ownership.renew())
+    await asyncio.sleep(0.1)
+    await leases.ownership.release(session.pk)  # housekeeping: the session is idle
+    await renewal
+    assert leases.ownership.token(session.pk) is None
+    assert await lease_of(session.pk) is None
+    frames = await prompt(comm, "after")
+    assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
     await comm.disconnect()
