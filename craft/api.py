@@ -9,6 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from django.http import HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_http_methods
 
 from craft import services
@@ -25,11 +26,13 @@ def error(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"error": {"code": code, "message": message}}, status=status)
 
 
-def api_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+def api_login_required(
+    view: Callable[..., HttpResponseBase],
+) -> Callable[..., HttpResponseBase]:
     """Answer 401 JSON (not a redirect to the login page) to anonymous callers."""
 
     @wraps(view)
-    def wrapper(request: SignedInRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: SignedInRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not request.user.is_authenticated:
             return error(401, "unauthenticated", "sign in first")
         return view(request, *args, **kwargs)

@@ -409,6 +409,10 @@ CRAFT_MAX_MESSAGE_BYTES = env_int("CRAFT_MAX_MESSAGE_BYTES", 16 * 1024 * 1024, m
 # are logged per second (0: no limit); lines past the rate are counted, not logged.
 CRAFT_MAX_STDERR_BYTES = env_int("CRAFT_MAX_STDERR_BYTES", 16384, minimum=256)
 CRAFT_STDERR_LOG_BYTES_PER_SECOND = env_int("CRAFT_STDERR_LOG_BYTES_PER_SECOND", 65536)
+# Reading a session's workspace (files panel, downloads): the most seconds one listing may
+# take, and the most bytes one download sends (a file, or the workspace as a zip).
+CRAFT_WORKSPACE_TIMEOUT_SECONDS = env_float("CRAFT_WORKSPACE_TIMEOUT_SECONDS", 30.0, minimum=1.0)
+CRAFT_ARCHIVE_MAX_BYTES = env_int("CRAFT_ARCHIVE_MAX_BYTES", 1 << 30, minimum=1)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
 # A turn is cut short (cancelled, its agent stopped after the cancel grace) when it runs longer
@@ -442,6 +446,10 @@ CRAFT_K8S_READY_TIMEOUT = env_float("CRAFT_K8S_READY_TIMEOUT", 180.0, minimum=1.
 CRAFT_K8S_POLL_INTERVAL = env_float("CRAFT_K8S_POLL_INTERVAL", 0.5, minimum=0.05)
 CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT", 20.0, minimum=1.0)
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
+# How the pod runs Craft's workspace tool (sandboxes/workspace_tool.py; the sandbox image has it).
+CRAFT_K8S_WORKSPACE_TOOL = env_argv(
+    "CRAFT_K8S_WORKSPACE_TOOL", ["python3", "-I", "-S", "/opt/craft/workspace_tool.py"]
+)
 # Addresses sandbox pods may not reach (their NetworkPolicy): private, shared, link-local (cloud
 # metadata) and loopback ranges, where the cluster's pods, services and API server live. Add a
 # Kubernetes API endpoint with a public address here.

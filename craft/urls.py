@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from craft import api, health, views
+from craft import api, health, views, workspace_api
 
 urlpatterns = [
     path("healthz", health.alive, name="healthz"),
@@ -21,6 +21,9 @@ urlpatterns = [
         api.session_event,
         name="api_session_event",
     ),
+    path("api/sessions/<uuid:session_id>/files/", workspace_api.files, name="api_files"),
+    path("api/sessions/<uuid:session_id>/files/raw", workspace_api.raw, name="api_file_raw"),
+    path("api/sessions/<uuid:session_id>/archive", workspace_api.archive, name="api_archive"),
     path("api/sandbox/", api.sandbox, name="api_sandbox"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

@@ -25,6 +25,7 @@ from .acp import AgentConnection, AgentError
 from .backends import Health, SandboxError, get_backend
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
+from .workspace import Workspace
 
 logger = logging.getLogger(__name__)
 
@@ -335,6 +336,16 @@ def require_running(sandbox: Sandbox) -> None:
 def workspace_path(sandbox: Sandbox, session_id: UUID) -> str:
     """Return the session's workspace as its agent sees it (its working directory)."""
     return get_backend(sandbox.backend).workspace_path(sandbox, session_id)
+
+
+def session_workspace(sandbox: Sandbox, session_id: UUID) -> Workspace:
+    """Return the session's workspace, to list and download (`sandboxes.workspace`).
+
+    Raises SandboxUnavailable unless the sandbox is running: its files are read where its
+    agents run, with their rights.
+    """
+    require_running(sandbox)
+    return get_backend(sandbox.backend).workspace(sandbox, session_id)
 
 
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:

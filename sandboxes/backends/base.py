@@ -9,6 +9,7 @@ from uuid import UUID
 if TYPE_CHECKING:
     from sandboxes.acp import AgentProcess
     from sandboxes.models import Sandbox
+    from sandboxes.workspace import Workspace
 
 Progress = Callable[[str], None]
 
@@ -66,6 +67,10 @@ class SandboxBackend(Protocol):
     def start_agent(self, sandbox: "Sandbox", session_id: UUID) -> "AgentProcess":
         """Start the configured agent command in the session's workspace, creating the
         workspace if it does not exist yet."""
+
+    def workspace(self, sandbox: "Sandbox", session_id: UUID) -> "Workspace":
+        """Return the session's workspace, read with the agent's rights where the agent runs
+        (`sandboxes.workspace`): confined to it, following no link, bounded."""
 
     def health(self, sandbox: "Sandbox") -> Health:
         """Check the sandbox now; `gone` only when its folder or pod certainly no longer is."""

@@ -294,6 +294,18 @@ def uids_of_processes() -> set[int]:
     return uids
 
 
+def as_user(user: SandboxUser) -> list[str]:
+    """Return the argv prefix that runs a command as `user`, without new privileges."""
+    return [
+        shutil.which("setpriv", path=SYSTEM_PATH) or "setpriv",
+        f"--reuid={user.uid}",
+        f"--regid={user.gid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
+    ]
+
+
 def kill_user_processes(user: SandboxUser, attempts: int = 20) -> None:
     """SIGKILL every process of `user` on this machine, however it forked or what it ignores.
 
@@ -301,18 +313,11 @@ def kill_user_processes(user: SandboxUser, attempts: int = 20) -> None:
     one pass of the kernel over the process table, so a process forking meanwhile cannot slip
     through: its children are either seen or not created. Raise SandboxError if some remain.
     """
-    switch = [
-        shutil.which("setpriv", path=SYSTEM_PATH) or "setpriv",
-        f"--reuid={user.uid}",
-        f"--regid={user.gid}",
-        "--clear-groups",
-        "--",
-    ]
     kill = shutil.which("kill", path=SYSTEM_PATH) or "kill"
     for _ in range(attempts):
         if user.uid not in uids_of_processes():
             return
-        subprocess.run([*switch, kill, "-9", "-1"], capture_output=True, check=False)
+        subprocess.run([*as_user(user), kill, "-9", "-1"], capture_output=True, check=False)
         time.sleep(0.01)  # SIGKILLed processes leave /proc once the kernel has run their exit
     if user.uid in uids_of_processes():
         raise SandboxError(f"processes of uid {user.uid} are still running after SIGKILL")
@@ -446,6 +451,13 @@ def install_demo_agent(tools: Path, python: str) -> Path:
     tools.parent.chmod(0o755)
     _install(script, source.read_bytes(), 0o644)
     return _install(tools / DEMO_AGENT, wrapper.encode(), 0o755)
+
+
+def install_workspace_tool(tools: Path) -> Path:
+    """Install the workspace tool (sandboxes/workspace_tool.py) in `tools`, readable by all."""
+    source = Path(__file__).resolve().parent.parent / "workspace_tool.py"
+    tools.mkdir(parents=True, exist_ok=True)
+    return _install(tools / source.name, source.read_bytes(), 0o644)
 
 
 def _install(target: Path, content: bytes, mode: int) -> Path:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from .containment import SYSTEM_PATH, SandboxUser
+from .containment import SYSTEM_PATH, SandboxUser, as_user
 
 BWRAP = shutil.which("bwrap", path=SYSTEM_PATH)
 SETPRIV = shutil.which("setpriv", path=SYSTEM_PATH)
@@ -93,15 +93,7 @@ def jailed(
     pids = settings.CRAFT_SANDBOX_PIDS
     if pids:
         jail += [PRLIMIT, f"--nproc={pids}:{pids}", "--"]
-    switch = [
-        SETPRIV,
-        f"--reuid={user.uid}",
-        f"--regid={user.gid}",
-        "--clear-groups",
-        "--no-new-privs",
-        "--",
-    ]
-    return [*jail, *switch, *argv]
+    return [*jail, *as_user(user), *argv]
 
 
 def _shadowed(path: Path) -> bool:

@@ -35,8 +35,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
+from ..workspace import Workspace
 from .base import Health, Progress, Resource, SandboxError
-from .kubernetes_exec import ExecProcess, ExecResult
+from .kubernetes_exec import ExecByteStream, ExecProcess, ExecResult
 
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
@@ -319,6 +320,25 @@ class KubernetesBackend:
         workspace = self.workspace_path(sandbox, session_id)
         argv = ["sh", "-c", CD_AND_EXEC, "sh", workspace, *settings.CRAFT_AGENT_COMMAND]
         return self.exec(sandbox, argv)
+
+    def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
+        """Read the session's workspace with the workspace tool, through pod exec on the exec
+        client (never the REST client, which `stream()` would patch)."""
+        relative = f"sessions/{UUID(str(session_id))}"
+        command = [*settings.CRAFT_K8S_WORKSPACE_TOOL, WORKSPACE, relative]
+
+        def run(args: list[str]) -> ExecByteStream:
+            return ExecByteStream(
+                self._exec_api_client(),
+                namespace=self.namespace,
+                pod=pod_name(sandbox),
+                container=CONTAINER,
+                argv=[*command, *args],
+                handshake_timeout=settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT,
+                idle_timeout=settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT,
+            )
+
+        return Workspace(run)
 
     def exec(self, sandbox: Sandbox, argv: list[str]) -> ExecProcess:
         """Start `argv` in the sandbox's pod on a websocket of its own."""

@@ -11,6 +11,7 @@ Only this module and `kubernetes.py` import the kubernetes client.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -311,6 +312,81 @@ class ExecProcess:
             self._ws.shutdown()
         except Exception:
             pass
+
+
+class ExecByteStream(ExecProcess):
+    """A program in a pod whose stdout is bytes, not lines (the workspace tool's downloads),
+    as a `sandboxes.workspace.ToolProcess`.
+
+    Frames wait in a bounded queue: when the reader of the bytes is slower than the pod, the
+    reader thread stops taking frames, and TCP holds the pod back; nothing piles up here.
+    """
+
+    QUEUED_FRAMES = 64
+
+    def __init__(self, api_client: k8s.ApiClient, **options: Any) -> None:
+        self._frames: queue.Queue[bytes] = queue.Queue(self.QUEUED_FRAMES)
+        self._pending = b""
+        self._stopped = threading.Event()
+        super().__init__(api_client, **options)
+        self.close_stdin()
+
+    def _on_stdout(self, payload: bytes) -> None:
+        if payload:  # the empty priming frame is not the end
+            self._put(payload)
+
+    def _finish(self) -> None:
+        super()._finish()
+        self._put(b"")  # the end
+
+    def _put(self, item: bytes) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._frames.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def _next(self) -> bytes:
+        if self._pending:
+            chunk, self._pending = self._pending, b""
+            return chunk
+        if self._stopped.is_set():
+            return b""
+        chunk = self._frames.get()
+        if not chunk:
+            self._stopped.set()  # read to the end: nothing more will come
+        return chunk
+
+    def read(self, size: int) -> bytes:
+        chunk = self._next()
+        self._pending = chunk[size:]
+        return chunk[:size]
+
+    def readline(self, limit: int) -> bytes:
+        line = b""
+        while len(line) < limit and not line.endswith(b"\n"):
+            chunk = self._next()
+            if not chunk:
+                break
+            end = chunk.find(b"\n")
+            cut = min(limit - len(line), len(chunk) if end < 0 else end + 1)
+            line += chunk[:cut]
+            self._pending = chunk[cut:]
+        return line
+
+    def finish(self, timeout: float) -> int | None:
+        if not self._done.wait(timeout):
+            self.stop()
+            return None
+        return self._exit_code
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._close_socket()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._frames.get_nowait()  # frees a reader thread waiting to put
 
 
 def exec_request(

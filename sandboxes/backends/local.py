@@ -28,6 +28,7 @@ from django.conf import settings
 
 from ..acp import LineTooLong
 from ..stderr_log import StderrLog
+from ..workspace import Workspace
 from . import containment, firewall, jail
 from .base import Health, Progress, Resource, SandboxError
 
@@ -151,6 +152,60 @@ class LocalAgentProcess:
             pass  # closed by terminate()
         finally:
             self._stderr.close()
+
+
+class LocalToolProcess:
+    """The workspace tool as a child process (see `sandboxes.workspace.ToolProcess`)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        env = {"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH}
+        try:
+            self._popen = subprocess.Popen(
+                argv,
+                env=env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                bufsize=1 << 16,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot read the workspace: {exc}") from exc
+
+    def readline(self, limit: int) -> bytes:
+        assert self._popen.stdout is not None
+        return self._popen.stdout.readline(limit)
+
+    def read(self, size: int) -> bytes:
+        stdout = cast(io.BufferedReader, self._popen.stdout)
+        return stdout.read1(size)
+
+    def finish(self, timeout: float) -> int | None:
+        try:
+            code = self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return None
+        if code != 0 and self._popen.stderr is not None:
+            logger.warning(
+                "the workspace tool exited %s: %s",
+                code,
+                self._popen.stderr.read(4096).decode(errors="replace").strip(),
+            )
+        self._close()
+        return code
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._popen.pid, signal.SIGKILL)
+        self._popen.wait()
+        self._close()
+
+    def _close(self) -> None:
+        for stream in (self._popen.stdout, self._popen.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def resolve_command(argv: list[str], path: str | None = None) -> list[str]:
@@ -339,11 +394,34 @@ class LocalBackend:
         )
         return LocalAgentProcess(argv, workspace, env=env, umask=0o077)
 
+    def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
+        """Read the session's workspace with the workspace tool, run as the sandbox's user
+        (when sandboxes have users), from the sandbox's folder down, following no link."""
+        root = self._root(sandbox)
+        relative = f"sessions/{UUID(str(session_id))}"
+        try:
+            user = self.pool.user_of(root) if self.uids else None
+        except OSError as exc:
+            raise SandboxError("the sandbox's folder is gone") from exc
+        self._install_tools()
+        command = [
+            containment.sandbox_python(self.uids),
+            "-I",
+            "-S",
+            str(self.tools / "workspace_tool.py"),
+            str(root),
+            relative,
+        ]
+        if user is not None:
+            command = [*containment.as_user(user), *command]
+        return Workspace(lambda args: LocalToolProcess([*command, *args]))
+
     def _install_tools(self) -> None:
         tools = self.tools
         with self._tools_lock:
             if tools not in self._tools_installed:
                 containment.install_demo_agent(tools, containment.sandbox_python(self.uids))
+                containment.install_workspace_tool(tools)
                 self._tools_installed.add(tools)
 
     def health(self, sandbox: Sandbox) -> Health:

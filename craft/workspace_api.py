@@ -1,0 +1,155 @@
+"""The files of a session's workspace over HTTP: list a folder, download a file or all of it.
+
+Only the session's owner; read through `sandboxes.services.session_workspace` (the workspace
+tool, with the agent's rights, confined: invariant 11). Downloads are streamed as they are
+read, never held whole, and never shown as a page of Craft's origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mimetypes
+import re
+from collections.abc import AsyncIterator
+from urllib.parse import quote
+from uuid import UUID
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.http import require_http_methods
+
+from craft.api import api_login_required, error
+from craft.http import SignedInRequest
+from craft.models import Session
+from sandboxes import services as sandbox_services
+from sandboxes.backends import SandboxError
+from sandboxes.workspace import Download, WorkspaceRefused
+
+MAX_PAGE = 10_000
+# Shown in the browser as what they are; anything else is downloaded as bytes.
+INLINE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/svg+xml"}
+# Refusals of the workspace tool, as HTTP statuses.
+STATUS = {
+    "not_found": 404,
+    "no_workspace": 404,
+    "invalid_path": 400,
+    "is_link": 400,
+    "not_a_folder": 400,
+    "not_a_file": 400,
+    "too_large": 413,
+}
+
+
+def _refused(exc: SandboxError) -> JsonResponse:
+    if isinstance(exc, sandbox_services.SandboxUnavailable):
+        return error(503, "sandbox_unavailable", str(exc))
+    if isinstance(exc, WorkspaceRefused):
+        return error(STATUS.get(exc.code, 400), exc.code, str(exc))
+    return error(502, "workspace_unreadable", str(exc))
+
+
+def _session(request: SignedInRequest, session_id: UUID) -> Session | None:
+    return Session.objects.one_of(request.user, session_id)
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def files(request: SignedInRequest, session_id: UUID) -> HttpResponse:
+    """A folder's entries: `?path=` (default the workspace), `offset`, `limit` (≤ 10,000)."""
+    session = _session(request, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    path = request.GET.get("path", "")
+    try:
+        offset = int(request.GET.get("offset", "0"))
+        limit = min(int(request.GET.get("limit", "1000")), MAX_PAGE)
+    except ValueError:
+        return error(400, "invalid", "'offset' and 'limit' must be integers")
+    if offset < 0 or limit < 1:
+        return error(400, "invalid", "'offset' must be >= 0 and 'limit' >= 1")
+    try:
+        workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
+        listing = workspace.list_folder(path, offset, limit)
+    except WorkspaceRefused as exc:
+        if exc.code == "no_workspace" and path.strip("/.") == "":
+            # Created when the agent first starts: until then, an empty workspace.
+            return JsonResponse(
+                {"path": "", "total": 0, "offset": 0, "entries": [], "has_more": False}
+            )
+        return _refused(exc)
+    except SandboxError as exc:
+        return _refused(exc)
+    return JsonResponse(
+        {
+            "path": listing.path,
+            "total": listing.total,
+            "offset": listing.offset,
+            "entries": listing.entries,
+            "has_more": listing.offset + len(listing.entries) < listing.total,
+        }
+    )
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def raw(request: SignedInRequest, session_id: UUID) -> HttpResponseBase:
+    """One file (`?path=`), as an attachment, streamed."""
+    session = _session(request, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    path = request.GET.get("path", "")
+    try:
+        workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
+        download = workspace.read(path, settings.CRAFT_ARCHIVE_MAX_BYTES)
+    except SandboxError as exc:
+        return _refused(exc)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    response = _streamed(download, _content_type(name), name)
+    response["Content-Length"] = str(download.header["size"])
+    return response
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def archive(request: SignedInRequest, session_id: UUID) -> HttpResponseBase:
+    """The whole workspace as a zip, streamed; refused over CRAFT_ARCHIVE_MAX_BYTES."""
+    session = _session(request, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    try:
+        workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
+        download = workspace.archive(settings.CRAFT_ARCHIVE_MAX_BYTES)
+    except SandboxError as exc:
+        return _refused(exc)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", session.title).strip("-.")[:60] or "workspace"
+    return _streamed(download, "application/zip", f"{slug}-{str(session.pk)[:8]}.zip")
+
+
+def _content_type(name: str) -> str:
+    guessed, _ = mimetypes.guess_type(name, strict=False)
+    if guessed in INLINE_TYPES:
+        return guessed
+    return "application/octet-stream"
+
+
+def _streamed(download: Download, content_type: str, filename: str) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(_chunks(download), content_type=content_type)
+    ascii_name = re.sub(r'[^\x20-\x7e]|["\\]', "_", filename) or "download"
+    response["Content-Disposition"] = (
+        f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename, safe='')}"
+    )
+    # Never a page of Craft's origin, whatever the bytes are (an SVG with a script, HTML).
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+async def _chunks(download: Download) -> AsyncIterator[bytes]:
+    """The download's bytes, each read on a thread: the event loop never waits on a pipe."""
+    try:
+        while chunk := await asyncio.to_thread(download.read):
+            yield chunk
+    finally:
+        await asyncio.to_thread(download.close)

@@ -1,0 +1,131 @@
+"""Craft's one way into a session's workspace: the workspace tool, run where the agent runs.
+
+Each backend starts `workspace_tool.py` (standard library only) with the agent's rights and
+hands back its output as a `ToolProcess`; this module speaks the tool's protocol (a JSON
+first line, then bytes for a file or an archive) and bounds what it waits for. Craft's own
+process never opens a sandbox file by path (invariant 11).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from .backends.base import SandboxError
+
+logger = logging.getLogger(__name__)
+
+TOOL = "workspace_tool.py"
+CHUNK = 1 << 16
+MAX_HEADER = 64 << 20  # a page of a listing: 10,000 entries are ~1.5 MB
+
+
+class ToolProcess(Protocol):
+    """The workspace tool running for one request: its stdout, and a way to stop it."""
+
+    def readline(self, limit: int) -> bytes: ...
+
+    def read(self, size: int) -> bytes:
+        """Return up to `size` bytes as soon as some are there; b"" at the end."""
+
+    def finish(self, timeout: float) -> int | None:
+        """Wait up to `timeout` for the exit code; stop the program if it is not done."""
+
+    def stop(self) -> None:
+        """Stop the program now (the reader went away)."""
+
+
+class WorkspaceRefused(SandboxError):
+    """The tool refused (no such file, a link, too large, ...); `code` is its reason."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Listing:
+    path: str
+    total: int
+    offset: int
+    entries: list[dict[str, Any]]
+
+
+class Download:
+    """A file or an archive on its way out: what the tool announced, then its bytes."""
+
+    def __init__(self, header: dict[str, Any], process: ToolProcess) -> None:
+        self.header = header
+        self._process = process
+        self._open = True
+
+    def read(self) -> bytes:
+        """Return the next bytes as soon as there are some; b"" at the end."""
+        if not self._open:
+            return b""
+        chunk = self._process.read(CHUNK)
+        if not chunk:
+            self._open = False
+            code = self._process.finish(settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS)
+            if code != 0:
+                # Raised, not ended quietly: a cut-off zip must not look like a whole one.
+                raise SandboxError(f"the download was cut short (the tool ended with {code})")
+        return chunk
+
+    def close(self) -> None:
+        """Stop the tool if the bytes were not all read (the reader went away)."""
+        if self._open:
+            self._open = False
+            self._process.stop()
+
+
+class Workspace:
+    """One session's workspace, read through the tool that `run` starts with given arguments."""
+
+    def __init__(self, run: Callable[[list[str]], ToolProcess]) -> None:
+        self._run = run
+
+    def list_folder(self, path: str, offset: int = 0, limit: int = 1000) -> Listing:
+        process = self._run(["list", path, str(offset), str(limit)])
+        try:
+            answer = _header(process)
+        finally:
+            process.finish(settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS)
+        return Listing(answer["path"], answer["total"], answer["offset"], answer["entries"])
+
+    def read(self, path: str, max_bytes: int) -> Download:
+        return self._download(["read", path, str(max_bytes)])
+
+    def archive(self, max_bytes: int) -> Download:
+        return self._download(["archive", str(max_bytes)])
+
+    def _download(self, args: list[str]) -> Download:
+        process = self._run(args)
+        try:
+            return Download(_header(process), process)
+        except BaseException:
+            process.stop()
+            raise
+
+
+def _header(process: ToolProcess) -> dict[str, Any]:
+    """Read the tool's first line: its answer, or its refusal raised as WorkspaceRefused."""
+    line = process.readline(MAX_HEADER)
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        code = process.finish(1.0)
+        raise SandboxError(
+            f"the workspace tool gave no answer (exit code {code}); see the server log"
+        ) from None
+    if not isinstance(answer, dict):
+        raise SandboxError("the workspace tool answered nonsense")
+    error = answer.get("error")
+    if isinstance(error, dict):
+        raise WorkspaceRefused(str(error.get("code")), str(error.get("message")))
+    return answer
