@@ -51,6 +51,7 @@ def cluster(tmp_path):
         [sys.executable, str(SCRIPT), "--port", str(port),
          "--worker-ports", f"{free_port()},{free_port()}"],
         env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # a process group: nothing of it outlives a failed stop
     )  # fmt: skip
     deadline = time.monotonic() + 90
     text = ""
@@ -62,12 +63,26 @@ def cluster(tmp_path):
         time.sleep(0.2)
     pids = [int(p) for p in re.findall(r"worker pid (\d+)", text)]
     yield port, pids, tmp_path / "cluster.log"
+    try:
+        stop_cluster(process, tmp_path / "cluster.log")
+    finally:
+        log.close()
+
+
+def stop_cluster(process: subprocess.Popen[bytes], log: Path) -> None:
+    """Ctrl-C the cluster as a person would; it must be all gone within 90 s.
+
+    When it is not, every process of it is killed (none is left to hold the test database)
+    and the failure shows the end of its log, which times each process's stop.
+    """
     process.send_signal(signal.SIGINT)
     try:
         process.wait(90)
     except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        tail = log.read_text(errors="replace")[-4000:]
+        raise AssertionError(f"the cluster did not stop within 90 s:\n{tail}") from None
 
 
 def ask_pid(ws, prompt_id: str) -> str:
@@ -131,6 +146,7 @@ def test_run_cluster_brings_its_own_redis_and_postgresql_that_ask_for_passwords(
             [sys.executable, str(SCRIPT), "--port", str(free_port()),
              "--worker-ports", str(free_port())],
             env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 120
@@ -154,8 +170,7 @@ def test_run_cluster_brings_its_own_redis_and_postgresql_that_ask_for_passwords(
                 redis.Redis(port=redis_port).ping()
             assert redis.Redis(port=redis_port, password=redis_password).ping()
         finally:
-            process.send_signal(signal.SIGINT)
-            process.wait(90)
+            stop_cluster(process, log_path)
     for port in (pg_port, redis_port):  # the services stop with the cluster
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()

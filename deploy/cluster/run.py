@@ -235,16 +235,25 @@ class Cluster:
                     self.start_worker(port)
 
     def stop(self) -> None:
-        """Stop the proxy, then the workers cleanly (SIGTERM: they finish or record turns)."""
+        """Stop the proxy, then the workers cleanly (SIGTERM: they finish or record turns).
+
+        Says how long each took: a stop that takes long is worth knowing about.
+        """
         processes = [p for p in [self.proxy, *self.workers.values()] if p is not None]
+        started = time.monotonic()
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         for process in processes:
             try:
-                process.wait(60)
+                process.wait(max(1.0, started + 60 - time.monotonic()))
             except subprocess.TimeoutExpired:
+                print(f"pid {process.pid} did not stop within 60 s; killing it", flush=True)
                 process.kill()
+                process.wait()
+            took = time.monotonic() - started
+            print(f"pid {process.pid} stopped ({process.returncode}) after {took:.1f} s",
+                  flush=True)  # fmt: skip
 
 
 def main() -> None:
