@@ -141,13 +141,18 @@ def test_run_cluster_brings_its_own_redis_and_postgresql_that_ask_for_passwords(
     env = {**env, "CRAFT_VAR_DIR": str(tmp_path / "var"), "PYTHONUNBUFFERED": "1"}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     log_path = tmp_path / "cluster.log"
+    # Started with SIGINT ignored, as a background job of a script is: Ctrl-C stops it anyway.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--port", str(free_port()),
-             "--worker-ports", str(free_port())],
-            env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+        try:
+            process = subprocess.Popen(
+                [sys.executable, str(SCRIPT), "--port", str(free_port()),
+                 "--worker-ports", str(free_port())],
+                env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, previous)
         try:
             deadline = time.monotonic() + 120
             while "Serving Craft" not in (text := log_path.read_text(errors="replace")):

@@ -294,6 +294,9 @@ def run_cluster(env: dict[str, str], var: Path, port: int, worker_ports: list[in
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt
 
+    # Ctrl-C explicitly too: Python leaves SIGINT ignored when it starts ignored (a job started
+    # in the background by a non-interactive shell), and the workers must stop all the same.
+    signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
     try:
         cluster.serve()
