@@ -201,10 +201,13 @@ def test_a_uid_is_never_handed_out_while_a_process_still_runs_as_it(
     first = services.provision_sandbox(owner)
     uid = Path(first.reference).stat().st_uid
     leftover = run_as(uid, "sleep", "300")  # a process the sandbox left (from before the jail)
+    # setpriv switches to the uid after it starts: until then there is nothing to kill.
+    wait_until(lambda: leftover.pid in processes_of(uid), "the leftover runs as the uid")
     services.terminate_sandbox(first)
     wait_until(lambda: leftover.poll() is not None, "terminate leaves the sandbox's processes")
 
     again = run_as(uid, "sleep", "300")  # one that terminate could not reach
+    wait_until(lambda: again.pid in processes_of(uid), "the second leftover runs as the uid")
     try:
         second = services.provision_sandbox(stranger)
         assert Path(second.reference).stat().st_uid != uid
