@@ -50,9 +50,9 @@ haproxy:
 # As root, local agents run as sandbox users in a bubblewrap jail behind an nftables rule
 # (README, "What the local backend isolates"): without these, sandboxes refuse to start.
 isolation:
-	@if [ "$$(id -u)" = 0 ] && ! { test -x /usr/bin/bwrap && test -x /usr/sbin/nft; }; then \
-	  echo "Installing Debian's bubblewrap and nftables for sandbox isolation"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap nftables >/dev/null; \
+	@if [ "$$(id -u)" = 0 ] && ! { test -x /usr/bin/bwrap && test -x /usr/sbin/nft && test -x /usr/bin/git; }; then \
+	  echo "Installing Debian's bubblewrap, nftables and git for sandbox isolation and checkpoints"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap nftables git >/dev/null; \
 	fi
 
 # Debian's Chromium for the browser tests (Playwright's own browser download is not used).

@@ -413,6 +413,10 @@ CRAFT_STDERR_LOG_BYTES_PER_SECOND = env_int("CRAFT_STDERR_LOG_BYTES_PER_SECOND",
 # take, and the most bytes one download sends (a file, or the workspace as a zip).
 CRAFT_WORKSPACE_TIMEOUT_SECONDS = env_float("CRAFT_WORKSPACE_TIMEOUT_SECONDS", 30.0, minimum=1.0)
 CRAFT_ARCHIVE_MAX_BYTES = env_int("CRAFT_ARCHIVE_MAX_BYTES", 1 << 30, minimum=1)
+# Checkpoints of a session's workspace (git commits in a store of its own): files bigger than
+# this are left out, and a checkpoint that takes longer is skipped (both are said).
+CRAFT_CHECKPOINT_MAX_FILE_BYTES = env_int("CRAFT_CHECKPOINT_MAX_FILE_BYTES", 10 << 20, minimum=1)
+CRAFT_CHECKPOINT_TIMEOUT_SECONDS = env_float("CRAFT_CHECKPOINT_TIMEOUT_SECONDS", 30.0, minimum=1.0)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
 # A turn is cut short (cancelled, its agent stopped after the cancel grace) when it runs longer

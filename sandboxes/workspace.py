@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,7 +38,8 @@ class ToolProcess(Protocol):
         """Wait up to `timeout` for the exit code; stop the program if it is not done."""
 
     def stop(self) -> None:
-        """Stop the program now (the reader went away)."""
+        """Stop the program now, from any thread (the reader went away, or took too long);
+        `finish` still follows."""
 
 
 class WorkspaceRefused(SandboxError):
@@ -82,35 +84,96 @@ class Download:
         if self._open:
             self._open = False
             self._process.stop()
+            self._process.finish(1.0)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A recorded state of the workspace: a commit of the session's checkpoint store."""
+
+    commit: str
+    too_large: list[str]  # files left out for being over CRAFT_CHECKPOINT_MAX_FILE_BYTES
+    excluded: list[str]  # the default patterns left out (besides the workspace's .gitignore)
 
 
 class Workspace:
-    """One session's workspace, read through the tool that `run` starts with given arguments."""
+    """One session's workspace, read through the tool that `run` starts with given arguments.
 
-    def __init__(self, run: Callable[[list[str]], ToolProcess]) -> None:
+    `run_in_store` starts it where it may write the session's checkpoint store, `store` (on
+    the local backend a jail in which the store is mounted; agents never see it).
+    """
+
+    def __init__(
+        self,
+        run: Callable[[list[str]], ToolProcess],
+        run_in_store: Callable[[list[str]], ToolProcess] | None = None,
+        store: str = "",
+    ) -> None:
         self._run = run
+        self._run_in_store = run_in_store
+        self._store = store
 
     def list_folder(self, path: str, offset: int = 0, limit: int = 1000) -> Listing:
-        process = self._run(["list", path, str(offset), str(limit)])
-        try:
-            answer = _header(process)
-        finally:
-            process.finish(settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS)
+        answer = _answer(
+            self._run(["list", path, str(offset), str(limit)]),
+            settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS,
+        )
         return Listing(answer["path"], answer["total"], answer["offset"], answer["entries"])
 
     def read(self, path: str, max_bytes: int) -> Download:
-        return self._download(["read", path, str(max_bytes)])
+        return self._download(self._run(["read", path, str(max_bytes)]))
 
     def archive(self, max_bytes: int) -> Download:
-        return self._download(["archive", str(max_bytes)])
+        return self._download(self._run(["archive", str(max_bytes)]))
 
-    def _download(self, args: list[str]) -> Download:
-        process = self._run(args)
+    def checkpoint(self, message: str) -> Checkpoint:
+        """Record the workspace now (git add and commit); raise WorkspaceRefused with code
+        `timeout` when that takes longer than CRAFT_CHECKPOINT_TIMEOUT_SECONDS."""
+        limit = str(settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES)
+        answer = _answer(
+            self._in_store(["checkpoint", self._store, limit, message]),
+            settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS,
+        )
+        return Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
+
+    def changes(self, before: str, after: str, limit: int = 1000) -> dict[str, Any]:
+        """The files that differ between two checkpoints ("" before: none):
+        `{"files": [{"path", "status", "old_path"?, "added", "removed", "binary"}],
+        "truncated"}`."""
+        process = self._in_store(["changes", self._store, before, after, str(limit)])
+        return _answer(process, settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS)
+
+    def diff(self, before: str, after: str, path: str = "") -> Download:
+        """The unified diff between two checkpoints, of one path if given, streamed."""
+        return self._download(self._in_store(["diff", self._store, before, after, path]))
+
+    def _in_store(self, args: list[str]) -> ToolProcess:
+        if self._run_in_store is None:
+            raise SandboxError("this backend keeps no checkpoints")
+        return self._run_in_store(args)
+
+    def _download(self, process: ToolProcess) -> Download:
         try:
             return Download(_header(process), process)
         except BaseException:
             process.stop()
+            process.finish(1.0)
             raise
+
+
+def _answer(process: ToolProcess, timeout: float) -> dict[str, Any]:
+    """Read a one-line answer within `timeout` seconds; the tool is stopped past it."""
+    watchdog = threading.Timer(timeout, process.stop)
+    watchdog.start()
+    try:
+        return _header(process)
+    except SandboxError:
+        if not watchdog.is_alive():
+            raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
+        raise
+    finally:
+        watchdog.cancel()
+        process.finish(1.0)
 
 
 def _header(process: ToolProcess) -> dict[str, Any]:

@@ -21,16 +21,23 @@ Usage: workspace_tool.py <sandbox folder> <workspace, relative to it> <command> 
 * `list <path> <offset> <limit>`: one JSON line, the folder's entries sorted (folders first).
 * `read <path> <max bytes>`: one JSON line (the file's size, or an error), then its bytes.
 * `archive <max bytes>`: one JSON line (counts, or an error), then the workspace as a zip.
+* `checkpoint <store> <max file bytes> <message>`: record the workspace in the git repository
+  `store` (created if need be); one JSON line: the commit, and what was left out.
+* `changes <store> <before> <after> <limit>`: one JSON line, the files that differ between
+  two commits ("" before: the empty tree).
+* `diff <store> <before> <after> <path>`: one JSON line, then the unified diff ("" path: all).
 
 Every answer starts with one JSON line: `{"error": {"code", "message"}}` when refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
+import subprocess
 import sys
 import time
 import zipfile
@@ -223,10 +230,11 @@ def read_file(workspace: int, path: str, limit: int, out: BinaryIO) -> None:
 
 
 def walk(
-    fd: int, prefix: bytes, depth: int = 0
+    fd: int, prefix: bytes, depth: int = 0, skip: frozenset[bytes] = frozenset()
 ) -> Iterator[tuple[int, bytes, bytes, os.stat_result]]:
     """Yield (folder fd, name, path, lstat) for everything below folder `fd`, never following
-    a link. The folder fd is valid only until the next item is asked for."""
+    a link, nor entering folders named in `skip`. The folder fd is valid only until the next
+    item is asked for."""
     try:
         names = sorted(os.fsencode(name) for name in os.listdir(fd))
     except OSError:
@@ -238,13 +246,13 @@ def walk(
             continue  # gone meanwhile
         path = prefix + name
         yield fd, name, path, info
-        if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH:
+        if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH and name not in skip:
             try:
                 child = os.open(name, FOLDER, dir_fd=fd)
             except OSError:
                 continue  # swapped for a link, or closed to us
             try:
-                yield from walk(child, path + b"/", depth + 1)
+                yield from walk(child, path + b"/", depth + 1, skip)
             finally:
                 os.close(child)
 
@@ -315,6 +323,144 @@ class _Pipe:
         self._out.flush()
 
 
+# --- checkpoints: git does the work ---------------------------------------------------------
+#
+# A checkpoint store is a bare git repository outside the workspace (where the agent cannot
+# write it, on the local backend); the workspace is its work tree. git runs with the
+# workspace, opened by the confined walk above, as its working directory, with no
+# configuration but the store's own (no system or global file, no hooks, no fsmonitor): an
+# agent's `.git`, `.gitattributes` or ~/.gitconfig cannot make it run anything.
+
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+# Left out of every checkpoint, besides what the workspace's own .gitignore leaves out.
+DEFAULT_EXCLUDES = (
+    "node_modules/", ".venv/", "venv/", "__pycache__/", ".mypy_cache/", ".pytest_cache/",
+    ".ruff_cache/", ".tox/", ".gradle/", "target/", ".next/", ".cache/", "*.pyc",
+    ".craft-demo-agent/",
+)  # fmt: skip
+_EXCLUDED_FOLDERS = frozenset(p.rstrip("/").encode() for p in DEFAULT_EXCLUDES if p.endswith("/"))
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_AUTHOR_NAME": "Craft",
+    "GIT_AUTHOR_EMAIL": "craft@localhost",
+    "GIT_COMMITTER_NAME": "Craft",
+    "GIT_COMMITTER_EMAIL": "craft@localhost",
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+}
+GIT_OPTIONS = (
+    "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.quotePath=false",
+    "-c", "core.autocrlf=false", "-c", "core.symlinks=true", "-c", "gc.auto=0",
+    "-c", "commit.gpgSign=false", "-c", "safe.directory=*",
+)  # fmt: skip
+
+
+# Renames found; no colour, external diff program or text conversion whatever a workspace's
+# .gitattributes asks for.
+DIFF_OPTIONS = ("-M", "--no-color", "--no-ext-diff", "--no-textconv")
+
+
+def git_argv(store: str, *args: str) -> list[str]:
+    """git on `store` with the workspace (the working directory) as its work tree."""
+    return ["git", *GIT_OPTIONS, f"--git-dir={store}", "--work-tree=.", *args]
+
+
+def git(store: str, *args: str, check: bool = True, argv: list[str] | None = None) -> bytes:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", **GIT_ENV}
+    done = subprocess.run(
+        argv or git_argv(store, *args),
+        env=env, capture_output=True, check=False,
+    )  # fmt: skip
+    if check and done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip()[-500:]
+        raise Refused("git_failed", f"git {args[0]} failed: {message}")
+    return done.stdout
+
+
+def checkpoint(workspace: int, store: str, max_file_bytes: int, message: str) -> dict[str, object]:
+    """Record the workspace as a commit of `store`; return its id and what was left out."""
+    os.fchdir(workspace)
+    if not os.path.exists(os.path.join(store, "HEAD")):
+        git(store, "init", argv=["git", *GIT_OPTIONS, "init", "--quiet", "--bare", store])
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(store, "index.lock"))  # left by a checkpoint stopped midway
+    too_large = [path for path, _ in _files_over(workspace, max_file_bytes)]
+    os.makedirs(os.path.join(store, "info"), exist_ok=True)
+    with open(os.path.join(store, "info", "exclude"), "wb") as exclude:
+        exclude.write("\n".join(DEFAULT_EXCLUDES).encode() + b"\n")
+        exclude.writelines(b"/" + _pattern(path) + b"\n" for path in too_large)
+    # A file that grew past the limit leaves the checkpoints (exclusion alone keeps tracked
+    # files); it is listed in `too_large`.
+    for path in too_large:
+        git(store, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", _literal(path))
+    git(store, "add", "--all", "--ignore-errors", check=False)
+    git(store, "commit", "--quiet", "--allow-empty", "--no-verify", "-m", message)
+    commit = git(store, "rev-parse", "HEAD").decode().strip()
+    return {
+        "commit": commit,
+        "too_large": [escape(path) for path in too_large],
+        "excluded": list(DEFAULT_EXCLUDES),
+    }
+
+
+def _files_over(workspace: int, limit: int) -> Iterator[tuple[bytes, int]]:
+    for _, _, path, info in walk(workspace, b"", skip=_EXCLUDED_FOLDERS):
+        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+            yield path, info.st_size
+
+
+def _literal(path: bytes) -> str:
+    """A git pathspec that matches exactly `path` (no wildcards, no magic)."""
+    return ":(literal)" + os.fsdecode(path)
+
+
+def _pattern(path: bytes) -> bytes:
+    """A gitignore pattern that matches exactly `path`."""
+    return re.sub(rb"([\\*?\[\]!# ])", rb"\\\1", path)
+
+
+def changes(workspace: int, store: str, before: str, after: str, limit: int) -> dict[str, object]:
+    """The files that differ between two checkpoints, with +/- line counts (git's numstat)."""
+    os.fchdir(workspace)
+    before = before or EMPTY_TREE
+    numstat = git(store, "diff", *DIFF_OPTIONS, "-z", "--numstat", before, after).split(b"\0")
+    status = git(store, "diff", *DIFF_OPTIONS, "-z", "--name-status", before, after).split(b"\0")
+    files: list[dict[str, object]] = []
+    counts = iter(numstat)
+    names = iter(status)
+    for code in names:
+        if not code:
+            break
+        added, removed, _ = next(counts).split(b"\t", 2)
+        entry: dict[str, object] = {"status": _STATUS.get(code[:1], "modified")}
+        if code.startswith(b"R"):
+            entry["old_path"] = escape(next(names))
+            entry["path"] = escape(next(names))
+            next(counts), next(counts)  # numstat spells a rename as "\0old\0new"
+        else:
+            entry["path"] = escape(next(names))
+        binary = added == b"-"
+        entry.update(added=0 if binary else int(added), removed=0 if binary else int(removed))
+        entry["binary"] = binary
+        files.append(entry)
+    return {"files": files[:limit], "truncated": len(files) > limit}
+
+
+_STATUS = {b"A": "added", b"M": "modified", b"D": "deleted", b"R": "renamed", b"T": "modified"}
+
+
+def diff(workspace: int, store: str, before: str, after: str, path: str, out: BinaryIO) -> None:
+    """Write the unified diff between two checkpoints (of one path, if given)."""
+    os.fchdir(workspace)
+    selection = ["--", _literal(b"/".join(parts_of(path)))] if path else []
+    header(out, {})
+    out.flush()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", **GIT_ENV}
+    argv = git_argv(store, "diff", *DIFF_OPTIONS, before or EMPTY_TREE, after, *selection)
+    subprocess.run(argv, env=env, stdout=out, stderr=subprocess.DEVNULL, check=False)
+
+
 _started = False  # whether the answer's first line went out
 
 
@@ -325,7 +471,8 @@ def header(out: BinaryIO, data: dict[str, object]) -> None:
 
 
 USAGE = __doc__.split("Usage: ")[1].split("\n")[0]
-COMMANDS = {"list": 3, "read": 2, "archive": 1}  # command: how many arguments
+# command: how many arguments
+COMMANDS = {"list": 3, "read": 2, "archive": 1, "checkpoint": 3, "changes": 4, "diff": 4}
 
 
 def main(argv: list[str]) -> int:
@@ -348,8 +495,17 @@ def main(argv: list[str]) -> int:
         elif command == "read":
             path, limit = args
             read_file(workspace, path, int(limit), out)
-        else:
+        elif command == "archive":
             archive(workspace, int(args[0]), out)
+        elif command == "checkpoint":
+            store, max_file_bytes, message = args
+            header(out, checkpoint(workspace, store, int(max_file_bytes), message))
+        elif command == "changes":
+            store, before, after, limit = args
+            header(out, changes(workspace, store, before, after, int(limit)))
+        else:
+            store, before, after, path = args
+            diff(workspace, store, before, after, path, out)
     except Refused as refused:
         header(out, {"error": {"code": refused.code, "message": str(refused)}})
     except BrokenPipeError:

@@ -62,8 +62,13 @@ def jailed(
     user: SandboxUser,
     sandbox_root: Path,
     tools: Path,
+    binds: tuple[tuple[Path, str], ...] = (),
 ) -> list[str]:
-    """Return the argv that runs `argv` as `user` in `workspace`, inside the jail."""
+    """Return the argv that runs `argv` as `user` in `workspace`, inside the jail.
+
+    `binds` mounts more folders, writable, at places under the jail's own /tmp: Craft's
+    workspace tool gets the session's checkpoint store so, and agents never do.
+    """
     assert BWRAP is not None and SETPRIV is not None and PRLIMIT is not None
     jail = [
         BWRAP,
@@ -86,6 +91,9 @@ def jailed(
         if path.exists() and _shadowed(path):
             jail += [*_folders_above(path, made), "--ro-bind", str(path), str(path)]
     jail += [*_folders_above(sandbox, made), "--bind", str(sandbox), str(sandbox)]
+    for source, target in binds:
+        assert target.startswith("/tmp/")
+        jail += ["--bind", str(source), target]
     for socket_path in machine_sockets(outside=sandbox_root):
         jail += ["--ro-bind", "/dev/null", str(socket_path)]
     # bwrap sets PWD for --chdir; the environment stays exactly the one Craft gives.

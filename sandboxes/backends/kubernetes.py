@@ -338,7 +338,9 @@ class KubernetesBackend:
                 idle_timeout=settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT,
             )
 
-        return Workspace(run)
+        # Checkpoints live in the pod's volume, beside the sessions: the pod has one user, so
+        # its agents could write them (a sandbox can only mislead its own user's review).
+        return Workspace(run, run, f"{WORKSPACE}/.craft-checkpoints/{UUID(str(session_id))}")
 
     def exec(self, sandbox: Sandbox, argv: list[str]) -> ExecProcess:
         """Start `argv` in the sandbox's pod on a websocket of its own."""

@@ -387,6 +387,8 @@ class ExecByteStream(ExecProcess):
         with contextlib.suppress(queue.Empty):
             while True:
                 self._frames.get_nowait()  # frees a reader thread waiting to put
+        with contextlib.suppress(queue.Full):
+            self._frames.put_nowait(b"")  # and wakes one waiting to get: the end
 
 
 def exec_request(

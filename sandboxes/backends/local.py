@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 # thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which the kernel
 # fires when the starting *thread* ends), and the threads that ask for agents come and go.
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-agent-spawner")
+# Where the workspace tool finds the sandbox's checkpoint stores, inside its jail.
+STORES_IN_JAIL = "/tmp/craft-checkpoints"
 
 
 class LocalAgentProcess:
@@ -160,7 +162,9 @@ class LocalToolProcess:
     def __init__(self, argv: list[str]) -> None:
         env = {"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH}
         try:
-            self._popen = subprocess.Popen(
+            # From the spawner thread, as agents are: a jailed tool dies with its thread.
+            self._popen = _spawner.submit(
+                subprocess.Popen,
                 argv,
                 env=env,
                 cwd="/",
@@ -169,7 +173,7 @@ class LocalToolProcess:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 bufsize=1 << 16,
-            )
+            ).result()
         except OSError as exc:
             raise SandboxError(f"cannot read the workspace: {exc}") from exc
 
@@ -182,11 +186,13 @@ class LocalToolProcess:
         return stdout.read1(size)
 
     def finish(self, timeout: float) -> int | None:
+        if self._popen.stdout is not None and self._popen.stdout.closed:
+            return self._popen.returncode  # finished already
         try:
             code = self._popen.wait(timeout)
         except subprocess.TimeoutExpired:
             self.stop()
-            return None
+            code = self._popen.returncode
         if code != 0 and self._popen.stderr is not None:
             logger.warning(
                 "the workspace tool exited %s: %s",
@@ -197,10 +203,10 @@ class LocalToolProcess:
         return code
 
     def stop(self) -> None:
+        """Kill the tool (from any thread: a reader blocked on its output gets the end)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._popen.pid, signal.SIGKILL)
         self._popen.wait()
-        self._close()
 
     def _close(self) -> None:
         for stream in (self._popen.stdout, self._popen.stderr):
@@ -346,6 +352,10 @@ class LocalBackend:
                 containment.kill_user_processes(self.pool.user_of(root))
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
+
+    def _stores_of(self, sandbox: Sandbox) -> Path:
+        return self.sandbox_root / containment.CRAFT_DIR / "checkpoints" / str(sandbox.id)
 
     def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
         return str(self._workspace(sandbox, session_id))
@@ -353,6 +363,7 @@ class LocalBackend:
     def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
         parts = ("sessions", str(UUID(str(session_id))))
         containment.remove_private_folder(self._root(sandbox), parts)
+        containment.remove_private_folder(self._stores_of(sandbox), (parts[1],))
 
     def start_agent(self, sandbox: Sandbox, session_id: UUID) -> LocalAgentProcess:
         self._refuse_unisolated()
@@ -396,25 +407,54 @@ class LocalBackend:
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user
-        (when sandboxes have users), from the sandbox's folder down, following no link."""
+        (when sandboxes have users), from the sandbox's folder down, following no link.
+
+        Checkpoints go to a store in `.craft/checkpoints/<sandbox id>/<session id>`, a git
+        repository of the sandbox's user behind a folder only root may enter: the tool writes
+        it from a jail like its agents' in which it is mounted; agents never see it.
+        """
         root = self._root(sandbox)
-        relative = f"sessions/{UUID(str(session_id))}"
+        session = str(UUID(str(session_id)))
         try:
             user = self.pool.user_of(root) if self.uids else None
         except OSError as exc:
             raise SandboxError("the sandbox's folder is gone") from exc
         self._install_tools()
+        stores = self._checkpoint_stores(sandbox, user)
         command = [
             containment.sandbox_python(self.uids),
             "-I",
             "-S",
             str(self.tools / "workspace_tool.py"),
             str(root),
-            relative,
+            f"sessions/{session}",
         ]
-        if user is not None:
-            command = [*containment.as_user(user), *command]
-        return Workspace(lambda args: LocalToolProcess([*command, *args]))
+        if user is None:
+            run = lambda args: LocalToolProcess([*command, *args])  # noqa: E731
+            return Workspace(run, run, str(stores / session))
+        jailed = jail.jailed(
+            command,
+            sandbox=root,
+            workspace=root,
+            user=user,
+            sandbox_root=self.sandbox_root,
+            tools=self.tools,
+            binds=((stores, STORES_IN_JAIL),),
+        )
+        return Workspace(
+            lambda args: LocalToolProcess([*containment.as_user(user), *command, *args]),
+            lambda args: LocalToolProcess([*jailed, *args]),
+            f"{STORES_IN_JAIL}/{session}",
+        )
+
+    def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:
+        """Return the folder of the sandbox's checkpoint stores, creating it (the sandbox's
+        user's, 0700, in a folder of root's that no sandbox user may enter)."""
+        stores = self.sandbox_root / containment.CRAFT_DIR / "checkpoints"
+        stores.mkdir(mode=0o700, parents=True, exist_ok=True)
+        stores.chmod(0o700)
+        containment.private_folder(stores, (str(sandbox.id),), user)
+        return stores / str(sandbox.id)
 
     def _install_tools(self) -> None:
         tools = self.tools

@@ -1,0 +1,175 @@
+"""Checkpoints of a session's workspace: real git, on both backends, out of the agent's reach.
+
+A checkpoint is a commit of the session's store (a bare git repository) with the workspace as
+its work tree; `changes` and `diff` are git's own numstat, name-status and unified diff
+between two of them. The store is written by the workspace tool; on the local backend the
+agent cannot reach it, which the hostile agent tries.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandboxes import services
+from sandboxes.workspace import WorkspaceRefused
+
+from .hostile import ask
+from .workspaces import read_all
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def by_path(changes: dict) -> dict[str, dict]:
+    return {entry["path"]: entry for entry in changes["files"]}
+
+
+def test_a_checkpoint_records_what_changed_added_modified_deleted_renamed_binary(workspace):
+    workspace.write("keep.txt", b"one\ntwo\n")
+    workspace.write("gone.txt", b"bye\n")
+    workspace.write("old-name.txt", b"a file long enough to be found renamed by git\n" * 3)
+    first = workspace.craft.checkpoint("session start")
+    assert len(first.commit) == 40
+    workspace.write("keep.txt", b"one\n2\nthree\n")
+    (workspace.folder / "gone.txt").unlink()
+    (workspace.folder / "old-name.txt").rename(workspace.folder / "new-name.txt")
+    workspace.write("src/new.py", b"print('new')\n")
+    workspace.write("logo.png", b"\x89PNG\r\n\x1a\n\x00\x00binary")
+    second = workspace.craft.checkpoint("turn 1")
+    changes = workspace.craft.changes(first.commit, second.commit)
+    files = by_path(changes)
+    assert changes["truncated"] is False
+    assert files["keep.txt"] == {
+        "path": "keep.txt", "status": "modified", "added": 2, "removed": 1, "binary": False
+    }  # fmt: skip
+    assert files["gone.txt"]["status"] == "deleted"
+    assert files["new-name.txt"]["status"] == "renamed"
+    assert files["new-name.txt"]["old_path"] == "old-name.txt"
+    assert files["src/new.py"] == {**files["src/new.py"], "status": "added", "added": 1}
+    assert files["logo.png"]["binary"] is True
+    assert set(files) == {"keep.txt", "gone.txt", "new-name.txt", "src/new.py", "logo.png"}
+    # The first checkpoint against nothing: every file added.
+    assert {e["status"] for e in workspace.craft.changes("", first.commit)["files"]} == {"added"}
+
+
+def test_the_diff_is_gits_unified_diff_of_the_turn_or_of_one_file(workspace):
+    workspace.write("a.txt", b"one\n")
+    workspace.write("b.txt", b"bee\n")
+    before = workspace.craft.checkpoint("before").commit
+    workspace.write("a.txt", b"one\ntwo\n")
+    workspace.write("b.txt", b"buzz\n")
+    after = workspace.craft.checkpoint("after").commit
+    whole = _read(workspace.craft.diff(before, after))
+    assert "+++ b/a.txt" in whole and "+++ b/b.txt" in whole and "+two" in whole
+    one = _read(workspace.craft.diff(before, after, "b.txt"))
+    assert "a.txt" not in one and "-bee\n+buzz" in one
+    # A path is literal: no wildcard reaches other files.
+    assert _read(workspace.craft.diff(before, after, "*.txt")) == ""
+
+
+def _read(download) -> str:
+    chunks = []
+    while chunk := download.read():
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def test_big_files_and_default_folders_are_left_out_and_said_so(workspace, settings):
+    settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES = 1000
+    workspace.write("small.txt", b"x")
+    workspace.write("data/big.bin", b"y" * 2000)
+    workspace.write("node_modules/lib/index.js", b"module.exports = 1\n")
+    workspace.write("__pycache__/m.cpython-311.pyc", b"\0")
+    workspace.write(".gitignore", b"secret.env\n")
+    workspace.write("secret.env", b"TOKEN=1\n")
+    checkpoint = workspace.craft.checkpoint("start")
+    assert checkpoint.too_large == ["data/big.bin"]
+    assert "node_modules/" in checkpoint.excluded
+    recorded = {e["path"] for e in workspace.craft.changes("", checkpoint.commit)["files"]}
+    assert recorded == {"small.txt", ".gitignore"}
+
+
+def test_the_agents_own_repository_is_content_and_its_config_runs_nothing(workspace):
+    """A `.git` the agent made is not Craft's store: its files are checkpointed, and a hook
+    or fsmonitor in its config is never run by Craft's git."""
+    marker = workspace.folder.parent / "ran"
+    workspace.write("app.py", b"print(1)\n")
+    subprocess.run(["git", "init", "-q", str(workspace.folder)], check=True)
+    config = workspace.folder / ".git" / "config"
+    config.write_text(config.read_text() + f"[core]\n\tfsmonitor = touch {marker}\n")
+    hook = workspace.write(".git/hooks/pre-commit", f"#!/bin/sh\ntouch {marker}\n".encode(), 0o755)
+    workspace.own(*hook.parents)
+    checkpoint = workspace.craft.checkpoint("start")
+    recorded = {e["path"] for e in workspace.craft.changes("", checkpoint.commit)["files"]}
+    assert recorded == {"app.py"}
+    assert not marker.exists()
+    assert (
+        subprocess.run(["git", "-C", str(workspace.folder), "log"], capture_output=True).returncode
+        != 0
+    ), "the agent's repository got no commit from Craft"
+
+
+def test_an_agent_that_deletes_everything_is_recorded_as_deleting_it(workspace):
+    for index in range(5):
+        workspace.write(f"f{index}.txt", b"x\n")
+    before = workspace.craft.checkpoint("before").commit
+    for entry in workspace.folder.iterdir():
+        entry.unlink()
+    after = workspace.craft.checkpoint("after").commit
+    files = workspace.craft.changes(before, after)["files"]
+    assert {f["status"] for f in files} == {"deleted"} and len(files) == 5
+
+
+def test_a_checkpoint_over_the_timeout_is_skipped_and_the_next_one_works(workspace, settings):
+    """4 GiB of zeros (sparse: no disk) for git to hash and compress takes seconds."""
+    slow = workspace.write("zeros.bin")
+    os.truncate(slow, 4 << 30)
+    workspace.write("notes.txt", b"still here\n")
+    settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES = 8 << 30
+    settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS = 1
+    with pytest.raises(WorkspaceRefused) as refused:
+        workspace.craft.checkpoint("too slow")
+    assert refused.value.code == "timeout"
+    assert read_all(workspace.craft, "notes.txt") == b"still here\n"  # the session is usable
+    slow.unlink()
+    settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS = 120
+    done = workspace.craft.checkpoint("in time")  # the lock the stopped one left is no obstacle
+    assert [e["path"] for e in workspace.craft.changes("", done.commit)["files"]] == ["notes.txt"]
+
+
+def test_the_agent_cannot_reach_the_checkpoint_store(local_workspace):
+    """The store belongs to the sandbox's user (the tool writes it as that user), yet its
+    agents cannot reach it: it lies behind a folder of root's and is only ever mounted in the
+    tool's own jail."""
+    workspace = local_workspace
+    workspace.write("notes.txt", b"mine\n")
+    workspace.craft.checkpoint("start")
+    root = Path(services.workspace_path(workspace.sandbox, workspace.session.pk)).parents[2]
+    store = root / ".craft" / "checkpoints" / str(workspace.sandbox.pk)
+    session_store = store / str(workspace.session.pk)
+    assert (session_store / "HEAD").is_file()
+    assert os.stat(session_store).st_uid == workspace.uid  # so only the path keeps it apart
+    agent = services.connect_agent(workspace.sandbox, workspace.session.pk)
+    targets = [
+        f"write:{session_store}/HEAD",
+        f"list:{session_store}",
+        f"list:{store.parent}",
+        f"write:{store}/planted",
+    ]
+    results = ask(agent, "probe " + " ".join(targets))
+    assert all(result in ("denied", "missing") for result in results.values()), results
+    control = f"write:{workspace.folder}/ok.txt"  # the probe itself works
+    assert ask(agent, f"probe {control}")[control] == "ok"
+
+
+def test_a_session_deleted_takes_its_store_with_it(local_workspace):
+    workspace = local_workspace
+    workspace.craft.checkpoint("start")
+    root = Path(services.workspace_path(workspace.sandbox, workspace.session.pk)).parents[2]
+    store = root / ".craft" / "checkpoints" / str(workspace.sandbox.pk) / str(workspace.session.pk)
+    assert store.is_dir()
+    services.remove_session_workspace(workspace.sandbox, workspace.session.pk)
+    assert not store.exists()
