@@ -80,15 +80,8 @@ def files(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         return _refused(exc)
     except SandboxError as exc:
         return _refused(exc)
-    return JsonResponse(
-        {
-            "path": listing.path,
-            "total": listing.total,
-            "offset": listing.offset,
-            "entries": listing.entries,
-            "has_more": listing.offset + len(listing.entries) < listing.total,
-        }
-    )
+    # The tool's own JSON line (checked when it was read): not decoded and encoded again.
+    return HttpResponse(listing.json, content_type="application/json")
 
 
 @require_http_methods(["GET"])

@@ -55,7 +55,9 @@ class Listing:
     path: str
     total: int
     offset: int
+    has_more: bool
     entries: list[dict[str, Any]]
+    json: bytes  # the same, as the tool wrote it: an API answers with it as it is
 
 
 class Download:
@@ -114,11 +116,17 @@ class Workspace:
         self._store = store
 
     def list_folder(self, path: str, offset: int = 0, limit: int = 1000) -> Listing:
-        answer = _answer(
+        answer, line = _answer(
             self._run(["list", path, str(offset), str(limit)]),
             settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS,
         )
-        return Listing(answer["path"], answer["total"], answer["offset"], answer["entries"])
+        shape = {"path": str, "total": int, "offset": int, "has_more": bool, "entries": list}
+        if any(not isinstance(answer.get(key), kind) for key, kind in shape.items()):
+            raise SandboxError("the workspace tool answered a listing of the wrong shape")
+        return Listing(
+            answer["path"], answer["total"], answer["offset"], answer["has_more"],
+            answer["entries"], line.strip(),
+        )  # fmt: skip
 
     def read(self, path: str, max_bytes: int) -> Download:
         return self._download(self._run(["read", path, str(max_bytes)]))
@@ -130,7 +138,7 @@ class Workspace:
         """Record the workspace now (git add and commit); raise WorkspaceRefused with code
         `timeout` when that takes longer than CRAFT_CHECKPOINT_TIMEOUT_SECONDS."""
         limit = str(settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES)
-        answer = _answer(
+        answer, _ = _answer(
             self._in_store(["checkpoint", self._store, limit, message]),
             settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS,
         )
@@ -141,7 +149,7 @@ class Workspace:
         `{"files": [{"path", "status", "old_path"?, "added", "removed", "binary"}],
         "truncated"}`."""
         process = self._in_store(["changes", self._store, before, after, str(limit)])
-        return _answer(process, settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS)
+        return _answer(process, settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS)[0]
 
     def diff(self, before: str, after: str, path: str = "") -> Download:
         """The unified diff between two checkpoints, of one path if given, streamed."""
@@ -161,12 +169,13 @@ class Workspace:
             raise
 
 
-def _answer(process: ToolProcess, timeout: float) -> dict[str, Any]:
-    """Read a one-line answer within `timeout` seconds; the tool is stopped past it."""
+def _answer(process: ToolProcess, timeout: float) -> tuple[dict[str, Any], bytes]:
+    """Read a one-line answer within `timeout` seconds (the tool is stopped past it); return
+    it parsed and as it came."""
     watchdog = threading.Timer(timeout, process.stop)
     watchdog.start()
     try:
-        return _header(process)
+        return _header_line(process)
     except SandboxError:
         if not watchdog.is_alive():
             raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
@@ -177,6 +186,10 @@ def _answer(process: ToolProcess, timeout: float) -> dict[str, Any]:
 
 
 def _header(process: ToolProcess) -> dict[str, Any]:
+    return _header_line(process)[0]
+
+
+def _header_line(process: ToolProcess) -> tuple[dict[str, Any], bytes]:
     """Read the tool's first line: its answer, or its refusal raised as WorkspaceRefused."""
     line = process.readline(MAX_HEADER)
     try:
@@ -191,4 +204,4 @@ def _header(process: ToolProcess) -> dict[str, Any]:
     error = answer.get("error")
     if isinstance(error, dict):
         raise WorkspaceRefused(str(error.get("code")), str(error.get("message")))
-    return answer
+    return answer, line

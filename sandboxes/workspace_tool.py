@@ -37,12 +37,13 @@ import json
 import os
 import re
 import stat
-import subprocess
 import sys
-import time
-import zipfile
-from collections.abc import Iterator
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+# Imported where used: a listing, the most frequent request, starts in a few milliseconds.
+if TYPE_CHECKING:
+    import zipfile
+    from collections.abc import Iterator
 
 FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 16
@@ -203,6 +204,7 @@ def list_folder(workspace: int, path: str, offset: int, limit: int) -> dict[str,
         "path": "/".join(escape(n) for n in parts_of(path)),
         "total": len(entries),
         "offset": offset,
+        "has_more": offset + limit < len(entries),
         "entries": entries[offset : offset + limit],
     }
 
@@ -263,6 +265,9 @@ def archive(workspace: int, limit: int, out: BinaryIO) -> None:
     The sizes are added up first, so an archive over `limit` is refused before a byte goes
     out; files that grow meanwhile are cut at the size they had then.
     """
+    import time
+    import zipfile
+
     files = total = 0
     for _, _, _, info in walk(workspace, b""):
         if stat.S_ISREG(info.st_mode):
@@ -291,6 +296,8 @@ def archive(workspace: int, limit: int, out: BinaryIO) -> None:
 def _add_file(
     zf: zipfile.ZipFile, fd: int, name: bytes, arcname: str, stamp: tuple[int, ...]
 ) -> None:
+    import zipfile
+
     try:
         handle, info = open_regular(fd, name)
     except Refused:
@@ -367,6 +374,8 @@ def git_argv(store: str, *args: str) -> list[str]:
 
 
 def git(store: str, *args: str, check: bool = True, argv: list[str] | None = None) -> bytes:
+    import subprocess
+
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", **GIT_ENV}
     done = subprocess.run(
         argv or git_argv(store, *args),
@@ -456,6 +465,8 @@ def diff(workspace: int, store: str, before: str, after: str, path: str, out: Bi
     selection = ["--", _literal(b"/".join(parts_of(path)))] if path else []
     header(out, {})
     out.flush()
+    import subprocess
+
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", **GIT_ENV}
     argv = git_argv(store, "diff", *DIFF_OPTIONS, before or EMPTY_TREE, after, *selection)
     subprocess.run(argv, env=env, stdout=out, stderr=subprocess.DEVNULL, check=False)

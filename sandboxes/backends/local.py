@@ -176,6 +176,7 @@ class LocalToolProcess:
             ).result()
         except OSError as exc:
             raise SandboxError(f"cannot read the workspace: {exc}") from exc
+        self._stopped = False  # by Craft: its exit code then says nothing
 
     def readline(self, limit: int) -> bytes:
         assert self._popen.stdout is not None
@@ -193,7 +194,7 @@ class LocalToolProcess:
         except subprocess.TimeoutExpired:
             self.stop()
             code = self._popen.returncode
-        if code != 0 and self._popen.stderr is not None:
+        if code != 0 and not self._stopped and self._popen.stderr is not None:
             logger.warning(
                 "the workspace tool exited %s: %s",
                 code,
@@ -204,6 +205,7 @@ class LocalToolProcess:
 
     def stop(self) -> None:
         """Kill the tool (from any thread: a reader blocked on its output gets the end)."""
+        self._stopped = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._popen.pid, signal.SIGKILL)
         self._popen.wait()
