@@ -145,6 +145,10 @@ class Turn(models.Model):
     pending = models.JSONField(default=dict)
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # The workspace's checkpoints (commits of the session's store) around the turn: before
+    # it, and after it when the turn used tools (blank: none taken). docs/workspace.md.
+    checkpoint_before = models.CharField(max_length=64, blank=True)
+    checkpoint_after = models.CharField(max_length=64, blank=True)
 
     objects = TurnQuerySet.as_manager()
 

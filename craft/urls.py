@@ -24,6 +24,11 @@ urlpatterns = [
     path("api/sessions/<uuid:session_id>/files/", workspace_api.files, name="api_files"),
     path("api/sessions/<uuid:session_id>/files/raw", workspace_api.raw, name="api_file_raw"),
     path("api/sessions/<uuid:session_id>/archive", workspace_api.archive, name="api_archive"),
+    path(
+        "api/sessions/<uuid:session_id>/turns/<int:seq>/diff/",
+        workspace_api.turn_diff,
+        name="api_turn_diff",
+    ),
     path("api/sandbox/", api.sandbox, name="api_sandbox"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

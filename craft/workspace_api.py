@@ -21,7 +21,7 @@ from django.views.decorators.http import require_http_methods
 
 from craft.api import api_login_required, error
 from craft.http import SignedInRequest
-from craft.models import Session
+from craft.models import Session, Turn
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.workspace import Download, WorkspaceRefused
@@ -117,6 +117,51 @@ def archive(request: SignedInRequest, session_id: UUID) -> HttpResponseBase:
         return _refused(exc)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", session.title).strip("-.")[:60] or "workspace"
     return _streamed(download, "application/zip", f"{slug}-{str(session.pk)[:8]}.zip")
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def turn_diff(request: SignedInRequest, session_id: UUID, seq: int) -> HttpResponseBase:
+    """The unified diff of what turn `seq` (its user_message's seq) changed, `?path=` for one
+    file: git's diff between the checkpoints before and after it, streamed."""
+    session = _session(request, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    before, after = checkpoints_of_turn(session, seq)
+    if not after:
+        return error(404, "no_checkpoint", "that turn has no checkpoint of the files after it")
+    try:
+        workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
+        download = workspace.diff(before, after, request.GET.get("path", ""))
+    except SandboxError as exc:
+        return _refused(exc)
+    response = StreamingHttpResponse(_chunks(download), content_type="text/plain; charset=utf-8")
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+def checkpoints_of_turn(session: Session, seq: int) -> tuple[str, str]:
+    """Return the checkpoints (before, after) around turn `seq`; "" where there is none.
+
+    A turn's "before" is the latest checkpoint taken before it: the one after an earlier
+    turn, or the session's first (taken before its first turn).
+    """
+    turns = Turn.objects.filter(session=session)
+    after = turns.filter(prompt_seq=seq).values_list("checkpoint_after", flat=True).first()
+    earlier = (
+        turns.filter(prompt_seq__lte=seq)
+        .exclude(checkpoint_before="", checkpoint_after="")
+        .order_by("-prompt_seq")
+        .values_list("prompt_seq", "checkpoint_before", "checkpoint_after")
+    )
+    for prompt_seq, checkpoint_before, checkpoint_after in earlier:
+        if prompt_seq < seq and checkpoint_after:
+            return checkpoint_after, after or ""
+        if checkpoint_before:
+            return checkpoint_before, after or ""
+    return "", after or ""
 
 
 def _content_type(name: str) -> str:

@@ -44,6 +44,7 @@ from craft.storage.eventlog import Fence, Fenced, Stored, writer
 from craft.storage.titles import set_session_title
 from craft.turns import controls, records
 from craft.turns.agent_calls import call_agent
+from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
 from craft.turns.recovery import close_turns_of_gone_workers
 from craft.turns.turn import BATCH_LIMIT, Events, Turn
@@ -78,6 +79,7 @@ class SessionRunner:
         self._late: asyncio.Task[None] | None = None  # storing updates that came after a turn
         self._titled = False
         self._active_at = 0.0
+        self.checkpoints = SessionCheckpoints(session_id, self.append)
         self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
         # What the last agent of this runner takes in prompts (None: not known yet).
         self._prompt_capabilities: dict[str, bool] | None = None
@@ -146,9 +148,10 @@ class SessionRunner:
                 raise Refused("turn_running", TURN_RUNNING)
             if self._late is not None:
                 await asyncio.gather(self._late, return_exceptions=True)
-            if await self._store_prompt(prompt) is None:
+            stored = await self._store_prompt(prompt)
+            if stored is None:
                 return False
-            self.turn = Turn(self, prompt)
+            self.turn = Turn(self, prompt, stored.first_seq)
             self.turn.start()
         if not self._titled:
             self._titled = True

@@ -53,13 +53,19 @@ class StorageFailed(Exception):
         self.unsaved = unsaved
 
 
+# Updates that say the agent used a tool (what may change files).
+TOOL_KINDS = {"tool_call", "tool_call_update"}
+
+
 class Turn:
     """Carry out one prompt (all methods run on the event loop)."""
 
-    def __init__(self, runner: SessionRunner, prompt: Prompt) -> None:
+    def __init__(self, runner: SessionRunner, prompt: Prompt, prompt_seq: int) -> None:
         self.runner = runner
         self.prompt = prompt
+        self.prompt_seq = prompt_seq  # the seq of its user_message: what names the turn
         self.session_id = runner.session_id
+        self.used_tools = False  # a tool call or a permission request: files may have changed
         self.pending: dict[str, set[str]] = {}  # open permission requests: their option ids
         self.cancel_requested = False
         self.interrupted: str | None = None  # why Craft cut the turn short
@@ -159,6 +165,9 @@ class Turn:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
                 ending, reason = [("agent_error", {"message": str(exc)})], "error"
             else:
+                # The previous turn's checkpoint must be written before this one changes
+                # anything (it usually is: checkpoints follow only turns that used tools).
+                await runner.checkpoints.before_turn(self.prompt_seq)
                 if self.cancel_requested:
                     ending, reason = [], "cancelled"
                 else:
@@ -183,6 +192,8 @@ class Turn:
             ending = [*ending, ("agent_error", {"message": self.interrupted})]
             reason = "interrupted"
         await self.end(ending, reason)
+        if self.used_tools:
+            runner.checkpoints.after_turn(self.prompt_seq)
 
     async def _send(self, connection: AgentConnection) -> tuple[Events, str]:
         """Stream the turn; if the prompt could not even be written (the agent died just
@@ -293,7 +304,10 @@ class Turn:
         for item in batch:
             if isinstance(item, Update):
                 events.append((item.kind, item.data))
+                if item.kind in TOOL_KINDS:
+                    self.used_tools = True
             elif isinstance(item, PermissionRequest):
+                self.used_tools = True
                 self.pending[item.request_id] = {str(o.get("optionId")) for o in item.options}
                 data = {"request": item.request_id, "toolCall": item.tool_call,
                         "options": item.options}  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 from craft import services as craft_services
 from sandboxes import services as sandbox_services
 from tests.ready import open_ready_session
-from tests.server import Daphne
+from tests.server import Daphne, Socket
 
 from .wsclient import session_cookie
 
@@ -107,7 +107,7 @@ def test_the_whole_workspace_downloads_as_a_zip(server, session, owner):
 
 
 def test_only_the_owner_reaches_a_workspace(server, session, stranger):
-    for path in ["files/", "files/raw?path=src/app.py", "archive"]:
+    for path in ["files/", "files/raw?path=src/app.py", "archive", "turns/1/diff/"]:
         status, _, body = get(server, stranger, f"/api/sessions/{session.pk}/{path}")
         assert status == 404 and json.loads(body)["error"]["code"] == "not_found", path
         status, _, body = get(server, None, f"/api/sessions/{session.pk}/{path}")
@@ -126,3 +126,26 @@ def test_a_stopped_sandbox_answers_503(server, session, owner):
     sandbox_services.terminate_sandbox(session.sandbox)
     status, _, body = get(server, owner, f"/api/sessions/{session.pk}/files/")
     assert status == 503 and json.loads(body)["error"]["code"] == "sandbox_unavailable"
+
+
+def test_a_turns_diff_is_gits_unified_diff_of_its_checkpoints(server, session, owner, stranger):
+    sock = Socket(server, owner, session.pk)
+    sock.send({"type": "resume", "after": sock.hello["last_seq"]})
+    sock.send({"type": "prompt", "id": "w1", "text": "write notes.txt hello"})
+    request = sock.until(lambda f: f.get("kind") == "permission_request")[-1]["data"]["request"]
+    sock.send({"type": "permission", "request": request, "option": "allow"})
+    sock.until(lambda f: f.get("kind") == "turn_changes")
+    turn = next(f["seq"] for f in sock.events if f["kind"] == "user_message")
+    sock.close()
+    path = f"/api/sessions/{session.pk}/turns/{turn}/diff/"
+    status, headers, body = get(server, owner, path)
+    assert status == 200 and headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert "+++ b/notes.txt" in body.decode() and "+hello" in body.decode()
+    # The files the fixture made before the turn were in the checkpoint before it: not here.
+    assert "app.py" not in body.decode()
+    status, _, body = get(server, owner, f"{path}?path=src/app.py")
+    assert status == 200 and body == b""
+    status, _, body = get(server, owner, f"/api/sessions/{session.pk}/turns/{turn + 1}/diff/")
+    assert status == 404 and json.loads(body)["error"]["code"] == "no_checkpoint"  # not a turn
+    status, _, body = get(server, stranger, path)
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"

@@ -401,3 +401,31 @@ describe("malformed data", () => {
     assert.equal(fold.state.lastSeq, step.seq);
   });
 });
+
+describe("turn changes", () => {
+  test("a turn's changed files become one note with their +/- lines", () => {
+    const fold = session();
+    fold("turn_end", { stop_reason: "end_turn" });
+    const step = fold("turn_changes", {
+      turn: 1,
+      files: [
+        { path: "a.txt", status: "modified", added: 2, removed: 1, binary: false },
+        { path: "new.txt", status: "renamed", old_path: "old.txt", added: 0, removed: 0, binary: false },
+        { path: "logo.png", status: "added", added: 0, removed: 0, binary: true },
+      ],
+      truncated: false,
+    });
+    const note = step.block;
+    assert.equal(note.kind, "other");
+    assert.equal(note.text, "3 files changed");
+    assert.equal(note.detail, "modified: a.txt (+2 −1)\nrenamed: old.txt → new.txt (+0 −0)\nadded: logo.png (binary)");
+  });
+
+  test("a skipped checkpoint says why, and malformed data never throws", () => {
+    const fold = session();
+    assert.equal(fold("turn_changes", { turn: 1, files: [], skipped: "took longer than 30 s" }).block.detail, "took longer than 30 s");
+    for (const data of [{}, { files: 5 }, { files: [null, 3, { path: 7 }] }, { left_out: "x" }]) {
+      assert.doesNotThrow(() => fold("turn_changes", data));
+    }
+  });
+});

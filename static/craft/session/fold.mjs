@@ -95,6 +95,7 @@ export function createFold({ paths, now = Date.now }) {
       case "agent_error": return agentError(data);
       case "session_title": return sessionTitle(data);
       case "agent_restarted": return agentRestarted(data);
+      case "turn_changes": return turnChanges(data);
       case "agent_info":
       case "config_option_update":
       case "config_options_update":
@@ -314,6 +315,26 @@ export function createFold({ paths, now = Date.now }) {
   function agentError(data) {
     const message = str(data.message);
     return append({ kind: "error", summary: agentErrorSummary(message), detail: message });
+  }
+
+  // What a turn changed in the workspace (its checkpoint), as one note: how many files, and
+  // each with its +/- lines. The workspace panel will show the diffs.
+  function turnChanges(data) {
+    if (typeof data.skipped === "string") {
+      return note("No checkpoint of the files after this turn.", data.skipped);
+    }
+    const files = Array.isArray(data.files) ? data.files.filter(isObject) : [];
+    const lines = files.map((file) => {
+      const path = str(file.path);
+      const moved = file.status === "renamed" ? `${str(file.old_path)} → ${path}` : path;
+      const counts = file.binary === true ? "binary" : `+${Number(file.added) || 0} −${Number(file.removed) || 0}`;
+      return `${str(file.status) || "changed"}: ${moved} (${counts})`;
+    });
+    if (data.truncated === true) lines.push("… and more");
+    const leftOut = Array.isArray(data.left_out) ? data.left_out.map(str) : [];
+    if (leftOut.length) lines.push(`left out (too large): ${leftOut.join(", ")}`);
+    const count = files.length + (data.truncated === true ? "+" : "");
+    return note(`${count} ${files.length === 1 ? "file" : "files"} changed`, lines.join("\n"));
   }
 
   function note(text, detail = "") {
