@@ -685,9 +685,12 @@ class AgentConnection:
     def _handle_response(self, message: dict[str, Any]) -> None:
         response_id = message["id"]
         waiting = None
+        turn = None
         if type(response_id) is int:  # our ids are ints; a list or object would not even hash
             with self._lock:
                 waiting = self._pending.pop(response_id, None)
+                if self._turn is not None and self._turn.prompt_id == response_id:
+                    turn = self._turn
                 if response_id == self._restoring:
                     # Cleared here, on the reader thread, so that what comes after the answer
                     # (commands, say) is delivered and only the replay before it is not.
@@ -704,6 +707,13 @@ class AgentConnection:
             waiting.future.set_exception(exc)
         else:
             waiting.future.set_result(result)
+        if turn is not None:
+            # The prompt's answer ends its turn here, on the reader thread, before anything
+            # the agent wrote after it is read. (The future's done-callback, which `prompt`
+            # adds only once the prompt is written, may run later on another thread: an
+            # answer that came first would otherwise be delivered after the updates that
+            # followed it on the wire.)
+            self._finish_turn(turn, waiting.future)
 
     def _handle_notification(self, message: dict[str, Any]) -> None:
         if message.get("method") != "session/update":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from craft.models import Event
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
 from craft.turns.turn import Turn
+from sandboxes.acp import AgentConnection
 from tests.ready import open_ready_session
 
 from .wsclient import (
@@ -372,6 +374,30 @@ async def test_updates_after_the_prompt_response_wait_for_the_turns_end_to_be_st
         await end(self, *args, **kwargs)
 
     monkeypatch.setattr(Turn, "end", slow_end)
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
+    frames = await receive_until(comm, lambda f: "late 2" in json.dumps(f))
+    texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
+    assert texts == ["user_message", "agent_info", "on time", "turn_end", "late 1", "late 2"]
+    await comm.disconnect()
+
+
+async def test_an_answer_read_before_its_prompt_call_returns_still_comes_first(
+    session, cookie, settings, monkeypatch
+):
+    """The race behind a loaded run: the agent answered the prompt and went on writing while
+    the thread that wrote the prompt had not yet asked to hear of the answer; the answer was
+    then handed on after the updates that followed it. Here that thread is held back."""
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "late_agent.py")]
+    write = AgentConnection._write
+
+    def slow_write(self, message):
+        write(self, message)
+        if message.get("method") == "session/prompt":
+            time.sleep(0.5)  # the reader reads the answer and both late updates meanwhile
+
+    monkeypatch.setattr(AgentConnection, "_write", slow_write)
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
