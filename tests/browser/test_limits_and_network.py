@@ -69,7 +69,9 @@ async def test_the_banner_and_the_connection_indicator_stay_on_screen(page, hook
         + [("agent_message_chunk", chunk)] * 60,
     )
     await open_page(page, hooks, session)
-    assert await page.evaluate("document.documentElement.scrollHeight") > 5000
+    # Every event is on the page once open_page returns, but its Markdown may be rendered a
+    # moment later (a busy machine): wait for the long page, never assume it.
+    await page.wait_for_function("document.documentElement.scrollHeight > 5000")
     at_bottom = "innerHeight + scrollY >= document.documentElement.scrollHeight - 80"
     await page.wait_for_function(at_bottom)  # a loaded page shows the latest
     await page.evaluate("window.scrollTo(0, 0)")
