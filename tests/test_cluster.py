@@ -86,16 +86,21 @@ def stop_cluster(process: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def ask_pid(ws, prompt_id: str) -> str:
-    """Return the agent's answer to `pid`: its process id and token."""
+    """Return the agent's answer to `pid` (its process id and token), once its turn ended:
+    a prompt sent before that would be refused with turn_running."""
     ws.send(json.dumps({"type": "prompt", "id": prompt_id, "text": "pid"}))
     mine = False
+    answer = None
     while True:
         frame = json.loads(ws.recv())
         assert frame["type"] != "error", frame
         if frame.get("kind") == "user_message" and frame["data"]["id"] == prompt_id:
             mine = True
         if mine and frame.get("kind") == "agent_message_chunk":
-            return frame["data"]["content"]["text"]
+            answer = frame["data"]["content"]["text"]
+        if mine and frame.get("kind") == "turn_end":
+            assert answer is not None, "the turn ended without the agent's answer"
+            return answer
 
 
 def test_a_session_works_through_the_proxy_and_survives_its_worker(cluster, owner):
