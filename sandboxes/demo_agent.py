@@ -767,7 +767,8 @@ def open_inside(cwd: Path, relative: str, flags: int, *, make_parents: bool = Fa
     for a link to elsewhere in between (the write waits for a person's permission, which makes
     the window wide). So every folder is opened relative to the one before it with O_NOFOLLOW,
     and the file itself too: what is opened is what lies inside cwd at that moment, or nothing.
-    A link anywhere on the way raises PathRefused; `make_parents` creates missing folders.
+    A link anywhere on the way raises PathRefused; `make_parents` creates missing folders
+    (the last one too when a folder is opened, with O_DIRECTORY).
     """
     parts = Path(relative).parts
     if not parts or os.path.isabs(relative) or ".." in parts:
@@ -787,6 +788,11 @@ def open_inside(cwd: Path, relative: str, flags: int, *, make_parents: bool = Fa
                 raise _refusal(relative, exc, name, fd) from exc
             os.close(fd)
             fd = next_fd
+        if make_parents and flags & os.O_DIRECTORY:
+            try:
+                os.mkdir(parts[-1], 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
         try:
             return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
         except OSError as exc:
@@ -930,10 +936,29 @@ def write_file(turn: Turn, relative: str, content: str) -> bool:
         "locations": [{"path": str(path)}],
         "rawInput": {"path": relative, "content": content},
     }
+    # Not `path`: what it named when it was checked may have been swapped for a link since.
+    return change_after_permission(
+        turn, tool_call, [diff], lambda: write_inside(turn.cwd, relative, content),
+        f"Wrote {relative}.", f"Did not write {relative}.",
+    )  # fmt: skip
+
+
+def change_after_permission(
+    turn: Turn,
+    tool_call: dict[str, Any],
+    content: list[dict[str, Any]],
+    change: Callable[[], None],
+    done: str,
+    not_done: str,
+) -> bool:
+    """Announce a tool call that changes files, ask permission (showing `content`), then
+    `change()`; report how it went. Returns True if the change was made. Raises Cancelled
+    if the turn is cancelled."""
+    tool_call_id = tool_call["toolCallId"]
     turn.update({"sessionUpdate": "tool_call", **tool_call})
     try:
-        # The diff rides along so the person deciding can see what would change.
-        allowed = turn.ask_permission({**tool_call, "content": [diff]})
+        # What would change rides along so the person deciding can see it.
+        allowed = turn.ask_permission({**tool_call, "content": content})
     except Cancelled:
         # Close the tool call so the client does not show it as pending forever.
         turn.tool_call_update(tool_call_id, status="failed", content=[text_content("Cancelled")])
@@ -942,20 +967,64 @@ def write_file(turn: Turn, relative: str, content: str) -> bool:
         turn.tool_call_update(
             tool_call_id, status="failed", content=[text_content("Permission denied")]
         )
-        turn.chunk(f"Did not write {relative}.")
+        turn.chunk(not_done)
         return False
-
     turn.tool_call_update(tool_call_id, status="in_progress")
     try:
-        # Not `path`: what it named when it was checked may have been swapped for a link since.
-        write_inside(turn.cwd, relative, content)
+        change()
     except (PathRefused, OSError) as exc:
         turn.tool_call_update(tool_call_id, status="failed", content=[text_content(str(exc))])
-        turn.chunk(f"Did not write {relative}.")
+        turn.chunk(not_done)
         return False
-    turn.tool_call_update(tool_call_id, status="completed", content=[diff])
-    turn.chunk(f"Wrote {relative}.")
+    turn.tool_call_update(tool_call_id, status="completed", content=content)
+    turn.chunk(done)
     return True
+
+
+def folder_and_name(cwd: Path, relative: str) -> tuple[int, str]:
+    """Open the folder holding `relative` (following no link); return it and the name."""
+    parent, name = os.path.split(os.path.normpath(relative))
+    if not name or name in (".", "..") or os.path.isabs(relative) or ".." in Path(relative).parts:
+        raise PathRefused(f"Refused: {relative} is not a path inside the working directory.")
+    if not parent:
+        return os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), name
+    return open_inside(cwd, parent, os.O_RDONLY | os.O_DIRECTORY), name
+
+
+def delete_inside(cwd: Path, relative: str) -> None:
+    """Delete file `relative` in cwd (a link itself, never what it points to)."""
+    folder, name = folder_and_name(cwd, relative)
+    try:
+        os.unlink(name, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
+def rename_inside(cwd: Path, old: str, new: str) -> None:
+    """Rename `old` to `new` in cwd (creating folders); neither may lead through a link."""
+    source, old_name = folder_and_name(cwd, old)
+    try:
+        parent = os.path.dirname(os.path.normpath(new))
+        if parent:
+            os.close(open_inside(cwd, parent, os.O_RDONLY | os.O_DIRECTORY, make_parents=True))
+        target, new_name = folder_and_name(cwd, new)
+        try:
+            os.rename(old_name, new_name, src_dir_fd=source, dst_dir_fd=target)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+
+
+def file_tool_call(turn: Turn, kind: str, title: str, paths: list[str]) -> dict[str, Any]:
+    return {
+        "toolCallId": turn.new_tool_call_id(),
+        "title": title,
+        "kind": kind,
+        "status": "pending",
+        "locations": [{"path": str(turn.cwd / path)} for path in paths],
+        "rawInput": {"paths": paths},
+    }
 
 
 def read_file(turn: Turn, relative: str) -> str | None:
@@ -1043,6 +1112,33 @@ def scenario_write(turn: Turn) -> None:
     if not parts:
         raise UsageError("write <relative path> <content...>")
     write_file(turn, parts[0], parts[1] if len(parts) > 1 else "")
+
+
+def scenario_delete(turn: Turn) -> None:
+    """Delete `<path>` in cwd after asking permission."""
+    parts = turn.args.split()
+    if len(parts) != 1:
+        raise UsageError("delete <relative path>")
+    tool_call = file_tool_call(turn, "delete", f"Delete {parts[0]}", parts)
+    change_after_permission(
+        turn, tool_call, [text_content(f"Delete {parts[0]}")],
+        lambda: delete_inside(turn.cwd, parts[0]),
+        f"Deleted {parts[0]}.", f"Did not delete {parts[0]}.",
+    )  # fmt: skip
+
+
+def scenario_rename(turn: Turn) -> None:
+    """Rename `<old path> <new path>` in cwd after asking permission."""
+    parts = turn.args.split()
+    if len(parts) != 2:
+        raise UsageError("rename <relative path> <new relative path>")
+    old, new = parts
+    tool_call = file_tool_call(turn, "move", f"Rename {old} to {new}", parts)
+    change_after_permission(
+        turn, tool_call, [text_content(f"Rename {old} to {new}")],
+        lambda: rename_inside(turn.cwd, old, new),
+        f"Renamed {old} to {new}.", f"Did not rename {old}.",
+    )  # fmt: skip
 
 
 def scenario_read(turn: Turn) -> None:
@@ -1264,6 +1360,10 @@ SCENARIOS: dict[str, Scenario] = {
     "plan": Scenario(scenario_plan, "plan", "a three-step plan sent four times as it progresses"),
     "write": Scenario(
         scenario_write, "write <path> <content...>", "write a file in cwd after permission"
+    ),
+    "delete": Scenario(scenario_delete, "delete <path>", "delete a file in cwd after permission"),
+    "rename": Scenario(
+        scenario_rename, "rename <path> <new path>", "rename a file in cwd after permission"
     ),
     "read": Scenario(scenario_read, "read <path>", "read a file in cwd as a tool call"),
     "demo": Scenario(

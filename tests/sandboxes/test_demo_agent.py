@@ -429,6 +429,46 @@ def test_write_outside_cwd_is_refused_without_asking(agent: AgentProcess, path: 
     assert not (agent.cwd.parent / "escape.txt").exists()
 
 
+def test_delete_and_rename_ask_first_and_change_only_the_workspace(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    session_id = start_session(agent)
+    request_id = prompt(agent, session_id, "rename a.txt sub/b.txt")
+    before, request = answer_permission(agent, "allow")
+    assert updates(before)[0]["kind"] == "move"
+    assert request["params"]["toolCall"]["title"] == "Rename a.txt to sub/b.txt"
+    messages, _ = agent.collect(request_id)
+    assert texts(messages) == ["Renamed a.txt to sub/b.txt."]
+    assert (tmp_path / "sub" / "b.txt").read_text() == "a\n" and not (tmp_path / "a.txt").exists()
+    request_id = prompt(agent, session_id, "delete sub/b.txt")
+    answer_permission(agent, "reject")
+    messages, _ = agent.collect(request_id)
+    assert texts(messages) == ["Did not delete sub/b.txt."]
+    assert (tmp_path / "sub" / "b.txt").exists()
+    request_id = prompt(agent, session_id, "delete sub/b.txt")
+    answer_permission(agent, "allow")
+    messages, _ = agent.collect(request_id)
+    assert texts(messages) == ["Deleted sub/b.txt."]
+    assert not (tmp_path / "sub" / "b.txt").exists()
+
+
+def test_delete_and_rename_never_go_through_a_link(agent: AgentProcess, tmp_path: Path) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("keep\n")
+    (tmp_path / "out").symlink_to(outside)
+    (tmp_path / "link.txt").symlink_to(outside / "victim.txt")
+    session_id = start_session(agent)
+    for text in ("delete out/victim.txt", "rename out/victim.txt mine.txt", "delete link.txt"):
+        request_id = prompt(agent, session_id, text)
+        answer_permission(agent, "allow")
+        agent.collect(request_id)
+    assert (outside / "victim.txt").read_text() == "keep\n"
+    assert not (tmp_path / "mine.txt").exists()
+    assert not (tmp_path / "link.txt").is_symlink()  # the link itself was deleted
+
+
 def test_read_existing_and_missing(agent: AgentProcess, tmp_path: Path) -> None:
     (tmp_path / "r.txt").write_text("contents é✓\n", encoding="utf-8")
     session_id = start_session(agent)
