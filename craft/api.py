@@ -40,7 +40,7 @@ def api_login_required(
     return wrapper
 
 
-def _json_body(request: SignedInRequest) -> dict[str, Any] | None:
+def json_body(request: SignedInRequest) -> dict[str, Any] | None:
     if not request.body:
         return {}
     try:
@@ -92,7 +92,7 @@ def sessions(request: SignedInRequest) -> HttpResponse:
     if request.method == "GET":
         items = Session.objects.owned_by(request.user).recent_first().with_running()
         return JsonResponse({"sessions": [session_json(s) for s in items]})
-    body = _json_body(request)
+    body = json_body(request)
     if body is None:
         return error(400, "bad_json", "the body must be a JSON object")
     title = body.get("title", "")
@@ -117,7 +117,7 @@ def session_detail(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         services.delete_session(session)
         return HttpResponse(status=204)
     if request.method == "PATCH":
-        body = _json_body(request)
+        body = json_body(request)
         if body is None or not isinstance(body.get("title"), str):
             return error(400, "invalid", "send a JSON object with a 'title' string")
         try:

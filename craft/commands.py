@@ -88,6 +88,16 @@ class SetMode:
 
 
 @dataclass(frozen=True)
+class Revert:
+    """Put the workspace back as it was before change `seq` (a turn, by its user_message's
+    seq, or an earlier revert): all of it, one file (`path`), or one hunk of that file."""
+
+    seq: int
+    path: str = ""
+    hunk: int | None = None
+
+
+@dataclass(frozen=True)
 class Resume:
     """Send the stored events after `after`, then follow the session live (the socket's own)."""
 
@@ -95,7 +105,7 @@ class Resume:
 
 
 # What the session's owner carries out; `Resume` stays with the socket that received it.
-SessionCommand = Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode
+SessionCommand = Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode | Revert
 Command = SessionCommand | Resume
 
 # The frame type of each command, as clients send it.
@@ -105,6 +115,7 @@ FRAME_TYPES: dict[type, str] = {
     AnswerPermission: "permission",
     SetConfigOption: "set_config_option",
     SetMode: "set_mode",
+    Revert: "revert",  # over HTTP (POST .../turns/<seq>/revert/), not the socket
     Resume: "resume",
 }
 
@@ -138,6 +149,21 @@ def parse(frame: dict[str, Any]) -> Command:
             raise Refused("bad_frame", "set_mode needs a 'mode' string")
         return SetMode(mode)
     raise Refused("unknown_type", f"unknown frame type {kind!r}")
+
+
+def parse_revert(seq: int, body: dict[str, Any]) -> Revert:
+    """Check a revert request (HTTP): of change `seq`, and the body's optional `path`, and
+    `hunk` of that path."""
+    path, hunk = body.get("path", ""), body.get("hunk")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq < 2**63:
+        raise Refused("invalid", "a change is named by the seq of its event")
+    if not isinstance(path, str) or (path and not _is_workspace_path(path)):
+        raise Refused("invalid", "'path' must be a path relative to the workspace")
+    if hunk is not None and (isinstance(hunk, bool) or not isinstance(hunk, int) or hunk < 0):
+        raise Refused("invalid", "'hunk' must be a hunk's number (from 0) in the file's diff")
+    if hunk is not None and not path:
+        raise Refused("invalid", "a hunk is reverted in one file: give its 'path'")
+    return Revert(seq, path, hunk)
 
 
 def _prompt(frame: dict[str, Any]) -> Prompt:

@@ -166,6 +166,27 @@ class Turn(models.Model):
         return f"{self.session_id}@{self.prompt_seq} {self.state}"
 
 
+class WorkspaceRevert(models.Model):
+    """A revert of a session's workspace, stored as its `workspace_reverted` event at `seq`.
+
+    Like a turn it is a change of the files between two checkpoints (docs/workspace.md), so
+    it can be looked at and reverted in turn.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="reverts")
+    seq = models.PositiveBigIntegerField()
+    checkpoint_before = models.CharField(max_length=64)
+    checkpoint_after = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="one_revert_per_event")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}@{self.seq} revert"
+
+
 class Lease(models.Model):
     """Which worker owns a session's agent, until when, under which fencing token.
 

@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from craft.cluster import forwarding
-from craft.commands import AnswerPermission, Cancel, Prompt, SetConfigOption, SetMode
+from craft.commands import AnswerPermission, Cancel, Prompt, Revert, SetConfigOption, SetMode
 from craft.errors import SessionError, SessionLimit
 from craft.live import delivery
 from craft.models import Session
@@ -38,6 +38,7 @@ __all__ = [
     "delete_session",
     "open_session",
     "post_prompt",
+    "revert_workspace",
     "set_config_option",
     "set_mode",
     "set_session_title",
@@ -122,3 +123,10 @@ async def set_config_option(session_id: uuid.UUID, change: SetConfigOption) -> N
 async def set_mode(session_id: uuid.UUID, change: SetMode) -> None:
     """Switch the agent to one of its modes; stored as a `current_mode_update` event."""
     await forwarding.route(session_id, change)
+
+
+async def revert_workspace(session_id: uuid.UUID, revert: Revert) -> None:
+    """Put the session's workspace back as it was before a turn (or a revert): all of it, one
+    file, or one hunk; stored as a `workspace_reverted` event (docs/workspace.md). Refused
+    while a turn runs, and when the change has no checkpoints or the hunk no longer applies."""
+    await forwarding.route(session_id, revert)

@@ -29,6 +29,11 @@ urlpatterns = [
         workspace_api.turn_diff,
         name="api_turn_diff",
     ),
+    path(
+        "api/sessions/<uuid:session_id>/turns/<int:seq>/revert/",
+        workspace_api.revert,
+        name="api_turn_revert",
+    ),
     path("api/sandbox/", api.sandbox, name="api_sandbox"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

@@ -1,4 +1,5 @@
-"""The files of a session's workspace over HTTP: list a folder, download a file or all of it.
+"""The files of a session's workspace over HTTP: list a folder, download a file or all of it,
+see what a turn changed, revert it.
 
 Only the session's owner; read through `sandboxes.services.session_workspace` (the workspace
 tool, with the agent's rights, confined: invariant 11). Downloads are streamed as they are
@@ -19,9 +20,14 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_http_methods
 
-from craft.api import api_login_required, error
+from craft import services
+from craft.api import api_login_required, error, json_body
+from craft.commands import parse_revert
+from craft.errors import Refused
 from craft.http import SignedInRequest
-from craft.models import Session, Turn
+from craft.models import Session
+from craft.storage.db import db_sync_to_async
+from craft.turns.checkpoints import checkpoints_of
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.workspace import Download, WorkspaceRefused
@@ -127,7 +133,7 @@ def turn_diff(request: SignedInRequest, session_id: UUID, seq: int) -> HttpRespo
     session = _session(request, session_id)
     if session is None:
         return error(404, "not_found", "no such session")
-    before, after = checkpoints_of_turn(session, seq)
+    before, after = checkpoints_of(session.pk, seq)
     if not after:
         return error(404, "no_checkpoint", "that turn has no checkpoint of the files after it")
     try:
@@ -142,26 +148,38 @@ def turn_diff(request: SignedInRequest, session_id: UUID, seq: int) -> HttpRespo
     return response
 
 
-def checkpoints_of_turn(session: Session, seq: int) -> tuple[str, str]:
-    """Return the checkpoints (before, after) around turn `seq`; "" where there is none.
+# Refusals of a revert, as HTTP statuses (others: 400).
+REVERT_STATUS = {
+    "turn_running": 409,
+    "conflict": 409,
+    "no_checkpoint": 404,
+    "not_found": 404,
+    "sandbox_unavailable": 503,
+    "workspace_unavailable": 503,
+    "unavailable": 503,
+    "shutting_down": 503,
+}
 
-    A turn's "before" is the latest checkpoint taken before it: the one after an earlier
-    turn, or the session's first (taken before its first turn).
-    """
-    turns = Turn.objects.filter(session=session)
-    after = turns.filter(prompt_seq=seq).values_list("checkpoint_after", flat=True).first()
-    earlier = (
-        turns.filter(prompt_seq__lte=seq)
-        .exclude(checkpoint_before="", checkpoint_after="")
-        .order_by("-prompt_seq")
-        .values_list("prompt_seq", "checkpoint_before", "checkpoint_after")
-    )
-    for prompt_seq, checkpoint_before, checkpoint_after in earlier:
-        if prompt_seq < seq and checkpoint_after:
-            return checkpoint_after, after or ""
-        if checkpoint_before:
-            return checkpoint_before, after or ""
-    return "", after or ""
+
+@require_http_methods(["POST"])
+async def revert(request: SignedInRequest, session_id: UUID, seq: int) -> HttpResponse:
+    """Put the workspace back as it was before turn `seq` (or revert `seq`): JSON body
+    `{}` for all of it, `{"path"}` for one file, `{"path", "hunk"}` for one hunk of it.
+    Answers 204 once the `workspace_reverted` event is stored."""
+    user = await request.auser()
+    if not user.is_authenticated:
+        return error(401, "unauthenticated", "sign in first")
+    session = await db_sync_to_async(Session.objects.one_of)(user, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    body = json_body(request)
+    if body is None:
+        return error(400, "bad_json", "the body must be a JSON object")
+    try:
+        await services.revert_workspace(session.pk, parse_revert(seq, body))
+    except Refused as refused:
+        return error(REVERT_STATUS.get(refused.code, 400), refused.code, refused.message)
+    return HttpResponse(status=204)
 
 
 def _content_type(name: str) -> str:

@@ -155,6 +155,16 @@ class Workspace:
         """The unified diff between two checkpoints, of one path if given, streamed."""
         return self._download(self._in_store(["diff", self._store, before, after, path]))
 
+    def revert(self, before: str, after: str, path: str = "", hunk: int | None = None) -> None:
+        """Put the workspace back as it was in checkpoint `before`: all of it, one file (with
+        its old name if `after` renamed it), or hunk number `hunk` of that file's diff from
+        `before` to `after`. Take a checkpoint just before (the tool restores from the store's
+        index) and one after (the revert is a checkpoint). Raises WorkspaceRefused: `conflict`
+        when the hunk no longer applies, `no_such_hunk`, `invalid_path`."""
+        hunk_arg = "" if hunk is None else str(hunk)
+        process = self._in_store(["revert", self._store, before, after, path, hunk_arg])
+        _answer(process, settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS)
+
     def _in_store(self, args: list[str]) -> ToolProcess:
         if self._run_in_store is None:
             raise SandboxError("this backend keeps no checkpoints")

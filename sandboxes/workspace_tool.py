@@ -26,6 +26,9 @@ Usage: workspace_tool.py <sandbox folder> <workspace, relative to it> <command> 
 * `changes <store> <before> <after> <limit>`: one JSON line, the files that differ between
   two commits ("" before: the empty tree).
 * `diff <store> <before> <after> <path>`: one JSON line, then the unified diff ("" path: all).
+* `revert <store> <before> <after> <path> <hunk>`: put the workspace back as it was in commit
+  `before`: all of it ("" path), one file (and its old name, if `after` renamed it), or only
+  hunk number `hunk` of the file's diff from `before` to `after`; one JSON line.
 
 Every answer starts with one JSON line: `{"error": {"code", "message"}}` when refused.
 """
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 # Imported where used: a listing, the most frequent request, starts in a few milliseconds.
 if TYPE_CHECKING:
+    import subprocess
     import zipfile
     from collections.abc import Iterator
 
@@ -374,17 +378,21 @@ def git_argv(store: str, *args: str) -> list[str]:
 
 
 def git(store: str, *args: str, check: bool = True, argv: list[str] | None = None) -> bytes:
-    import subprocess
-
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", **GIT_ENV}
-    done = subprocess.run(
-        argv or git_argv(store, *args),
-        env=env, capture_output=True, check=False,
-    )  # fmt: skip
+    done = _git_run(argv or git_argv(store, *args))
     if check and done.returncode != 0:
         message = done.stderr.decode(errors="replace").strip()[-500:]
         raise Refused("git_failed", f"git {args[0]} failed: {message}")
     return done.stdout
+
+
+def _git_run(argv: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    import subprocess
+
+    return subprocess.run(argv, env=_git_env(), input=stdin, capture_output=True, check=False)
+
+
+def _git_env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", **GIT_ENV}
 
 
 def checkpoint(workspace: int, store: str, max_file_bytes: int, message: str) -> dict[str, object]:
@@ -467,9 +475,68 @@ def diff(workspace: int, store: str, before: str, after: str, path: str, out: Bi
     out.flush()
     import subprocess
 
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", **GIT_ENV}
     argv = git_argv(store, "diff", *DIFF_OPTIONS, before or EMPTY_TREE, after, *selection)
-    subprocess.run(argv, env=env, stdout=out, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(argv, env=_git_env(), stdout=out, stderr=subprocess.DEVNULL, check=False)
+
+
+def revert(
+    workspace: int, store: str, before: str, after: str, path: str, hunk: str
+) -> dict[str, object]:
+    """Put the workspace (or one file, or one hunk) back as it was in checkpoint `before`.
+
+    The caller records the workspace as a checkpoint first (so its index matches the files)
+    and again after: the revert is a checkpoint of its own, and can itself be reverted.
+    Files the checkpoints leave out (too large, excluded) are never touched.
+    """
+    os.fchdir(workspace)
+    if not path:
+        if hunk:
+            raise Refused("invalid", "a hunk is reverted in one file: give its path")
+        git(store, "read-tree", "--reset", "-u", before or EMPTY_TREE)
+        return {}
+    name = b"/".join(parts_of(path))
+    if hunk:
+        _unapply_hunk(store, before, after, name, hunk)
+        return {}
+    for each in [name, *_old_names(store, before, after, name)]:
+        if before and _exists(store, before, each):
+            git(store, "checkout", before, "--", _literal(each))
+        else:  # it did not exist then
+            git(store, "rm", "--quiet", "--force", "--ignore-unmatch", "--", _literal(each))
+    return {}
+
+
+def _exists(store: str, commit: str, name: bytes) -> bool:
+    spec = f"{commit}:{os.fsdecode(name)}"
+    return _git_run(git_argv(store, "cat-file", "-e", spec)).returncode == 0
+
+
+def _old_names(store: str, before: str, after: str, name: bytes) -> list[bytes]:
+    """The name `name` had in `before`, if `after` renamed it."""
+    status = git(store, "diff", *DIFF_OPTIONS, "-z", "--name-status", before or EMPTY_TREE, after)
+    fields = iter(status.split(b"\0"))
+    for code in fields:
+        if code.startswith(b"R"):
+            old, new = next(fields), next(fields)
+            if new == name:
+                return [old]
+        elif code:
+            next(fields)
+    return []
+
+
+def _unapply_hunk(store: str, before: str, after: str, name: bytes, hunk: str) -> None:
+    """Undo hunk number `hunk` (from 0) of the file's diff from `before` to `after`."""
+    patch = git(store, "diff", *DIFF_OPTIONS, before or EMPTY_TREE, after, "--", _literal(name))
+    head, *hunks = re.split(rb"^(?=@@ )", patch, flags=re.MULTILINE)
+    if not hunk.isdigit() or int(hunk) >= len(hunks):
+        raise Refused("no_such_hunk", f"that change of {escape(name)} has {len(hunks)} hunk(s)")
+    done = _git_run(git_argv(store, "apply", "-R", "-"), stdin=head + hunks[int(hunk)])
+    if done.returncode != 0:
+        raise Refused(
+            "conflict",
+            f"{escape(name)} changed since: that hunk no longer applies (revert the file instead)",
+        )
 
 
 _started = False  # whether the answer's first line went out
@@ -483,7 +550,9 @@ def header(out: BinaryIO, data: dict[str, object]) -> None:
 
 USAGE = __doc__.split("Usage: ")[1].split("\n")[0]
 # command: how many arguments
-COMMANDS = {"list": 3, "read": 2, "archive": 1, "checkpoint": 3, "changes": 4, "diff": 4}
+COMMANDS = {
+    "list": 3, "read": 2, "archive": 1, "checkpoint": 3, "changes": 4, "diff": 4, "revert": 5,
+}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -514,9 +583,12 @@ def main(argv: list[str]) -> int:
         elif command == "changes":
             store, before, after, limit = args
             header(out, changes(workspace, store, before, after, int(limit)))
-        else:
+        elif command == "diff":
             store, before, after, path = args
             diff(workspace, store, before, after, path, out)
+        else:
+            store, before, after, path, hunk = args
+            header(out, revert(workspace, store, before, after, path, hunk))
     except Refused as refused:
         header(out, {"error": {"code": refused.code, "message": str(refused)}})
     except BrokenPipeError:

@@ -11,6 +11,11 @@ when, off the hot path:
   the files it changed are stored as one `turn_changes` event. A turn without tools changes
   nothing an agent reports; what an agent changes silently shows in the next checkpoint.
 
+A revert (`revert`) is a change of its own: the workspace is recorded, put back as it was
+before a turn (or a revert), recorded again, and stored as a `workspace_reverted` event with
+the files it changed. Its checkpoints are kept (`WorkspaceRevert`) so that it can be reverted
+in turn.
+
 A checkpoint that fails or takes longer than CRAFT_CHECKPOINT_TIMEOUT_SECONDS is skipped, and
 the `turn_changes` event says so (`"skipped"`): the turn itself is never held up or failed.
 """
@@ -24,13 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
-from craft.models import Session, Turn
+from craft.errors import Refused
+from craft.models import Session, Turn, WorkspaceRevert
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import Fenced, Stored
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
-from sandboxes.workspace import Checkpoint, Workspace
+from sandboxes.workspace import Checkpoint, Workspace, WorkspaceRefused
 
 logger = logging.getLogger(__name__)
 
@@ -53,16 +59,65 @@ class SessionCheckpoints:
     async def before_turn(self, prompt_seq: int) -> None:
         """Wait for the previous checkpoint; make the session's first one if it has none
         (noted as this turn's `checkpoint_before`). A follow-up touches no database here."""
-        if self._writing is not None:
-            await asyncio.gather(self._writing, return_exceptions=True)
-            self._writing = None
-        if self._last is None:
-            self._last = await _latest(self.session_id)
+        await self.settle()
         if not self._last:
             taken = await self._take(f"session {self.session_id}: before its first turn")
             if isinstance(taken, Checkpoint):
                 self._last = taken.commit
                 await _note(self.session_id, prompt_seq, checkpoint_before=taken.commit)
+
+    async def settle(self) -> None:
+        """Wait for the checkpoint being written (a prompt waits before it is stored, so that
+        the previous turn's `turn_changes` comes before it); know the latest one."""
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
+            self._writing = None
+        if self._last is None:
+            self._last = await db_sync_to_async(latest_checkpoint)(self.session_id)
+
+    async def revert(self, seq: int, path: str = "", hunk: int | None = None) -> None:
+        """Put the workspace back as it was before change `seq` (a turn, or a revert): all of
+        it, one file, or one hunk of one file; store it as a `workspace_reverted` event.
+        The runner calls it only between turns. Raises Refused saying why not."""
+        await self.settle()
+        before, after = await db_sync_to_async(checkpoints_of)(self.session_id, seq)
+        if not before or (path and not after):
+            raise Refused("no_checkpoint", "there is no checkpoint of the files around that turn")
+
+        def revert(workspace: Workspace) -> tuple[Checkpoint, Checkpoint, dict[str, Any]]:
+            what = (
+                f"turn {seq}"
+                + (f", {path}" if path else "")
+                + (f", hunk {hunk}" if hunk is not None else "")
+            )
+            current = workspace.checkpoint(f"before reverting {what}")
+            workspace.revert(before, after, path, hunk)
+            reverted = workspace.checkpoint(f"revert of {what}")
+            return current, reverted, workspace.changes(current.commit, reverted.commit, MAX_FILES)
+
+        try:
+            current, reverted, changes = await self._in_workspace(revert)
+        except WorkspaceRefused as exc:
+            raise Refused(exc.code, str(exc)) from None
+        except SandboxError as exc:
+            raise Refused(
+                "workspace_unavailable", f"the workspace cannot be reverted: {exc}"
+            ) from None
+        finally:
+            self._last = None  # whatever happened, the store says which is the latest
+        data: dict[str, Any] = {"turn": seq, "files": changes["files"],
+                                "truncated": changes["truncated"]}  # fmt: skip
+        if path:
+            data["path"] = path
+        if hunk is not None:
+            data["hunk"] = hunk
+        stored = await self._append([("workspace_reverted", data)])
+        if stored is not None:
+            await db_sync_to_async(WorkspaceRevert.objects.create)(
+                session_id=self.session_id, seq=stored.first_seq,
+                checkpoint_before=current.commit, checkpoint_after=reverted.commit,
+            )  # fmt: skip
+        self._last = reverted.commit
 
     def after_turn(self, prompt_seq: int) -> None:
         """Take the checkpoint of a turn that used tools, in the background."""
@@ -122,20 +177,54 @@ def _skipped(prompt_seq: int, why: str) -> dict[str, Any]:
     return {"turn": prompt_seq, "files": [], "truncated": False, "skipped": why}
 
 
-@db_sync_to_async
-def _latest(session_id: UUID) -> str:
-    """The session's latest checkpoint in the database ("" if it never had one)."""
-    row = (
-        Turn.objects.filter(session_id=session_id)
+def latest_checkpoint(session_id: UUID, before: int | None = None) -> str:
+    """The session's latest checkpoint ("" if none): of all, or the latest taken before the
+    change at seq `before` (a turn, by its user_message's seq, or a revert).
+
+    A turn's checkpoints are the one before it (a session's first turn only) and the one
+    after it; a revert's, the one after it.
+    """
+    limit = 2**63 - 1 if before is None else before
+    found: list[tuple[int, int, str]] = []  # (seq, 0 before / 1 after, commit)
+    turns = (
+        Turn.objects.filter(session_id=session_id, prompt_seq__lte=limit)
         .exclude(checkpoint_before="", checkpoint_after="")
         .order_by("-prompt_seq")
+        .values_list("prompt_seq", "checkpoint_before", "checkpoint_after")
+    )
+    for prompt_seq, checkpoint_before, checkpoint_after in turns[:2]:
+        if prompt_seq < limit and checkpoint_after:
+            found.append((prompt_seq, 1, checkpoint_after))
+        elif checkpoint_before:
+            found.append((prompt_seq, 0, checkpoint_before))
+        if found:
+            break
+    revert = (
+        WorkspaceRevert.objects.filter(session_id=session_id, seq__lt=limit)
+        .order_by("-seq")
+        .values_list("seq", "checkpoint_after")
+        .first()
+    )
+    if revert is not None:
+        found.append((revert[0], 1, revert[1]))
+    return max(found)[2] if found else ""
+
+
+def checkpoints_of(session_id: UUID, seq: int) -> tuple[str, str]:
+    """Return the checkpoints (before, after) around the change at `seq`, a turn (its
+    user_message's seq) or a revert (its workspace_reverted event's seq); "" where none."""
+    revert = (
+        WorkspaceRevert.objects.filter(session_id=session_id, seq=seq)
         .values_list("checkpoint_before", "checkpoint_after")
         .first()
     )
-    if row is None:
-        return ""
-    before, after = row
-    return after or before
+    if revert is not None:
+        return revert
+    turn = Turn.objects.filter(session_id=session_id, prompt_seq=seq)
+    after = turn.values_list("checkpoint_after", flat=True).first()
+    if after is None:
+        return "", ""  # no such turn
+    return latest_checkpoint(session_id, before=seq), after
 
 
 @db_sync_to_async

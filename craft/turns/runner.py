@@ -33,6 +33,7 @@ from craft.commands import (
     AnswerPermission,
     Cancel,
     Prompt,
+    Revert,
     SessionCommand,
     SetConfigOption,
     SetMode,
@@ -111,6 +112,8 @@ class SessionRunner:
                 await self.set_config_option(config, value)
             case SetMode(mode=mode):
                 await self.set_mode(mode)
+            case Revert(seq=seq, path=path, hunk=hunk):
+                await self.revert(seq, path, hunk)
 
     async def append(self, events: Events, *, client_id: str | None = None) -> Stored | None:
         """Store events of this session under this worker's lease (see craft.cluster)."""
@@ -148,6 +151,7 @@ class SessionRunner:
                 raise Refused("turn_running", TURN_RUNNING)
             if self._late is not None:
                 await asyncio.gather(self._late, return_exceptions=True)
+            await self.checkpoints.settle()
             stored = await self._store_prompt(prompt)
             if stored is None:
                 return False
@@ -196,6 +200,14 @@ class SessionRunner:
         if self.turn is None:
             raise Refused("unknown_request", "that permission request is not open")
         await self.turn.answer_permission(request_id, option_id)
+
+    async def revert(self, seq: int, path: str, hunk: int | None) -> None:
+        """Put the workspace back as it was before change `seq` (see `SessionCheckpoints`);
+        refused while a turn runs, which would change the files meanwhile."""
+        async with self._lock:
+            if self.running:
+                raise Refused("turn_running", "the agent is working: revert once its turn ends")
+            await self.checkpoints.revert(seq, path, hunk)
 
     # --- the agent connection ---------------------------------------------------------------
 

@@ -173,3 +173,115 @@ def test_a_session_deleted_takes_its_store_with_it(local_workspace):
     assert store.is_dir()
     services.remove_session_workspace(workspace.sandbox, workspace.session.pk)
     assert not store.exists()
+
+
+# --- reverting: git read-tree, checkout and apply -R on the store ---------------------------
+
+
+def _turn(workspace, change) -> tuple[str, str]:
+    """Checkpoints (before, after) around `change`, a function that edits the workspace."""
+    before = workspace.craft.checkpoint("before").commit
+    change()
+    return before, workspace.craft.checkpoint("after").commit
+
+
+def _revert(workspace, before, after, path="", hunk=None) -> None:
+    workspace.craft.checkpoint("before the revert")  # as the runner does
+    workspace.craft.revert(before, after, path, hunk)
+
+
+def test_reverting_a_turn_puts_every_file_back_and_leaves_what_checkpoints_leave_out(workspace):
+    folder = workspace.folder
+    workspace.write("kept.txt", b"kept\n")
+    workspace.write("edited.txt", b"one\n")
+    workspace.write("deleted.txt", b"still here\n")
+
+    def change():
+        workspace.write("edited.txt", b"one\ntwo\n")
+        (folder / "deleted.txt").unlink()
+        workspace.write("added/new.txt", b"new\n")
+        workspace.write("node_modules/lib.js", b"left out\n")
+
+    before, after = _turn(workspace, change)
+    _revert(workspace, before, after)
+    assert (folder / "edited.txt").read_bytes() == b"one\n"
+    assert (folder / "deleted.txt").read_bytes() == b"still here\n"
+    assert not (folder / "added" / "new.txt").exists()
+    assert (folder / "kept.txt").read_bytes() == b"kept\n"
+    assert (folder / "node_modules" / "lib.js").read_bytes() == b"left out\n"
+
+
+def test_reverting_one_file_leaves_the_others_and_brings_a_renamed_file_back(workspace):
+    folder = workspace.folder
+    workspace.write("a.txt", b"a\n")
+    workspace.write("b.txt", b"b\n")
+    workspace.write("old.txt", b"a file long enough to be found renamed by git\n" * 3)
+
+    def change():
+        workspace.write("a.txt", b"A\n")
+        workspace.write("b.txt", b"B\n")
+        (folder / "old.txt").rename(folder / "new.txt")
+
+    before, after = _turn(workspace, change)
+    _revert(workspace, before, after, "a.txt")
+    assert (folder / "a.txt").read_bytes() == b"a\n"
+    assert (folder / "b.txt").read_bytes() == b"B\n"
+    _revert(workspace, before, after, "new.txt")
+    assert (folder / "old.txt").exists() and not (folder / "new.txt").exists()
+
+
+def test_reverting_one_hunk_undoes_that_hunk_only_and_refuses_when_it_no_longer_applies(
+    workspace,
+):
+    folder = workspace.folder
+    lines = [f"{n}\n".encode() for n in range(1, 31)]
+    workspace.write("f.txt", b"".join(lines))
+
+    def change():
+        edited = list(lines)
+        edited[2], edited[24] = b"three\n", b"twenty-five\n"
+        workspace.write("f.txt", b"".join(edited))
+
+    before, after = _turn(workspace, change)
+    _revert(workspace, before, after, "f.txt", 1)  # the second hunk: line 25
+    text = (folder / "f.txt").read_text()
+    assert "three\n" in text and "\n25\n" in text and "twenty-five" not in text
+    workspace.write("f.txt", b"rewritten\n")
+    with pytest.raises(WorkspaceRefused) as refused:
+        _revert(workspace, before, after, "f.txt", 0)
+    assert refused.value.code == "conflict"
+    assert (folder / "f.txt").read_bytes() == b"rewritten\n"  # nothing half done
+    with pytest.raises(WorkspaceRefused) as refused:
+        workspace.craft.revert(before, after, "f.txt", 7)
+    assert refused.value.code == "no_such_hunk"
+
+
+def test_a_revert_is_a_checkpoint_that_can_be_reverted(workspace):
+    folder = workspace.folder
+    workspace.write("a.txt", b"before\n")
+    before, after = _turn(workspace, lambda: workspace.write("a.txt", b"after\n"))
+    current = workspace.craft.checkpoint("before the revert").commit
+    workspace.craft.revert(before, after)
+    reverted = workspace.craft.checkpoint("the revert").commit
+    assert (folder / "a.txt").read_bytes() == b"before\n"
+    changes = workspace.craft.changes(current, reverted)
+    assert [(e["path"], e["status"]) for e in changes["files"]] == [("a.txt", "modified")]
+    _revert(workspace, current, reverted)  # the revert of the revert
+    assert (folder / "a.txt").read_bytes() == b"after\n"
+
+
+def test_a_revert_through_a_folder_swapped_for_a_link_writes_nothing_outside(workspace, tmp_path):
+    folder = workspace.folder
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(outside, 0o777)  # writable by anyone: only the link may stop the write
+    workspace.write("src/a.txt", b"a\n")
+    before, after = _turn(workspace, lambda: workspace.write("src/a.txt", b"A\n"))
+    (folder / "src" / "a.txt").unlink()
+    (folder / "src").rmdir()
+    workspace.link("src", outside)
+    _revert(workspace, before, after, "src/a.txt")
+    assert list(outside.iterdir()) == []
+    assert (folder / "src" / "a.txt").read_bytes() == b"a\n"
+    assert not (folder / "src").is_symlink()
