@@ -190,9 +190,10 @@ describe("permission requests", () => {
     }).block;
     assert.equal(request.title, "Edit a");
     assert.deepEqual(request.offered.map((o) => o.id), ["yes", "always", "odd"]);
-    // What is approved includes what the earlier tool call carried.
+    // What is approved includes what the earlier tool call carried, but for its diff, which
+    // the tool card right above shows already.
     assert.equal(request.details.kind, "edit");
-    assert.deepEqual(request.details.content, [{ type: "diff", path: "a" }]);
+    assert.deepEqual(request.details.content, []);
     assert.equal(request.answer, "");
     const answer = fold("permission_answer", { request: "r1", option: "always" });
     assert.equal(answer.block, request);
@@ -415,17 +416,55 @@ describe("turn changes", () => {
       ],
       truncated: false,
     });
-    const note = step.block;
-    assert.equal(note.kind, "other");
-    assert.equal(note.text, "3 files changed");
-    assert.equal(note.detail, "modified: a.txt (+2 −1)\nrenamed: old.txt → new.txt (+0 −0)\nadded: logo.png (binary)");
+    const changes = step.block;
+    assert.equal(changes.kind, "changes");
+    assert.equal(changes.seq, 1); // the turn's: what its diff and revert are asked for
+    assert.equal(changes.text, "3 files changed");
+    assert.equal(changes.detail, "modified: a.txt (+2 −1)\nrenamed: old.txt → new.txt (+0 −0)\nadded: logo.png (binary)");
+    assert.deepEqual(changes.files[1], { path: "new.txt", oldPath: "old.txt", status: "renamed", added: 0, removed: 0, binary: false });
+    assert.deepEqual(fold.state.changes, [changes]);
+  });
+
+  test("a revert is a change of its own, named by its event, and says what it reverted", () => {
+    const fold = session();
+    fold("user_message", { id: "p", text: "write notes.txt hello" }); // seq 1
+    fold("turn_end", { stop_reason: "end_turn" });
+    fold("turn_changes", { turn: 1, files: [{ path: "notes.txt", status: "added", added: 1, removed: 0, binary: false }], truncated: false });
+    assert.equal(fold.state.changes[0].prompt, "write notes.txt hello");
+    const reverted = fold("workspace_reverted", {
+      turn: 1, path: "notes.txt", files: [{ path: "notes.txt", status: "deleted", added: 0, removed: 1, binary: false }], truncated: false,
+    });
+    assert.equal(reverted.block.kind, "changes");
+    assert.equal(reverted.block.reverted, true);
+    assert.equal(reverted.block.seq, reverted.seq); // a revert of it reverts this event
+    assert.equal(reverted.block.text, "Reverted notes.txt to before a turn: 1 file changed");
+    const again = fold("workspace_reverted", { turn: reverted.seq, files: [], truncated: false });
+    assert.equal(again.block.text, "Reverted the files to before a revert: 0 files changed");
+    assert.equal(fold.state.changes.length, 3);
+  });
+
+  test("a diff is shown once: in the tool card once it has one, not in its permission card too", () => {
+    const fold = session();
+    fold("user_message", { id: "p", text: "write a.txt hi" });
+    const diff = { type: "diff", path: "/w/a.txt", oldText: null, newText: "hi" };
+    fold("tool_call", { toolCallId: "c1", title: "Write a.txt", kind: "edit", status: "pending" });
+    const asked = fold("permission_request", { request: "r1", toolCall: { toolCallId: "c1", title: "Write a.txt", content: [diff] }, options: [] });
+    assert.deepEqual(asked.block.details.content, [diff]); // the tool card has none yet
+    const done = fold("tool_call_update", { toolCallId: "c1", status: "completed", content: [diff] });
+    assert.deepEqual(asked.block.details.content, []);
+    assert.ok(done.stale.includes(asked.block)); // drawn again without it
+    // An agent that puts the diff in its tool_call first: the permission card never repeats it.
+    fold("tool_call", { toolCallId: "c2", title: "Write b.txt", kind: "edit", status: "pending", content: [diff] });
+    const second = fold("permission_request", { request: "r2", toolCall: { toolCallId: "c2", content: [diff] }, options: [] });
+    assert.deepEqual(second.block.details.content, []);
   });
 
   test("a skipped checkpoint says why, and malformed data never throws", () => {
     const fold = session();
     assert.equal(fold("turn_changes", { turn: 1, files: [], skipped: "took longer than 30 s" }).block.detail, "took longer than 30 s");
-    for (const data of [{}, { files: 5 }, { files: [null, 3, { path: 7 }] }, { left_out: "x" }]) {
+    for (const data of [{}, { files: 5 }, { files: [null, 3, { path: 7 }] }, { left_out: "x" }, { turn: "x", hunk: "y" }]) {
       assert.doesNotThrow(() => fold("turn_changes", data));
+      assert.doesNotThrow(() => fold("workspace_reverted", data));
     }
   });
 });

@@ -118,6 +118,21 @@ export function blockDrawing({ paths, staff }) {
       technicalDetails(record.element, block.detail);
       return record;
     },
+    changes(block) {
+      // "3 files changed": a chip that opens the change in the workspace panel.
+      const record = newRecord(block, "div", "changes");
+      record.element.dataset.reverted = String(block.reverted);
+      if (block.files.length || block.truncated) {
+        const chip = record.element.appendChild(el("button", "changes-chip", block.text));
+        chip.type = "button";
+        chip.dataset.seq = String(block.seq);
+        chip.setAttribute("aria-label", `${block.text}: show the changes`);
+      } else {
+        record.element.appendChild(el("span", "note", block.text));
+      }
+      technicalDetails(record.element, block.skipped);
+      return record;
+    },
     other(block) {
       const record = newRecord(block, "div", "note");
       record.element.appendChild(el("span", "", block.text));

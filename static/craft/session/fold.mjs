@@ -4,7 +4,7 @@
 //
 // A block is a plain object with a `kind` that the page shows as `data-kind`: "user", "agent"
 // and "thought" (messages), "tool", "plan", "permission", "turn_end", "error", "restart",
-// "other" (a note) and one hidden "quiet" block for the events that have no block of their
+// "changes" (what a turn or a revert changed in the workspace), "other" (a note) and one hidden "quiet" block for the events that have no block of their
 // own. Every applied event belongs to exactly one block. Labels, titles and plan entries are
 // ready to read; message text and tool content stay as the agent sent them, since drawing them
 // (and cutting host paths out of them) waits until the page draws.
@@ -42,6 +42,7 @@ export function createFold({ paths, now = Date.now }) {
     // What the agent offers, as the log last said (agent_info and the updates after it).
     agent: { prompt: {}, configOptions: null, modes: null, commands: [], usage: null },
     knownPaths: new Set(), // workspace paths seen in this session, for @ mentions
+    changes: [], // the "changes" blocks, oldest first: the workspace panel's Changes tab
     apply,
     refold,
     fail,
@@ -53,6 +54,8 @@ export function createFold({ paths, now = Date.now }) {
   let turnTools = []; // this turn's tool cards
   const tools = new Map(); // `${turn}:${toolCallId}` -> tool card
   const permissions = new Map(); // request id -> permission block
+  const asked = new Map(); // `${turn}:${toolCallId}` -> the permission block asked for it
+  const prompts = new Map(); // seq of a user_message -> its text, to name a turn's changes
   let step = null; // the step being folded
 
   /** Apply one event; return its step, or null for one already applied (or without a seq).
@@ -95,7 +98,8 @@ export function createFold({ paths, now = Date.now }) {
       case "agent_error": return agentError(data);
       case "session_title": return sessionTitle(data);
       case "agent_restarted": return agentRestarted(data);
-      case "turn_changes": return turnChanges(data);
+      case "turn_changes": return workspaceChanges(event, data, false);
+      case "workspace_reverted": return workspaceChanges(event, data, true);
       case "agent_info":
       case "config_option_update":
       case "config_options_update":
@@ -140,6 +144,7 @@ export function createFold({ paths, now = Date.now }) {
     turnTools = [];
     fold.turnStartedAt = timeOf(event);
     const text = str(data.text);
+    prompts.set(event.seq, text.length > 80 ? `${text.slice(0, 79)}…` : text);
     const attached = Array.isArray(data.attachments) ? data.attachments.filter(isObject) : [];
     const attachments = attached.map((a) => {
       if (a.type === "file" && typeof a.path === "string") {
@@ -217,6 +222,12 @@ export function createFold({ paths, now = Date.now }) {
     if (Array.isArray(data.content)) {
       call.content = data.content;
       card.contentSeq = event.seq;
+      // The tool card shows the diff now: its permission card stops showing it too.
+      const permission = asked.get(key);
+      if (permission && hasDiff(data.content) && hasDiff(permission.details.content)) {
+        permission.details = { ...permission.details, content: withoutDiffsIf(true, permission.details.content) };
+        step.stale.push(permission);
+      }
     }
     step.updated.push(card);
     if (Array.isArray(data.content) || Array.isArray(data.locations) || isObject(data.rawInput)) {
@@ -246,7 +257,8 @@ export function createFold({ paths, now = Date.now }) {
     const request = str(data.request);
     // What is being approved: the proposed content, the command, the files it touches. A
     // request may omit content that an earlier tool_call of this turn carried.
-    const card = tools.get(`${turn}:${str(call.toolCallId)}`);
+    const key = `${turn}:${str(call.toolCallId)}`;
+    const card = tools.get(key);
     const known = card ? card.call : {};
     const offered = [];
     for (const option of Array.isArray(data.options) ? data.options : []) {
@@ -260,14 +272,28 @@ export function createFold({ paths, now = Date.now }) {
       details: {
         title: call.title,
         kind: typeof call.kind === "string" ? call.kind : known.kind,
-        content: Array.isArray(call.content) && call.content.length ? call.content : known.content,
+        // A diff is shown once: in the tool card when it has one (see toolCall).
+        content: withoutDiffsIf(
+          hasDiff(known.content),
+          Array.isArray(call.content) && call.content.length ? call.content : known.content,
+        ),
         locations: Array.isArray(call.locations) ? call.locations : known.locations,
         rawInput: isObject(call.rawInput) ? call.rawInput : known.rawInput,
       },
       offered, answer: "", answerText: "", chosen: null,
     };
     if (request) permissions.set(request, block);
+    asked.set(key, block);
     return append(block);
+  }
+
+  function hasDiff(content) {
+    return Array.isArray(content) && content.some((item) => isObject(item) && item.type === "diff");
+  }
+
+  function withoutDiffsIf(drop, content) {
+    if (!drop || !Array.isArray(content)) return content;
+    return content.filter((item) => !(isObject(item) && item.type === "diff"));
   }
 
   function closePermission(block, answer, text) {
@@ -319,22 +345,43 @@ export function createFold({ paths, now = Date.now }) {
 
   // What a turn changed in the workspace (its checkpoint), as one note: how many files, and
   // each with its +/- lines. The workspace panel will show the diffs.
-  function turnChanges(data) {
-    if (typeof data.skipped === "string") {
-      return note("No checkpoint of the files after this turn.", data.skipped);
-    }
-    const files = Array.isArray(data.files) ? data.files.filter(isObject) : [];
-    const lines = files.map((file) => {
-      const path = str(file.path);
-      const moved = file.status === "renamed" ? `${str(file.old_path)} → ${path}` : path;
-      const counts = file.binary === true ? "binary" : `+${Number(file.added) || 0} −${Number(file.removed) || 0}`;
-      return `${str(file.status) || "changed"}: ${moved} (${counts})`;
-    });
-    if (data.truncated === true) lines.push("… and more");
+  // What a turn (turn_changes) or a revert (workspace_reverted) changed in the workspace: one
+  // "changes" block, drawn as a chip that opens it in the workspace panel. `seq` names the
+  // change for the diff and revert endpoints: the turn's user_message, or the revert's event.
+  function workspaceChanges(event, data, reverted) {
+    const files = (Array.isArray(data.files) ? data.files : []).filter(isObject).map((file) => ({
+      path: str(file.path), oldPath: file.status === "renamed" ? str(file.old_path) : "",
+      status: ["added", "modified", "deleted", "renamed"].includes(file.status) ? file.status : "modified",
+      added: Number(file.added) || 0, removed: Number(file.removed) || 0, binary: file.binary === true,
+    }));
+    const truncated = data.truncated === true;
+    const turnSeq = Number.isSafeInteger(data.turn) ? data.turn : 0;
     const leftOut = Array.isArray(data.left_out) ? data.left_out.map(str) : [];
+    const skipped = typeof data.skipped === "string" ? data.skipped : "";
+    const count = `${files.length}${truncated ? "+" : ""} ${files.length === 1 && !truncated ? "file" : "files"}`;
+    let text = `${count} changed`;
+    if (skipped) text = "No checkpoint of the files after this turn.";
+    else if (reverted) text = `Reverted ${revertedWhat(data, turnSeq)}: ${count} changed`;
+    const lines = files.map((file) => {
+      const moved = file.oldPath ? `${file.oldPath} → ${file.path}` : file.path;
+      return `${file.status}: ${moved} (${file.binary ? "binary" : `+${file.added} −${file.removed}`})`;
+    });
+    if (truncated) lines.push("… and more");
     if (leftOut.length) lines.push(`left out (too large): ${leftOut.join(", ")}`);
-    const count = files.length + (data.truncated === true ? "+" : "");
-    return note(`${count} ${files.length === 1 ? "file" : "files"} changed`, lines.join("\n"));
+    const block = {
+      kind: "changes", seq: reverted ? event.seq : turnSeq, turn: turnSeq, reverted,
+      prompt: reverted ? "" : prompts.get(turnSeq) || "", path: reverted ? str(data.path) : "",
+      files, truncated, leftOut, skipped, text, detail: skipped || lines.join("\n"),
+    };
+    fold.changes.push(block);
+    return append(block);
+  }
+
+  function revertedWhat(data, turnSeq) {
+    const what = Number.isSafeInteger(data.hunk) ? `a change to ${str(data.path)}`
+      : typeof data.path === "string" && data.path ? str(data.path) : "the files";
+    const reverted = fold.changes.find((c) => c.seq === turnSeq && c.reverted);
+    return `${what} to before ${reverted ? "a revert" : "a turn"}`;
   }
 
   function note(text, detail = "") {

@@ -13,6 +13,7 @@
 //   composer.mjs     sending prompts, stopping the agent
 //   palette.mjs      "/" commands and "@" files in the prompt box
 //   attachments.mjs  images for the next prompt
+//   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
 //
 // Agent output is untrusted: text goes in through textContent, Markdown is sanitised
 // (markdown.mjs), and paths are shown relative to the workspace (paths.mjs).
@@ -31,6 +32,7 @@ import { createConnection } from "./socket.mjs";
 import { createStatus } from "./status.mjs";
 import { isObject } from "./values.mjs";
 import { FRAME_ERRORS, STOP_REASONS } from "./words.mjs";
+import { createWorkspace } from "./workspace.mjs";
 
 const root = $("session");
 const sessionId = root.dataset.session;
@@ -62,6 +64,13 @@ const connection = createConnection({
   },
 });
 const controls = createControls({ fold, send: connection.send, status });
+const workspace = createWorkspace({
+  api: root.dataset.apiUrl, fold, announce: status.announce,
+  tell(text) {
+    promptBox.value = promptBox.value ? `${promptBox.value}\n${text}` : text;
+    promptBox.focus();
+  },
+});
 const view = createView({
   transcript, fold, paths, scroll,
   staff: root.dataset.staff === "true",
@@ -72,10 +81,11 @@ const view = createView({
     announce: status.announce,
     showError: status.showFrameError,
     fetchEvent: (seq) => fetchJson(root.dataset.eventUrl.replace(/0\/$/, `${seq}/`)),
+    openChanges: workspace.openChanges,
   },
 });
 const attachments = createAttachments({ fold, status });
-const composer = createComposer({ connection, status, attachments, palette: createPalette({ fold }) });
+const composer = createComposer({ connection, status, attachments, palette: createPalette({ fold, workspace }) });
 
 // Apply one event: fold it, draw it, and let the page around the transcript follow.
 function applyEvent(event, live = false) {
@@ -85,6 +95,7 @@ function applyEvent(event, live = false) {
   if (step.block.kind === "user") composer.promptStored(step.block);
   if (step.title) status.setTitle(step.title);
   if (step.controls) controls.changed();
+  if (step.block.kind === "changes") workspace.changesArrived();
   if (live && !step.failed) followLive(event.kind, step.block);
 }
 
@@ -100,7 +111,12 @@ function followLive(kind, block) {
     case "permission_request":
       status.announce(`The agent asks for permission: ${block.title}.`);
       break;
+    case "turn_changes":
+    case "workspace_reverted":
+      workspace.changed();
+      break;
     case "turn_end":
+      workspace.changed();
       status.setRunning(false);
       status.announce(STOP_REASONS[block.reason] || "The turn ended.");
       sessionsChanged();

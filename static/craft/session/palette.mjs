@@ -1,13 +1,15 @@
-// The composer's palette: the agent's commands after a leading "/", files the session has
-// seen after "@".
+// The composer's palette: the agent's commands after a leading "/", after "@" the files of the
+// workspace (folder by folder, through the workspace panel's listings) and those the session
+// has mentioned.
 
 import { $, el } from "./dom.mjs";
 import { isObject, str } from "./values.mjs";
 
 const MAX_SUGGESTIONS = 12;
 
-/** Start the palette of the prompt box, offering what `fold` knows of commands and files. */
-export function createPalette({ fold }) {
+/** Start the palette of the prompt box, offering what `fold` knows of commands and files and
+ *  the files `workspace` lists. */
+export function createPalette({ fold, workspace }) {
   const promptBox = $("prompt");
   const palette = $("palette");
   const suggestions = { items: [], active: -1, start: 0, end: 0, kind: "" };
@@ -18,7 +20,7 @@ export function createPalette({ fold }) {
     const command = /^\/(\S*)$/.exec(before);
     if (command && fold.agent.commands.length) return { kind: "command", query: command[1], start: 0, end: caret };
     const mention = /(?:^|\s)@([^\s@]*)$/.exec(before);
-    if (mention && fold.knownPaths.size) return { kind: "file", query: mention[1], start: caret - mention[1].length - 1, end: caret };
+    if (mention) return { kind: "file", query: mention[1], start: caret - mention[1].length - 1, end: caret };
     return null;
   }
 
@@ -33,9 +35,7 @@ export function createPalette({ fold }) {
         .map((c) => ({ label: `/${c.name}`, about: str(c.description), insert: `/${c.name} `,
           hint: isObject(c.input) ? str(c.input.hint) : "" }));
     } else if (token && token.kind === "file") {
-      const query = token.query.toLowerCase();
-      items = [...fold.knownPaths].filter((p) => p.toLowerCase().includes(query)).sort().slice(0, MAX_SUGGESTIONS)
-        .map((p) => ({ label: `@${p}`, about: "", insert: `@${p} ` }));
+      items = fileSuggestions(token);
     }
     if (!items.length) return close();
     Object.assign(suggestions, { items, active: 0, start: token.start, end: token.end, kind: token.kind });
@@ -49,6 +49,33 @@ export function createPalette({ fold }) {
     });
     palette.hidden = false;
     select(0);
+  }
+
+  // The entries of the folder typed so far ("@src/ap": src's, starting with "ap"), then the
+  // paths the session mentioned that contain the query. A folder not listed yet is asked for,
+  // and the palette updated when it comes (if the person is still typing there).
+  function fileSuggestions(token) {
+    const slash = token.query.lastIndexOf("/");
+    const folder = token.query.slice(0, Math.max(slash, 0));
+    const start = token.query.slice(slash + 1).toLowerCase();
+    const { entries, later } = workspace.entriesOf(folder);
+    if (later) later.then(() => {
+      const now = currentToken();
+      if (now && now.kind === "file" && now.query === token.query) update();
+    }).catch(() => {});
+    const listed = entries
+      .filter((e) => (e.type === "file" || e.type === "folder") && e.name.toLowerCase().startsWith(start))
+      .map((e) => {
+        const path = folder ? `${folder}/${e.name}` : e.name;
+        return e.type === "folder"
+          ? { label: `@${path}/`, about: "folder", insert: `@${path}/`, reopen: true }
+          : { label: `@${path}`, about: "", insert: `@${path} ` };
+      });
+    const query = token.query.toLowerCase();
+    const seen = new Set(listed.map((item) => item.label));
+    const mentioned = [...fold.knownPaths].filter((p) => p.toLowerCase().includes(query) && !seen.has(`@${p}`)).sort()
+      .map((p) => ({ label: `@${p}`, about: "mentioned", insert: `@${p} ` }));
+    return [...listed, ...mentioned].slice(0, MAX_SUGGESTIONS);
   }
 
   function select(index) {
@@ -78,6 +105,7 @@ export function createPalette({ fold }) {
     if (item.hint) promptBox.placeholder = item.hint;
     close();
     promptBox.focus();
+    if (item.reopen) update(); // a folder: its entries next
   }
 
   /** Handle a key pressed in the prompt box while the palette is open; return whether it did. */

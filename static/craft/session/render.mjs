@@ -17,8 +17,8 @@ const EAGER_BLOCKS = 12; // after the first load, the last messages get Markdown
 /**
  * Return the view of `fold` in `transcript`. `hooks` are what the transcript asks of the rest
  * of the page: beforeFlush() (draw what goes with it), answer(request, option) (send a
- * permission answer; false when not connected), announce(text), showError(text) and
- * fetchEvent(seq) (the whole of an event).
+ * permission answer; false when not connected), announce(text), showError(text),
+ * fetchEvent(seq) (the whole of an event) and openChanges(seq) (a change's chip was clicked).
  */
 export function createView({ transcript, fold, paths, staff, scroll, libraries, hooks }) {
   const drawing = blockDrawing({ paths, staff });
@@ -239,6 +239,8 @@ export function createView({ transcript, fold, paths, staff, scroll, libraries, 
       }
       return;
     }
+    const chip = clicked.closest(".changes-chip");
+    if (chip) return hooks.openChanges(Number(chip.dataset.seq));
     const toggle = clicked.closest(".toggle-more:not(.diff-toggle)");
     if (toggle) return toggleCollapsible(toggle);
     const copy = clicked.closest(".code-block .copy");

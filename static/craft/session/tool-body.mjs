@@ -89,6 +89,7 @@ function diffView(item, paths) {
   const limit = PREVIEW_LINES * 2;
   const renderRows = (body, count) => {
     const pre = body.appendChild(el("pre", "diff-lines"));
+    pre.tabIndex = 0; // it may scroll: keyboard users scroll it too
     for (const [kind, line] of rows.slice(0, count)) pre.appendChild(el("span", kind, `${line}\n`));
   };
   const body = el("div", "collapsible-body");
