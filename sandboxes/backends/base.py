@@ -33,7 +33,7 @@ class Resource:
     """Something a backend holds for a sandbox, found by its own marks (see `inventory`)."""
 
     sandbox_id: UUID
-    kind: str  # "folder", "pod", "service"
+    kind: str  # "folder", "checkpoints" (local), "pod", "service" (kubernetes)
     name: str
 
     def __str__(self) -> str:

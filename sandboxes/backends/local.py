@@ -356,8 +356,11 @@ class LocalBackend:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
 
+    def _stores_root(self) -> Path:
+        return self.sandbox_root / containment.CRAFT_DIR / "checkpoints"
+
     def _stores_of(self, sandbox: Sandbox) -> Path:
-        return self.sandbox_root / containment.CRAFT_DIR / "checkpoints" / str(sandbox.id)
+        return self._stores_root() / str(sandbox.id)
 
     def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
         return str(self._workspace(sandbox, session_id))
@@ -452,7 +455,7 @@ class LocalBackend:
     def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:
         """Return the folder of the sandbox's checkpoint stores, creating it (the sandbox's
         user's, 0700, in a folder of root's that no sandbox user may enter)."""
-        stores = self.sandbox_root / containment.CRAFT_DIR / "checkpoints"
+        stores = self._stores_root()
         stores.mkdir(mode=0o700, parents=True, exist_ok=True)
         stores.chmod(0o700)
         containment.private_folder(stores, (str(sandbox.id),), user)
@@ -479,16 +482,24 @@ class LocalBackend:
         return Health(True, "folder present")
 
     def inventory(self) -> list[Resource]:
-        """Return the sandbox folders under the current root (named by sandbox id).
+        """Return the sandbox folders under the current root (named by sandbox id), and the
+        folders of their checkpoint stores (kind "checkpoints").
 
         Folders of sandboxes provisioned under an earlier root are not seen.
         """
+        return [
+            *self._folders_named_by_sandbox(self.sandbox_root, "folder"),
+            *self._folders_named_by_sandbox(self._stores_root(), "checkpoints"),
+        ]
+
+    @staticmethod
+    def _folders_named_by_sandbox(parent: Path, kind: str) -> list[Resource]:
         try:
-            entries = list(self.sandbox_root.iterdir())
+            entries = list(parent.iterdir())
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise SandboxError(f"cannot list the sandbox folders: {exc.strerror}") from exc
+            raise SandboxError(f"cannot list {parent}: {exc.strerror}") from exc
         found = []
         for entry in entries:
             try:
@@ -496,12 +507,13 @@ class LocalBackend:
             except ValueError:
                 continue  # .craft (the server's own files) and anything else not ours
             if entry.is_dir() and not entry.is_symlink():
-                found.append(Resource(sandbox_id, "folder", str(entry)))
+                found.append(Resource(sandbox_id, kind, str(entry)))
         return found
 
     def remove(self, resource: Resource) -> None:
         folder = Path(resource.name)
-        if folder.parent != self.sandbox_root or folder.name != str(resource.sandbox_id):
+        parent = self._stores_root() if resource.kind == "checkpoints" else self.sandbox_root
+        if folder.parent != parent or folder.name != str(resource.sandbox_id):
             raise SandboxError(f"{folder} is not a sandbox folder of this server")
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(folder, ignore_errors=True)

@@ -268,6 +268,10 @@ def test_orphan_folders_are_removed_and_live_ones_kept(owner, stranger, sandbox_
     terminated = services.provision_sandbox(stranger)
     services.terminate_sandbox(terminated)
     Path(terminated.reference, "home").mkdir(parents=True)  # its removal half failed
+    # Checkpoint stores whose sandbox is gone (their removal failed), and a live one's.
+    stores = sandbox_root / ".craft" / "checkpoints"
+    (stores / str(terminated.pk) / "a-session").mkdir(parents=True)
+    (stores / str(live.pk) / "a-session").mkdir(parents=True)
 
     report = reaper.reap_sandboxes(session_activity)
 
@@ -275,8 +279,10 @@ def test_orphan_folders_are_removed_and_live_ones_kept(owner, stranger, sandbox_
     assert removed == {
         (f"folder {nobodys}", None, "no sandbox of this site owns it (its row is gone)"),
         (f"folder {terminated.reference}", terminated.pk, "its sandbox is terminated"),
+        (f"checkpoints {stores / str(terminated.pk)}", terminated.pk, "its sandbox is terminated"),
     }
     assert not nobodys.exists() and not Path(terminated.reference).exists()
+    assert not (stores / str(terminated.pk)).exists() and (stores / str(live.pk)).is_dir()
     assert Path(live.reference).is_dir()
     assert (sandbox_root / ".craft" / "bin").is_dir()
 
