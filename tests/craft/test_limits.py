@@ -17,7 +17,14 @@ from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket
 from .test_http_api import api, send  # noqa: F401 (a fixture)
-from .wsclient import communicator, is_turn_end, open_socket, receive_until, session_cookie
+from .wsclient import (
+    CONNECT_TIMEOUT,
+    communicator,
+    is_turn_end,
+    open_socket,
+    receive_until,
+    session_cookie,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +57,7 @@ async def test_sockets_past_a_person_s_limit_are_closed_and_the_others_go_on(
     sockets = [(await open_socket(session.pk, cookie))[0] for _ in range(3)]
     for _ in range(2):
         extra = communicator(session.pk, cookie)
-        assert (await extra.connect())[0]
+        assert (await extra.connect(timeout=CONNECT_TIMEOUT))[0]
         assert await extra.receive_output(timeout=5) == {"type": "websocket.close", "code": 4429}
     # The first three go on.
     for index, comm in enumerate(sockets):

@@ -26,7 +26,7 @@ from craft.turns.registry import runners
 from tests.ready import open_ready_session
 
 from ..agents import AGENTS
-from .wsclient import communicator, session_cookie
+from .wsclient import CONNECT_TIMEOUT, communicator, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,7 +76,7 @@ class Harness:
         return self.loop.run_until_complete(coroutine)
 
     async def _connect(self) -> None:
-        connected, _ = await self.comm.connect()
+        connected, _ = await self.comm.connect(timeout=CONNECT_TIMEOUT)
         assert connected
         assert (await self.comm.receive_json_from(timeout=5))["type"] == "hello"
         await self.comm.send_json_to({"type": "resume", "after": 0})
@@ -117,7 +117,7 @@ class Harness:
 
         async def replay() -> list[dict]:
             comm = communicator(self.session.pk, self.cookie)
-            await comm.connect()
+            await comm.connect(timeout=CONNECT_TIMEOUT)
             await comm.receive_json_from(timeout=5)
             await comm.send_json_to({"type": "resume", "after": 0})
             frames = [await comm.receive_json_from(timeout=10) for _ in range(last_seq)]

@@ -19,6 +19,7 @@ from sandboxes.acp import AgentConnection
 from tests.ready import open_ready_session
 
 from .wsclient import (
+    CONNECT_TIMEOUT,
     communicator,
     events_of,
     is_turn_end,
@@ -274,28 +275,28 @@ async def test_bad_frames_get_errors_and_the_socket_stays_open(session, cookie):
 
 async def test_a_stranger_is_refused_with_4403(session, stranger):
     comm = communicator(session.pk, await db_sync_to_async(session_cookie)(stranger))
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=CONNECT_TIMEOUT)
     assert connected
     assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
 
 
 async def test_an_anonymous_user_is_refused_with_4401(session):
     comm = communicator(session.pk, None)
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=CONNECT_TIMEOUT)
     assert connected
     assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
 
 
 async def test_an_unknown_session_is_refused_with_4403(owner, cookie):
     comm = communicator("00000000-0000-4000-8000-000000000000", cookie)
-    await comm.connect()
+    await comm.connect(timeout=CONNECT_TIMEOUT)
     assert (await comm.receive_output(timeout=5))["code"] == 4403
 
 
 @pytest.mark.parametrize("origin", ["http://evil.example", None])
 async def test_a_foreign_or_missing_origin_is_refused(session, cookie, origin):
     comm = communicator(session.pk, cookie, origin=origin)
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=CONNECT_TIMEOUT)
     assert not connected
 
 

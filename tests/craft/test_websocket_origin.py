@@ -9,6 +9,7 @@ from channels.testing import WebsocketCommunicator
 from craft.asgi import application
 
 from ..embedded import embedded_env, serve
+from .wsclient import CONNECT_TIMEOUT
 
 SESSION = "00000000-0000-4000-8000-000000000000"
 
@@ -23,7 +24,7 @@ async def handshake(origin: str | None, host: str | None = "localhost:8000", **h
         raw.append((b"host", host.encode()))
     raw += [(name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()]
     comm = WebsocketCommunicator(application, f"/ws/sessions/{SESSION}/", headers=raw)
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=CONNECT_TIMEOUT)
     await comm.disconnect()
     return connected
 

@@ -13,6 +13,9 @@ from craft.asgi import application
 
 ORIGIN = "http://localhost"
 HOST = "localhost"  # the handshake's Host header: ORIGIN is then the app's own origin
+# How long a handshake may take before a test fails (Channels' default is 1 s, which a loaded
+# machine exceeds): a bound on a failure, never a wait.
+CONNECT_TIMEOUT = 30
 
 
 def session_cookie(user: Any) -> str:
@@ -37,9 +40,9 @@ def communicator(session_id: Any, cookie: str | None, origin: str | None = ORIGI
 async def open_socket(session_id: Any, cookie: str) -> tuple[WebsocketCommunicator, dict]:
     """Connect, check the hello frame, return the communicator and the hello."""
     comm = communicator(session_id, cookie)
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=CONNECT_TIMEOUT)
     assert connected
-    hello = await comm.receive_json_from(timeout=5)
+    hello = await comm.receive_json_from(timeout=CONNECT_TIMEOUT)
     assert hello["type"] == "hello"
     return comm, hello
 
