@@ -101,7 +101,7 @@ async def test_a_turns_changes_are_reviewed_and_reverted_by_hunk_file_and_turn(
     await expect(page.locator("#transcript .diff")).to_have_count(3)
     await chips.nth(1).click()
     await expect(page.locator("#panel-changes")).to_be_visible()
-    change = page.locator("#change-list li.change[data-seq]").nth(1)
+    change = page.locator("#change-list li.change[data-change]").nth(1)
     await expect(change.locator(".change-title")).to_contain_text("Turn: write f.txt")
     hunks = change.locator(".hunk")
     await expect(hunks).to_have_count(2)

@@ -125,7 +125,7 @@ export function blockDrawing({ paths, staff }) {
       if (block.files.length || block.truncated) {
         const chip = record.element.appendChild(el("button", "changes-chip", block.text));
         chip.type = "button";
-        chip.dataset.seq = String(block.seq);
+        chip.dataset.change = String(block.seq);
         chip.setAttribute("aria-label", `${block.text}: show the changes`);
       } else {
         record.element.appendChild(el("span", "note", block.text));

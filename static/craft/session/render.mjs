@@ -240,7 +240,7 @@ export function createView({ transcript, fold, paths, staff, scroll, libraries, 
       return;
     }
     const chip = clicked.closest(".changes-chip");
-    if (chip) return hooks.openChanges(Number(chip.dataset.seq));
+    if (chip) return hooks.openChanges(Number(chip.dataset.change));
     const toggle = clicked.closest(".toggle-more:not(.diff-toggle)");
     if (toggle) return toggleCollapsible(toggle);
     const copy = clicked.closest(".code-block .copy");

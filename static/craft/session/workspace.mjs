@@ -230,7 +230,7 @@ export function createWorkspace({ api, fold, announce, tell }) {
 
   function changeItem(change) {
     const li = el("li", "change");
-    li.dataset.seq = String(change.seq);
+    li.dataset.change = String(change.seq);
     const head = li.appendChild(el("div", "change-head"));
     const title = change.reverted ? change.text : `Turn: ${change.prompt || `#${change.seq}`}`;
     head.appendChild(el("strong", "change-title", title));
@@ -369,7 +369,7 @@ export function createWorkspace({ api, fold, announce, tell }) {
     /** A chip in the transcript was clicked: show that change. */
     openChanges(seq) {
       open("changes");
-      const item = changeList.querySelector(`li.change[data-seq="${seq}"]`);
+      const item = changeList.querySelector(`li.change[data-change="${seq}"]`);
       if (!item) return;
       item.scrollIntoView({ block: "nearest" });
       const first = item.querySelector("details");
