@@ -63,9 +63,18 @@ async def rendered_seqs(page) -> list[int]:
 
 
 async def assert_page_matches_log(page, session):
-    """Every stored event is on the page exactly once, and the agent's text is complete."""
-    events = await stored(session)
-    seqs = await rendered_seqs(page)
+    """Every stored event is on the page exactly once, and the agent's text is complete.
+
+    Events may still come (a turn that used tools is followed by its changes): the page and
+    the log are compared until they agree, for up to 15 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while True:
+        events = await stored(session)
+        seqs = await rendered_seqs(page)
+        if sorted(seqs) == [e.seq for e in events] or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.2)
     assert [s for s, n in Counter(seqs).items() if n > 1] == []
     assert sorted(seqs) == [e.seq for e in events]
     agent_text = "".join(

@@ -87,15 +87,20 @@ export function createWorkspace({ api, fold, announce, tell }) {
     return listing;
   }
 
+  // The tree again from the top, with the folders that are open when the new listing has
+  // come (one opened meanwhile too) opened again, and the keyboard where it was.
   async function loadTree() {
     stale = false;
-    const open = [...tree.querySelectorAll("li[aria-expanded=true]")].map((li) => li.dataset.path);
     try {
-      await fillFolder(tree, "");
+      const listing = await listFolder("");
+      const open = [...tree.querySelectorAll("li[aria-expanded=true]")].map((li) => li.dataset.path);
+      const focused = tree.contains(document.activeElement) ? document.activeElement.closest("li.entry") : null;
+      showListing(tree, "", 0, listing);
       for (const path of open) {
         const li = tree.querySelector(`li[data-path="${CSS.escape(path)}"]`);
         if (li) await expand(li);
       }
+      if (focused) tree.querySelector(`li[data-path="${CSS.escape(focused.dataset.path)}"] > .name`)?.focus();
       showProblem("");
     } catch (error) {
       stale = true;
@@ -104,7 +109,10 @@ export function createWorkspace({ api, fold, announce, tell }) {
   }
 
   async function fillFolder(list, path, offset = 0) {
-    const listing = await listFolder(path, offset);
+    showListing(list, path, offset, await listFolder(path, offset));
+  }
+
+  function showListing(list, path, offset, listing) {
     if (offset === 0) list.replaceChildren();
     list.querySelector(":scope > li.more")?.remove();
     for (const entry of listing.entries) list.appendChild(treeItem(path, entry));
