@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from playwright.async_api import expect
 
@@ -61,6 +63,17 @@ async def test_the_connection_indicator_says_connected_again_after_offline(
     await assert_page_matches_log(page, session)
 
 
+async def until(page, condition: str, timeout: float = 15) -> None:
+    """Wait until `condition` (a JavaScript function) holds in the page. Not wait_for_function:
+    Playwright builds a predicate that is not true at once with `new Function`, which the
+    page's Content-Security-Policy refuses; evaluate goes through the debugging protocol."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await page.evaluate(condition):
+        assert loop.time() < deadline, f"gave up waiting for {condition}"
+        await asyncio.sleep(0.1)
+
+
 async def test_the_banner_and_the_connection_indicator_stay_on_screen(page, hooks, session):
     chunk = {"content": {"type": "text", "text": "a line of a long conversation\n\n" * 20}}
     await db_sync_to_async(append_events)(
@@ -71,9 +84,9 @@ async def test_the_banner_and_the_connection_indicator_stay_on_screen(page, hook
     await open_page(page, hooks, session)
     # Every event is on the page once open_page returns, but its Markdown may be rendered a
     # moment later (a busy machine): wait for the long page, never assume it.
-    await page.wait_for_function("document.documentElement.scrollHeight > 5000")
-    at_bottom = "innerHeight + scrollY >= document.documentElement.scrollHeight - 80"
-    await page.wait_for_function(at_bottom)  # a loaded page shows the latest
+    await until(page, "() => document.documentElement.scrollHeight > 5000")
+    at_bottom = "() => innerHeight + scrollY >= document.documentElement.scrollHeight - 80"
+    await until(page, at_bottom)  # a loaded page shows the latest
     await page.evaluate("window.scrollTo(0, 0)")
     jump = page.get_by_role("button", name="Jump to the latest")
     await expect(jump).to_be_visible()
@@ -88,7 +101,7 @@ async def test_the_banner_and_the_connection_indicator_stay_on_screen(page, hook
     await expect(page.locator("#load-error")).to_be_hidden()
     await jump.click()
     await expect(jump).to_be_hidden()
-    await page.wait_for_function(at_bottom)
+    await until(page, at_bottom)
 
 
 async def test_a_3_mib_agent_message_arrives_whole_without_killing_the_socket(
