@@ -65,8 +65,9 @@ class Refused(Exception):
 _SPECIAL = re.compile("[\\\\\x00-\x1f\x7f\udc80-\udcff]")
 
 
-def escape(name: bytes) -> str:
-    """Spell a file name (bytes) as text, reversibly (see the module's docstring)."""
+def escape(name: bytes | str) -> str:
+    """Spell a file name as text, reversibly (see the module's docstring). A name may come
+    as bytes, or as text decoded with surrogateescape, as `os.scandir` of a descriptor gives."""
 
     def spell(match: re.Match[str]) -> str:
         char = match.group()
@@ -75,7 +76,8 @@ def escape(name: bytes) -> str:
         code = ord(char)
         return f"\\x{code - 0xDC00 if code >= 0xDC80 else code:02x}"
 
-    return _SPECIAL.sub(spell, name.decode("utf-8", "surrogateescape"))
+    text = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else name
+    return _SPECIAL.sub(spell, text) if _SPECIAL.search(text) else text
 
 
 _SPELLED = re.compile(r"\\(\\|x[0-9a-fA-F]{2})")
@@ -152,22 +154,26 @@ def kind_of(mode: int) -> str:
     return "other"
 
 
-def entry(fd: int, name: bytes) -> dict[str, object] | None:
-    """Describe `name` in folder `fd` without following it; None if it vanished meanwhile."""
+_KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "folder", stat.S_IFLNK: "link"}
+
+
+def entry(fd: int, item: os.DirEntry[str], spelled: str) -> dict[str, object] | None:
+    """Describe `item` of folder `fd` (named `spelled`, as `escape` spells it) without
+    following it; None if it vanished meanwhile."""
     try:
-        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        info = item.stat(follow_symlinks=False)
     except FileNotFoundError:
         return None
-    kind = kind_of(info.st_mode)
+    kind = _KINDS.get(stat.S_IFMT(info.st_mode)) or kind_of(info.st_mode)
     described: dict[str, object] = {
-        "name": escape(name),
+        "name": spelled,
         "type": kind,
         "size": info.st_size if kind == "file" else None,
         "mtime": info.st_mtime,
     }
     if kind == "link":
         try:
-            described["target"] = escape(os.readlink(name, dir_fd=fd))
+            described["target"] = escape(os.readlink(os.fsencode(item.name), dir_fd=fd))
         except OSError:
             described["target"] = None
     return described
@@ -197,19 +203,34 @@ def open_regular(fd: int, name: bytes) -> tuple[int, os.stat_result]:
 
 
 def list_folder(workspace: int, path: str, offset: int, limit: int) -> dict[str, object]:
+    """One page of a folder's entries, folders first, then by name regardless of case.
+
+    The order needs only what the folder itself records (names, and whether each is a
+    folder), so only the entries of the page asked for are looked at (`entry`).
+    """
     folder = open_folder(workspace, parts_of(path))
     try:
-        names = [os.fsencode(name) for name in os.listdir(folder)]
-        entries = [e for e in (entry(folder, n) for n in names) if e is not None]
+        with os.scandir(folder) as found:
+            order = []
+            for item in found:
+                spelled = escape(item.name)
+                order.append(
+                    (not item.is_dir(follow_symlinks=False), spelled.lower(), spelled, item)
+                )
+        order.sort(key=lambda key: key[:3])
+        page = [
+            entry(folder, item, spelled) for *_, spelled, item in order[offset : offset + limit]
+        ]
     finally:
         os.close(folder)
-    entries.sort(key=lambda e: (e["type"] != "folder", str(e["name"]).lower(), e["name"]))
+    entries = [described for described in page if described is not None]
+    total = len(order) - (len(page) - len(entries))  # less what vanished meanwhile
     return {
         "path": "/".join(escape(n) for n in parts_of(path)),
-        "total": len(entries),
+        "total": total,
         "offset": offset,
-        "has_more": offset + limit < len(entries),
-        "entries": entries[offset : offset + limit],
+        "has_more": offset + limit < total,
+        "entries": entries,
     }
 
 
