@@ -2,7 +2,8 @@
 
 daphne runs with CRAFT_SANDBOX_BACKEND=kubernetes against the test Kubernetes API server; the
 pod takes a while to become Ready: "New session" opens the session's page at once, and the page
-shows the provisioning's progress until the sandbox runs.
+shows the provisioning's progress until the sandbox runs. The workspace panel reads the pod's
+files and reverts a turn through pod exec, as the local backend does through its own tool.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from playwright.async_api import expect
 
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
+from sandboxes import workspace_tool
 from tests.kubeapi import KubeTestServer
 
 from .conftest import serve, snap
+from .test_workspace_panel import CHIP, allowed_turn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -38,6 +41,8 @@ def k8s_craft_server(django_db_setup, kube_server, tmp_path_factory):
         "CRAFT_K8S_NAMESPACE": "craft-browser",
         "CRAFT_K8S_POLL_INTERVAL": "0.1",
         "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.demo_agent",
+        # The sandbox image's copy of the workspace tool, as the test API server's pods see it.
+        "CRAFT_K8S_WORKSPACE_TOOL": f"{sys.executable} -I -S {workspace_tool.__file__}",
     }
     with serve(env, folder / "unused") as server:
         yield server
@@ -118,3 +123,37 @@ async def test_a_sandbox_that_could_not_start_is_set_up_again_for_the_same_sessi
     await expect(page.locator("#transcript .turn-end .label")).to_have_text("Done")
     sessions = await db_sync_to_async(list)(Session.objects.filter(owner=owner))
     assert len(sessions) == 1
+
+
+async def test_the_workspace_panel_shows_reviews_and_reverts_the_pod_s_files(
+    page, craft_server, kube_server, owner
+):
+    await page.goto(f"{craft_server.url}/")
+    await page.get_by_role("button", name="+ New session").click()
+    await page.wait_for_url("**/sessions/*/")
+    await expect(page.locator("#sandbox-status")).to_have_attribute(
+        "data-status", "running", timeout=20000
+    )
+    await allowed_turn(page, "write notes/plan.md # Plan", 1)
+    await allowed_turn(page, "write app.py print('pod')", 2)
+    session = await db_sync_to_async(Session.objects.get)(owner=owner)
+    pod = f"craft-sandbox-{session.sandbox_id}"
+    folder = kube_server.workspace("craft-browser", pod) / "sessions" / str(session.pk)
+    assert (folder / "app.py").read_text() == "print('pod')"
+
+    await page.click("#workspace-toggle")
+    tree = page.locator("#file-tree")
+    await expect(tree.get_by_role("button", name="notes/")).to_be_visible()
+    await tree.get_by_role("button", name="app.py").click()
+    await expect(page.locator("#file-preview code")).to_have_text("print('pod')")
+    # The second turn's change, from its chip: reverted, in the pod.
+    await expect(page.locator(CHIP)).to_have_text(["1 file changed"] * 2)
+    await page.locator(CHIP).nth(1).click()
+    change = page.locator("#change-list li.change[data-change]").nth(1)
+    await expect(change.locator(".add")).to_have_text("print('pod')")
+    await change.get_by_role("button", name="Revert turn").click()
+    await change.get_by_role("button", name="Confirm: revert turn").click()
+    await expect(page.locator(CHIP)).to_have_count(3)
+    assert not (folder / "app.py").exists()
+    assert (folder / "notes" / "plan.md").read_text() == "# Plan"
+    await expect(tree.get_by_role("button", name="app.py")).to_have_count(0)
