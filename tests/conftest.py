@@ -8,6 +8,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,54 @@ from tests.agents import agent_command
 
 PASSWORD = "correct horse battery staple"
 K8S_NAMESPACE = "craft-test"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, and at the end of the run no connection left to it.
+
+    PostgreSQL refuses to drop a database that a connection still uses (it waits 5 s). A
+    server process of the suite stopped at the last moment can leave its connections behind
+    for a while longer, until their backends notice: wait for them. One still there after 30 s
+    is a leak: it is ended, so that the database can go, and named in the error (servers of
+    the suite name their connections `daphne-<port>`, as their logs are named).
+    """
+    yield
+    with django_db_blocker.unblock():
+        left = end_other_connections(wait=30)
+    if left:
+        pytest.fail(f"connections to the test database outlived the run by 30 s: {left}")
+
+
+def end_other_connections(wait: float) -> list[str]:
+    """Wait up to `wait` seconds for other connections to the test database to close, then
+    terminate the rest; describe those. This process's own pool is closed first, and the
+    check runs on a connection of its own, outside any pool."""
+    import psycopg
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return []
+    connection.close()
+    connection.close_pool()
+    params = connection.settings_dict
+    others = (
+        "SELECT pid, application_name, state, left(query, 120) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    deadline = time.monotonic() + wait
+    with psycopg.connect(
+        host=params["HOST"], port=params["PORT"], user=params["USER"], dbname=params["NAME"],
+        password=params["PASSWORD"] or None, autocommit=True,
+    ) as check:  # fmt: skip
+        while True:
+            rows = check.execute(others).fetchall()
+            if not rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for pid, *_ in rows:
+            check.execute("SELECT pg_terminate_backend(%s)", [pid])
+    return [f"{name or 'pid ' + str(pid)} ({state}: {query})" for pid, name, state, query in rows]
 
 
 @pytest.fixture(autouse=True)

@@ -62,6 +62,11 @@ class Daphne:
         workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / f"daphne-{self.port}.log"
         self.env = {**(test_database_env() if base_env is None else base_env), **env}
+        database = self.env.get("DATABASE_URL", "")
+        if database.startswith("postgres"):
+            # PostgreSQL then says whose a connection is (pg_stat_activity), as the log is named.
+            joiner = "&" if "?" in database else "?"
+            self.env["DATABASE_URL"] = f"{database}{joiner}application_name=daphne-{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Daphne:

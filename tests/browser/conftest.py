@@ -119,7 +119,9 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
     try:
         yield LiveServer(server.url, server.process, server.log)
     finally:
-        server.terminate()
+        # Its own shutdown, whole (stopping every agent the run left it): a kill midway can
+        # leave a database connection behind for seconds.
+        server.terminate(timeout=60)
 
 
 @pytest.fixture(scope="session")
