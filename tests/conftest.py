@@ -29,21 +29,35 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
     PostgreSQL refuses to drop a database that a connection still uses (it waits 5 s). A
     server process of the suite stopped at the last moment can leave its connections behind
-    for a while longer, until their backends notice: wait for them. One still there after 30 s
-    is a leak: it is ended, so that the database can go, and named in the error (servers of
-    the suite name their connections `daphne-<port>`, as their logs are named).
+    for a while longer, until their backends notice: wait for them, 30 s. One of another
+    process still there then is a leak: it is ended, so that the database can go, and the run
+    fails naming it (servers of the suite name their connections `daphne-<port>`, as their
+    logs are named). One of this process (a thread a test started, idle) is ended at once
+    and named at the end of the run's output.
     """
     yield
     with django_db_blocker.unblock():
         left = end_other_connections(wait=30)
-    if left:
-        pytest.fail(f"connections to the test database outlived the run by 30 s: {left}")
+    LEFT_BY_THIS_PROCESS.extend(what for what, own in left if own)
+    theirs = [what for what, own in left if not own]
+    if theirs:
+        pytest.fail(f"connections to the test database outlived the run by 30 s: {theirs}")
 
 
-def end_other_connections(wait: float) -> list[str]:
+LEFT_BY_THIS_PROCESS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if LEFT_BY_THIS_PROCESS:
+        terminalreporter.section("connections of this process left to the test database (ended)")
+        for what in LEFT_BY_THIS_PROCESS:
+            terminalreporter.write_line(what)
+
+
+def end_other_connections(wait: float) -> list[tuple[str, bool]]:
     """Wait up to `wait` seconds for other connections to the test database to close, then
-    terminate the rest; describe those. This process's own pool is closed first, and the
-    check runs on a connection of its own, outside any pool."""
+    terminate the rest; describe each, and whether it was this process's. This process's own
+    pool is closed first, and the check runs on a connection of its own, outside any pool."""
     import psycopg
     from django.db import connection
 
@@ -53,8 +67,8 @@ def end_other_connections(wait: float) -> list[str]:
     connection.close_pool()
     params = connection.settings_dict
     others = (
-        "SELECT pid, application_name, state, left(query, 120) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        "SELECT pid, client_port, application_name, state, left(query, 120)"
+        " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
     deadline = time.monotonic() + wait
     with psycopg.connect(
@@ -63,12 +77,35 @@ def end_other_connections(wait: float) -> list[str]:
     ) as check:  # fmt: skip
         while True:
             rows = check.execute(others).fetchall()
-            if not rows or time.monotonic() > deadline:
+            mine = own_tcp_ports()  # this process's: they would never go by waiting
+            if all(row[1] in mine for row in rows) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         for pid, *_ in rows:
             check.execute("SELECT pg_terminate_backend(%s)", [pid])
-    return [f"{name or 'pid ' + str(pid)} ({state}: {query})" for pid, name, state, query in rows]
+    return [
+        (f"{name or 'pid ' + str(pid)} ({state}: {query})", port in mine)
+        for pid, port, name, state, query in rows
+    ]
+
+
+def own_tcp_ports() -> set[int]:
+    """The local ports of this process's TCP sockets (from /proc: its descriptors' inodes)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 @pytest.fixture(autouse=True)
