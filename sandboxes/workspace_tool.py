@@ -154,9 +154,6 @@ def kind_of(mode: int) -> str:
     return "other"
 
 
-_KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "folder", stat.S_IFLNK: "link"}
-
-
 def entry(fd: int, item: os.DirEntry[str], spelled: str) -> dict[str, object] | None:
     """Describe `item` of folder `fd` (named `spelled`, as `escape` spells it) without
     following it; None if it vanished meanwhile."""
@@ -164,7 +161,7 @@ def entry(fd: int, item: os.DirEntry[str], spelled: str) -> dict[str, object] | 
         info = item.stat(follow_symlinks=False)
     except FileNotFoundError:
         return None
-    kind = _KINDS.get(stat.S_IFMT(info.st_mode)) or kind_of(info.st_mode)
+    kind = kind_of(info.st_mode)
     described: dict[str, object] = {
         "name": spelled,
         "type": kind,
