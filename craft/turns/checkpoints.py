@@ -13,8 +13,8 @@ when, off the hot path:
 
 A revert (`revert`) is a change of its own: the workspace is recorded, put back as it was
 before a turn (or a revert), recorded again, and stored as a `workspace_reverted` event with
-the files it changed. Its checkpoints are kept (`WorkspaceRevert`) so that it can be reverted
-in turn.
+the files it changed. Its checkpoints are kept (`WorkspaceRevert`, stored in the event's
+transaction) so that it can be reverted in turn.
 
 A checkpoint that fails or takes longer than CRAFT_CHECKPOINT_TIMEOUT_SECONDS is skipped, and
 the `turn_changes` event says so (`"skipped"`): the turn itself is never held up or failed.
@@ -29,10 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
+from django.db import transaction
+
 from craft.errors import Refused
 from craft.models import Session, Turn, WorkspaceRevert
 from craft.storage.db import db_sync_to_async
-from craft.storage.eventlog import Fenced, Stored
+from craft.storage.eventlog import Fence, Fenced, Stored, append_events
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
@@ -75,10 +77,13 @@ class SessionCheckpoints:
         if self._last is None:
             self._last = await db_sync_to_async(latest_checkpoint)(self.session_id)
 
-    async def revert(self, seq: int, path: str = "", hunk: int | None = None) -> None:
+    async def revert(
+        self, seq: int, path: str = "", hunk: int | None = None, *, fence: Fence | None = None
+    ) -> None:
         """Put the workspace back as it was before change `seq` (a turn, or a revert): all of
-        it, one file, or one hunk of one file; store it as a `workspace_reverted` event.
-        The runner calls it only between turns. Raises Refused saying why not."""
+        it, one file, or one hunk of one file; store it as a `workspace_reverted` event (under
+        the runner's `fence`). The runner calls it only between turns. Raises Refused saying
+        why not."""
         await self.settle()
         before, after = await db_sync_to_async(checkpoints_of)(self.session_id, seq)
         if not before or (path and not after):
@@ -111,12 +116,7 @@ class SessionCheckpoints:
             data["path"] = path
         if hunk is not None:
             data["hunk"] = hunk
-        stored = await self._append([("workspace_reverted", data)])
-        if stored is not None:
-            await db_sync_to_async(WorkspaceRevert.objects.create)(
-                session_id=self.session_id, seq=stored.first_seq,
-                checkpoint_before=current.commit, checkpoint_after=reverted.commit,
-            )  # fmt: skip
+        await _store_revert(self.session_id, data, current.commit, reverted.commit, fence)
         self._last = reverted.commit
 
     def after_turn(self, prompt_seq: int) -> None:
@@ -225,6 +225,21 @@ def checkpoints_of(session_id: UUID, seq: int) -> tuple[str, str]:
     if after is None:
         return "", ""  # no such turn
     return latest_checkpoint(session_id, before=seq), after
+
+
+@db_sync_to_async
+def _store_revert(
+    session_id: UUID, data: dict[str, Any], before: str, after: str, fence: Fence | None
+) -> None:
+    """Store a revert's event and its checkpoints in one transaction: an event whose revert
+    cannot be looked at or reverted in turn is never stored."""
+    with transaction.atomic():
+        stored = append_events(session_id, [("workspace_reverted", data)], fence=fence)
+        if stored is not None:
+            WorkspaceRevert.objects.create(
+                session_id=session_id, seq=stored.first_seq,
+                checkpoint_before=before, checkpoint_after=after,
+            )  # fmt: skip
 
 
 @db_sync_to_async

@@ -207,7 +207,7 @@ class SessionRunner:
         async with self._lock:
             if self.running:
                 raise Refused("turn_running", "the agent is working: revert once its turn ends")
-            await self.checkpoints.revert(seq, path, hunk)
+            await self.checkpoints.revert(seq, path, hunk, fence=self.fence)
 
     # --- the agent connection ---------------------------------------------------------------
 

@@ -145,6 +145,27 @@ def test_a_turn_is_reverted_and_the_revert_is_reverted_in_turn(person, session):
     assert WorkspaceRevert.objects.filter(session=session).count() == 3
 
 
+def test_a_revert_whose_checkpoints_cannot_be_stored_leaves_no_event(person, session):
+    """The event and the checkpoints that make it revertible are one transaction: the fault
+    is a row that already holds the seq the revert's event would get."""
+    turn = person.turn("write notes.txt hello")
+    session.refresh_from_db()
+    taken = session.last_seq + 1
+    WorkspaceRevert.objects.create(
+        session=session, seq=taken, checkpoint_before="0" * 40, checkpoint_after="0" * 40
+    )
+    status, body = person.revert(turn)
+    assert status == 500 and body["error"]["code"] == "internal_error", (status, body)
+    session.refresh_from_db()
+    assert session.last_seq == taken - 1
+    assert not session.events.filter(kind="workspace_reverted").exists()
+    # The files were put back all the same; with the fault gone, a revert is stored whole.
+    WorkspaceRevert.objects.filter(session=session).delete()
+    assert person.revert(turn) == (204, {})
+    reverted = person.socket.until(of_kind("workspace_reverted"))[-1]
+    assert WorkspaceRevert.objects.filter(session=session, seq=reverted["seq"]).exists()
+
+
 def test_one_file_of_a_turn_that_renamed_and_deleted_files_is_reverted(person, session):
     folder = folder_of(session)
     person.turn("write keep.txt kept")
