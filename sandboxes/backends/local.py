@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-agent-spawner")
 # Where the workspace tool finds the sandbox's checkpoint stores, inside its jail.
 STORES_IN_JAIL = "/tmp/craft-checkpoints"
+# The workspace tool (listings, reads, checkpoints) is background work next to the live
+# sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
+# event loop most of the CPU (docs/performance.md).
+TOOL_NICENESS = 10
 
 
 class LocalAgentProcess:
@@ -165,7 +169,7 @@ class LocalToolProcess:
             # From the spawner thread, as agents are: a jailed tool dies with its thread.
             self._popen = _spawner.submit(
                 subprocess.Popen,
-                argv,
+                ["nice", "-n", str(TOOL_NICENESS), *argv],
                 env=env,
                 cwd="/",
                 stdin=subprocess.DEVNULL,

@@ -277,3 +277,13 @@ def test_manage_py_stops_when_sandbox_users_are_on_but_impossible(settings, mach
     assert "the server runs as uid 1000" in error.msg
     settings.CRAFT_SANDBOX_UIDS = "auto"
     assert sandbox_users() == []
+
+
+def test_the_workspace_tool_runs_at_a_lower_priority_than_the_server():
+    """Listings and checkpoints are background work next to the live sessions: a burst of
+    them must leave the server's event loop the CPU (docs/performance.md, cold starts)."""
+    from sandboxes.backends.local import TOOL_NICENESS, LocalToolProcess
+
+    tool = LocalToolProcess([sys.executable, "-c", "import os; print(os.nice(0))"])
+    assert int(tool.readline(100)) == os.nice(0) + TOOL_NICENESS
+    assert tool.finish(timeout=30) == 0
