@@ -57,6 +57,9 @@ class Prompt:
     id: str
     text: str
     attachments: tuple[Attachment, ...] = ()
+    # While the session is busy (a turn runs, the sandbox starts): wait in its queue (True),
+    # or be refused with `turn_running` / `sandbox_starting` (False).
+    queue: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,34 @@ class Revert:
 
 
 @dataclass(frozen=True)
+class EditQueued:
+    """Replace the text of a queued prompt that has not started."""
+
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class RemoveQueued:
+    """Take a queued prompt that has not started out of the queue."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class SendNow:
+    """Steer: run this queued prompt next, cancelling the running turn for it."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class RunQueue:
+    """Start the session's next queued prompt if nothing runs (the server's own command: after
+    a restart or a takeover, or once the sandbox is ready; never a client frame)."""
+
+
+@dataclass(frozen=True)
 class Resume:
     """Send the stored events after `after`, then follow the session live (the socket's own)."""
 
@@ -105,7 +136,10 @@ class Resume:
 
 
 # What the session's owner carries out; `Resume` stays with the socket that received it.
-SessionCommand = Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode | Revert
+SessionCommand = (
+    Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode | Revert
+    | EditQueued | RemoveQueued | SendNow | RunQueue
+)  # fmt: skip
 Command = SessionCommand | Resume
 
 # The frame type of each command, as clients send it.
@@ -116,6 +150,10 @@ FRAME_TYPES: dict[type, str] = {
     SetConfigOption: "set_config_option",
     SetMode: "set_mode",
     Revert: "revert",  # over HTTP (POST .../turns/<seq>/revert/), not the socket
+    EditQueued: "edit_queued",
+    RemoveQueued: "remove_queued",
+    SendNow: "send_now",
+    RunQueue: "run_queue",  # between workers only
     Resume: "resume",
 }
 
@@ -133,6 +171,8 @@ def parse(frame: dict[str, Any]) -> Command:
         if not isinstance(request, str) or not isinstance(option, str):
             raise Refused("bad_frame", "permission needs 'request' and 'option' strings")
         return AnswerPermission(request, option)
+    if kind in ("edit_queued", "remove_queued", "send_now"):
+        return _queue_change(kind, frame)
     if kind == "resume":
         after = frame.get("after", 0)
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
@@ -167,18 +207,35 @@ def parse_revert(seq: int, body: dict[str, Any]) -> Revert:
 
 
 def _prompt(frame: dict[str, Any]) -> Prompt:
-    client_id, text = frame.get("id"), frame.get("text")
+    client_id, text, queue = frame.get("id"), frame.get("text"), frame.get("queue", True)
     if not isinstance(client_id, str) or not is_client_id(client_id):
         raise Refused("bad_frame", "prompt needs an 'id' string of 1 to 100 printable characters")
-    if not isinstance(text, str):
-        raise Refused("bad_frame", "prompt needs a 'text' string")
+    if not isinstance(queue, bool):
+        raise Refused("bad_frame", "'queue' must be true or false")
     attachments = parse_attachments(frame.get("attachments"))
+    return Prompt(client_id, _prompt_text(text, "prompt"), tuple(attachments), queue)
+
+
+def _prompt_text(text: Any, frame_type: str) -> str:
+    if not isinstance(text, str):
+        raise Refused("bad_frame", f"{frame_type} needs a 'text' string")
     if not text.strip():
         raise Refused("empty_prompt", "a prompt needs some text")
     if len(text) > MAX_PROMPT_CHARS:
         raise Refused("prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters")
     # The agent gets the prompt as it is stored: text no one could encode is cleaned.
-    return Prompt(client_id, clean_text(text), tuple(attachments))
+    return clean_text(text)
+
+
+def _queue_change(kind: str, frame: dict[str, Any]) -> EditQueued | RemoveQueued | SendNow:
+    client_id = frame.get("id")
+    if not isinstance(client_id, str) or not is_client_id(client_id):
+        raise Refused("bad_frame", f"{kind} needs the queued prompt's 'id'")
+    if kind == "edit_queued":
+        return EditQueued(client_id, _prompt_text(frame.get("text"), kind))
+    if kind == "remove_queued":
+        return RemoveQueued(client_id)
+    return SendNow(client_id)
 
 
 # --- between workers -------------------------------------------------------------------------

@@ -187,6 +187,37 @@ class WorkspaceRevert(models.Model):
         return f"{self.session_id}@{self.seq} revert"
 
 
+class QueuedPrompt(models.Model):
+    """A prompt sent while its session was busy (a turn ran, the sandbox started), waiting to
+    run in `position` order (docs/websocket-api.md, "Queued prompts").
+
+    Every change is stored beside an event of the session in the same transaction
+    (`prompt_queued`, `queued_prompt_edited`, `queued_prompt_removed`, `prompt_steered`), and a
+    queued prompt starts by being deleted in the transaction that stores its `user_message`:
+    it runs once, whichever worker starts it. `attachments` are the prompt's checked
+    attachments as sent, images' data included (the log keeps only what they were).
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="queue")
+    client_id = models.CharField(max_length=100)
+    position = models.BigIntegerField()
+    text = models.TextField()
+    attachments = models.JSONField(default=list)
+    queued_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "client_id"], name="one_queued_prompt_per_id"
+            )
+        ]
+        indexes = [models.Index(fields=["session", "position"], name="queue_order")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} queued {self.client_id} at {self.position}"
+
+
 class Lease(models.Model):
     """Which worker owns a session's agent, until when, under which fencing token.
 

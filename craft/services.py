@@ -16,7 +16,17 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from craft.cluster import forwarding
-from craft.commands import AnswerPermission, Cancel, Prompt, Revert, SetConfigOption, SetMode
+from craft.commands import (
+    AnswerPermission,
+    Cancel,
+    EditQueued,
+    Prompt,
+    RemoveQueued,
+    Revert,
+    SendNow,
+    SetConfigOption,
+    SetMode,
+)
 from craft.errors import SessionError, SessionLimit
 from craft.live import delivery
 from craft.models import Session
@@ -35,6 +45,7 @@ __all__ = [
     "SessionLimit",
     "answer_permission",
     "cancel_turn",
+    "change_queue",
     "delete_session",
     "open_session",
     "post_prompt",
@@ -91,13 +102,20 @@ def delete_session(session: Session) -> None:
 
 
 async def post_prompt(session_id: uuid.UUID, prompt: Prompt) -> None:
-    """Store the prompt and start its turn in the background.
+    """Store the prompt and start its turn in the background, or queue it while a turn runs
+    or the sandbox starts (refused instead, `turn_running` or `sandbox_starting`, when the
+    prompt says `queue: false`).
 
-    Refused while a turn runs (`turn_running`) or the sandbox starts (`sandbox_starting`), for
-    images the agent does not take, and when the server shuts down. A repeated prompt id is
-    ignored.
+    Refused for images the agent does not take, when the queue is full, and when the server
+    shuts down. A repeated prompt id is ignored.
     """
     await forwarding.route(session_id, prompt)
+
+
+async def change_queue(session_id: uuid.UUID, change: EditQueued | RemoveQueued | SendNow) -> None:
+    """Edit or remove a queued prompt, or send it now (steer: the running turn is cancelled
+    and this prompt runs next). Refused with `not_queued` once the prompt has started."""
+    await forwarding.route(session_id, change)
 
 
 async def cancel_turn(session_id: uuid.UUID) -> None:

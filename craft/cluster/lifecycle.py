@@ -5,9 +5,12 @@ all of it:
 
 * **Start**: register this worker and close the turns of workers that are gone (after a crash
   or SIGKILL, the restarted server closes its predecessor's turns at once, without waiting
-  for anyone to prompt). Then housekeeping runs every few seconds: a heartbeat, and closing the
-  turns of workers that stopped answering. The sandbox reaper runs beside it, on a thread of
-  its own (`sandboxes.reaper`: idle agents, stuck, idle, orphan and vanished sandboxes).
+  for anyone to prompt). Then housekeeping runs every few seconds: a heartbeat, closing the
+  turns of workers that stopped answering, and starting the queued prompts of sessions where
+  nothing runs (their worker died or shut down, or their sandbox has become ready): each
+  through the session's owner, so a queued prompt runs once. The sandbox reaper runs beside
+  it, on a thread of its own (`sandboxes.reaper`: idle agents, stuck, idle, orphan and
+  vanished sandboxes).
 * **Websockets**: a client frame over daphne's size limit closes that socket with 1009 ("message
   too big") rather than dropping the connection.
 * **SIGTERM / SIGINT**: refuse new turns; give running turns `CRAFT_SHUTDOWN_GRACE_SECONDS` to
@@ -27,11 +30,15 @@ from typing import Any
 from django.conf import settings
 
 from craft.cluster import workers
-from craft.cluster.forwarding import listener
+from craft.cluster.forwarding import Unavailable, listener, route
 from craft.cluster.leases import ownership
+from craft.commands import RunQueue
+from craft.errors import Refused
+from craft.models import Session
 from craft.session_activity import session_activity
 from craft.storage.db import db_calls
 from craft.storage.eventlog import writer
+from craft.turns import queue
 from craft.turns.recovery import close_turns_of_gone_workers
 from craft.turns.registry import runners
 from sandboxes import services as sandbox_services
@@ -64,12 +71,14 @@ class Lifecycle:
         self._housekeeping: asyncio.Task[None] | None = None
         self._leases: asyncio.Task[None] | None = None
         self._reaping: asyncio.Task[None] | None = None
+        self._queues: dict[Any, asyncio.Task[None]] = {}  # RunQueue commands on their way
 
     async def start(self) -> None:
         closed = await db_calls.run(start_worker)
         if closed:
             logger.warning("closed %d turn(s) left by a server that is gone", closed)
         await listener.start()
+        await self._resume_queues()
         loop = asyncio.get_running_loop()
         self._housekeeping = loop.create_task(self._keep_house())
         self._leases = loop.create_task(self._keep_leases())
@@ -80,9 +89,22 @@ class Lifecycle:
             await asyncio.sleep(workers.HEARTBEAT_SECONDS)
             try:
                 await db_calls.run(housekeeping_once)
+                await self._resume_queues()
                 await _release_idle_sessions()
             except Exception:
                 logger.exception("housekeeping failed")
+
+    async def _resume_queues(self) -> None:
+        """Have each session whose queued prompts could run, and nothing runs, start them."""
+        for session_id in await db_calls.run(queue.sessions_waiting):
+            task = self._queues.get(session_id)
+            if (task is None or task.done()) and not runners.get(session_id).busy:
+                self._queues[session_id] = asyncio.get_running_loop().create_task(
+                    _run_queue(session_id)
+                )
+        for session_id, task in list(self._queues.items()):
+            if task.done():
+                del self._queues[session_id]
 
     async def _keep_leases(self) -> None:
         """Renew this worker's leases three times per lease period."""
@@ -123,6 +145,15 @@ class Lifecycle:
             "shut down: %d turn(s) interrupted, %d agent(s) stopped, %d provisioning(s) abandoned",
             len(still), stopped, abandoned,
         )  # fmt: skip
+
+
+async def _run_queue(session_id: Any) -> None:
+    try:
+        await route(session_id, RunQueue())
+    except (Refused, Unavailable, Session.DoesNotExist):
+        pass  # the owner is busy or silent, or the session is gone: the next round tries again
+    except Exception:
+        logger.exception("session %s: resuming its queue failed", session_id)
 
 
 async def _release_idle_sessions() -> None:

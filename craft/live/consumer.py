@@ -208,6 +208,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     async def handle_set_mode(self, change: commands.SetMode) -> None:
         await services.set_mode(self.session_id, change)
 
+    async def handle_queue_change(
+        self, change: commands.EditQueued | commands.RemoveQueued | commands.SendNow
+    ) -> None:
+        await services.change_queue(self.session_id, change)
+
     async def handle_resume(self, resume: commands.Resume) -> None:
         if self._pump is not None:
             self._pump.cancel()
@@ -224,6 +229,9 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         commands.AnswerPermission: handle_permission,
         commands.SetConfigOption: handle_set_config_option,
         commands.SetMode: handle_set_mode,
+        commands.EditQueued: handle_queue_change,
+        commands.RemoveQueued: handle_queue_change,
+        commands.SendNow: handle_queue_change,
         commands.Resume: handle_resume,
     }
 

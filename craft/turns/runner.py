@@ -14,13 +14,16 @@ to an agent run on `agent_calls`, never on the database threads, so a slow agent
 another session's storage. A follow-up prompt reuses the runner's live connection without
 touching the database or the connection cache.
 
-One turn at a time per session: a prompt that arrives while a turn runs is refused with the
-error code `turn_running` (the page disables its Send button meanwhile).
+One turn at a time per session: a prompt that arrives while a turn runs, or while the
+sandbox starts, waits in the session's queue (`craft.turns.queue`) and runs when the turn ends
+or the sandbox is ready; a client that asks not to queue (`"queue": false`) is refused with
+`turn_running` or `sandbox_starting` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from functools import partial
@@ -32,8 +35,12 @@ from django.db import IntegrityError
 from craft.commands import (
     AnswerPermission,
     Cancel,
+    EditQueued,
     Prompt,
+    RemoveQueued,
     Revert,
+    RunQueue,
+    SendNow,
     SessionCommand,
     SetConfigOption,
     SetMode,
@@ -43,7 +50,7 @@ from craft.models import Session
 from craft.storage.db import db_calls, db_sync_to_async
 from craft.storage.eventlog import Fence, Fenced, Stored, writer
 from craft.storage.titles import set_session_title
-from craft.turns import controls, records
+from craft.turns import controls, queue, records
 from craft.turns.agent_calls import call_agent
 from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
@@ -61,6 +68,9 @@ logger = logging.getLogger(__name__)
 # A sandbox's activity time is written at most this often (it feeds idle reaping, not the UI).
 ACTIVITY_EVERY = 60.0
 TURN_RUNNING = "the agent is still working on the previous prompt"
+SANDBOX_STARTING = "your sandbox is still starting: send it when it is ready"
+# How often a session with prompts waiting for its sandbox looks whether it is ready.
+SANDBOX_POLL_SECONDS = 0.5
 
 
 class SessionRunner:
@@ -84,6 +94,9 @@ class SessionRunner:
         self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
         # What the last agent of this runner takes in prompts (None: not known yet).
         self._prompt_capabilities: dict[str, bool] | None = None
+        # How many prompts wait in the session's queue (None: not known here; read it).
+        self._queued: int | None = None
+        self._waiting_for_sandbox: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> bool:
@@ -114,6 +127,15 @@ class SessionRunner:
                 await self.set_mode(mode)
             case Revert(seq=seq, path=path, hunk=hunk):
                 await self.revert(seq, path, hunk)
+            case EditQueued(id=client_id, text=text):
+                await self._change_queue(queue.edit, client_id, text)
+            case RemoveQueued(id=client_id):
+                await self._change_queue(queue.remove, client_id)
+                self._queued = None
+            case SendNow(id=client_id):
+                await self.send_now(client_id)
+            case RunQueue():
+                await self.run_queue()
 
     async def append(self, events: Events, *, client_id: str | None = None) -> Stored | None:
         """Store events of this session under this worker's lease (see craft.cluster)."""
@@ -123,12 +145,14 @@ class SessionRunner:
         """This worker lost the session's lease: stop its agent; store nothing more (the
         fence it holds is refused by the event log from now on)."""
         logger.warning("session %s: lease lost; stopping its agent here", self.session_id)
+        self._queued = None  # the new owner changes the queue from now on
         await self.drop_connection()
 
     # --- turns ----------------------------------------------------------------------------
 
     async def prompt(self, prompt: Prompt) -> bool:
-        """Store the prompt and start its turn; return False for a repeated client id.
+        """Store the prompt and start its turn, or queue it while the session is busy; return
+        False for a repeated client id.
 
         Its attachments go to the agent after the text; the log keeps what they were, not
         an image's bytes.
@@ -139,30 +163,127 @@ class SessionRunner:
         async with self._lock:
             if self.registry.closing:
                 raise Refused("shutting_down", "the server is restarting; send it again soon")
-            if self.connection is None and await records.sandbox_status(self.session_id) == (
-                Sandbox.Status.PROVISIONING
-            ):  # nothing is stored: the page keeps the message until the sandbox is ready
-                raise Refused(
-                    "sandbox_starting", "your sandbox is still starting: send it when it is ready"
-                )
-            if self.running:
-                if await records.prompt_seen(self.session_id, prompt.id):
-                    return False  # a resend of the prompt that started this turn
-                raise Refused("turn_running", TURN_RUNNING)
+            starting = self.connection is None and await records.sandbox_status(
+                self.session_id
+            ) == (Sandbox.Status.PROVISIONING)
+            if not prompt.queue:
+                if starting:  # nothing is stored: the client sends it again when it is ready
+                    raise Refused("sandbox_starting", SANDBOX_STARTING)
+                if self.running:
+                    if await records.prompt_seen(self.session_id, prompt.id):
+                        return False  # a resend of the prompt that started this turn
+                    raise Refused("turn_running", TURN_RUNNING)
+            if starting or self.running or await self._queue_length():
+                return await self._enqueue(prompt, starting)
             if self._late is not None:
                 await asyncio.gather(self._late, return_exceptions=True)
             await self.checkpoints.settle()
             stored = await self._store_prompt(prompt)
             if stored is None:
                 return False
-            self.turn = Turn(self, prompt, stored.first_seq)
-            self.turn.start()
+            self._start_turn(prompt, stored.first_seq)
+        await self._take_title(prompt)
+        return True
+
+    def _start_turn(self, prompt: Prompt, prompt_seq: int) -> None:
+        self.turn = Turn(self, prompt, prompt_seq)
+        self.turn.start()
+
+    async def _take_title(self, prompt: Prompt) -> None:
         if not self._titled:
             self._titled = True
             await db_calls.run(
                 partial(set_session_title, self.session_id, prompt.text, "prompt", fence=self.fence)
             )
+
+    # --- the queue (craft.turns.queue) ----------------------------------------------------
+
+    async def _queue_length(self) -> int:
+        if self._queued is None:
+            self._queued = await db_calls.run(queue.waiting, self.session_id)
+        return self._queued
+
+    async def _enqueue(self, prompt: Prompt, sandbox_starting: bool) -> bool:
+        """Queue the prompt (under the runner's lock); see that the queue moves on."""
+        if not await db_calls.run(queue.enqueue, self.session_id, prompt, self.fence):
+            return False
+        self._queued = (self._queued or 0) + 1
+        if sandbox_starting:
+            self._wait_for_sandbox()
+        elif not self.running:
+            self.queue_moves_on()  # the queue was not empty: its head goes first
         return True
+
+    async def _change_queue(self, change: Any, *args: Any) -> None:
+        async with self._lock:
+            await db_calls.run(change, self.session_id, *args, self.fence)
+
+    async def send_now(self, client_id: str) -> None:
+        """Steer: move a queued prompt to the head of the queue and cancel the running turn;
+        its end starts that prompt."""
+        await self._change_queue(queue.steer, client_id)
+        if self.running and self.turn is not None:
+            await self.turn.cancel()
+        else:
+            await self.run_queue()
+
+    def queue_moves_on(self) -> None:
+        """Start the queue's next prompt in the background (a turn just ended)."""
+        if self._queued != 0 and not self.registry.closing:
+            asyncio.get_running_loop().create_task(
+                self._run_queue_logged(), context=contextvars.Context()
+            )
+
+    async def _run_queue_logged(self) -> None:
+        task = self.task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            await asyncio.wait([task])  # called from the turn's end: let the turn finish
+        try:
+            await self.run_queue()
+        except (Fenced, Session.DoesNotExist):
+            pass  # another worker runs the session now, or it is gone
+        except Exception:
+            logger.exception("session %s: starting a queued prompt failed", self.session_id)
+
+    async def run_queue(self) -> None:
+        """Start the next queued prompt, unless a turn runs, the server is closing or the
+        sandbox is not ready (then it starts once it is)."""
+        async with self._lock:
+            if self.registry.closing or self.running:
+                return
+            if self.connection is None and await records.sandbox_status(self.session_id) == (
+                Sandbox.Status.PROVISIONING
+            ):
+                self._wait_for_sandbox()
+                return
+            if self._late is not None:
+                await asyncio.gather(self._late, return_exceptions=True)
+            await self.checkpoints.settle()
+            try:
+                started = await db_calls.run(queue.start_next, self.session_id, self.fence)
+            except IntegrityError:  # a turn of a gone worker is in the way: recovery closes it
+                return
+            if started is None:
+                self._queued = 0
+                return
+            prompt, stored = started
+            self._queued = None if self._queued is None else max(self._queued - 1, 0)
+            self._start_turn(prompt, stored.first_seq)
+        await self._take_title(prompt)
+
+    def _wait_for_sandbox(self) -> None:
+        """Run the queue once the session's sandbox is ready (looked at every half second)."""
+        if self._waiting_for_sandbox is None or self._waiting_for_sandbox.done():
+            self._waiting_for_sandbox = asyncio.get_running_loop().create_task(
+                self._sandbox_ready(), context=contextvars.Context()
+            )
+
+    async def _sandbox_ready(self) -> None:
+        while await records.sandbox_status(self.session_id) == Sandbox.Status.PROVISIONING:
+            if self.registry.closing or self._queued == 0:
+                return
+            await asyncio.sleep(SANDBOX_POLL_SECONDS)
+        await self._run_queue_logged()
 
     async def _store_prompt(self, prompt: Prompt) -> Stored | None:
         """Store the user_message, which starts the session's durable turn.
@@ -170,10 +291,7 @@ class SessionRunner:
         The database refuses a second running turn (another worker's, or one whose worker
         is gone and not yet closed: that one is closed here and the prompt stored after it).
         """
-        data: dict[str, Any] = {"id": prompt.id, "text": prompt.text}
-        if prompt.attachments:
-            data["attachments"] = [attachment.stored() for attachment in prompt.attachments]
-        event = [("user_message", data)]
+        event = [("user_message", queue.prompt_data(prompt))]
         try:
             return await self.append(event, client_id=prompt.id)
         except IntegrityError:

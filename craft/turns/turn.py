@@ -194,6 +194,7 @@ class Turn:
         await self.end(ending, reason)
         if self.used_tools:
             runner.checkpoints.after_turn(self.prompt_seq)
+        runner.queue_moves_on()
 
     async def _send(self, connection: AgentConnection) -> tuple[Events, str]:
         """Stream the turn; if the prompt could not even be written (the agent died just

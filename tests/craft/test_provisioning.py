@@ -61,19 +61,27 @@ def test_a_new_session_answers_at_once_while_its_pod_starts_then_works(kube, own
         socket = Socket(server, owner, session["id"])
         assert socket.hello["sandbox"]["status"] == "provisioning"
         socket.send({"type": "resume", "after": 0})
-        socket.send({"type": "prompt", "id": "early", "text": "pid"})
+        socket.send({"type": "prompt", "id": "early", "text": "pid", "queue": False})
         refused = socket.frame()
         assert refused["type"] == "error" and refused["code"] == "sandbox_starting", refused
         assert not Event.objects.filter(session_id=session["id"]).exists()  # nothing stored
+        # A prompt that may wait is queued, and runs once the sandbox is ready.
+        socket.send({"type": "prompt", "id": "queued", "text": "pid"})
+        queued = socket.frame()
+        assert (queued.get("kind"), queued.get("data")) == (
+            "prompt_queued",
+            {"id": "queued", "text": "pid"},
+        ), queued
 
         progress = follow_sandbox(server, owner, {"running", "failed"})
         assert progress[-1]["status"] == "running", progress[-1]
         details = [p["detail"] for p in progress if p["status"] == "provisioning"]
         assert any(d.startswith("pod Pending") for d in details), details
 
-        socket.send({"type": "prompt", "id": "ready", "text": "pid"})
-        frames = socket.until(lambda f: f.get("kind") == "turn_end")
+        frames = socket.until(lambda f: f.get("kind") == "turn_end")  # nobody sent it again
         assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+        started = [f["data"]["id"] for f in frames if f.get("kind") == "user_message"]
+        assert started == ["queued"]
         agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
         assert len(agents) == 1
         pod = f"craft-sandbox-{session['sandbox']}"

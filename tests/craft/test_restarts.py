@@ -179,3 +179,38 @@ def test_after_a_server_restart_the_next_prompt_restores_the_agent_s_memory(serv
     assert [f["data"] for f in frames if f.get("kind") == "agent_restarted"] == [
         {"restored": "resume"}
     ]
+
+
+def test_prompts_queued_on_a_killed_server_run_once_after_the_restart(servers, owner):
+    session = open_ready_session(owner, "queue restart")
+    first = servers()
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "long", "text": "slow 400 0.05"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    sock.send({"type": "prompt", "id": "q1", "text": "after one"})
+    sock.send({"type": "prompt", "id": "q2", "text": "after two"})
+    queued = [0]
+
+    def both_queued(frame):
+        queued[0] += frame.get("kind") == "prompt_queued"
+        return queued[0] == 2
+
+    sock.until(both_queued)
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    sock.close()
+    servers()  # its start closes the killed turn, then runs the queue
+
+    def ended(count):
+        return Event.objects.filter(session=session, kind="turn_end").count() >= count
+
+    wait_for(lambda: ended(3), timeout=60, what="the two queued prompts' turns")
+    log = [(kind, data) for _, kind, data in log_of(session)]
+    assert [d["text"] for k, d in log if k == "user_message"] == [
+        "slow 400 0.05", "after one", "after two",
+    ]  # fmt: skip
+    assert [d["stop_reason"] for k, d in log if k == "turn_end"] == [
+        "interrupted", "end_turn", "end_turn",
+    ]  # fmt: skip
+    assert not session.queue.exists()

@@ -139,12 +139,12 @@ async def test_a_repeated_prompt_id_gives_one_turn(session, cookie):
     await comm.disconnect()
 
 
-async def test_a_prompt_during_a_turn_is_refused_with_a_clear_error(session, cookie):
+async def test_a_prompt_that_may_not_queue_is_refused_during_a_turn(session, cookie):
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "a", "text": "slow 30 0.05"})
     await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
-    await comm.send_json_to({"type": "prompt", "id": "b", "text": "second"})
+    await comm.send_json_to({"type": "prompt", "id": "b", "text": "second", "queue": False})
     frames = await receive_until(comm, lambda f: f["type"] == "error")
     assert frames[-1]["code"] == "turn_running"
     await comm.send_json_to({"type": "cancel"})

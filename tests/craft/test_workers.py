@@ -152,6 +152,48 @@ def test_a_killed_owner_mid_turn_has_its_turn_closed_and_the_session_goes_on(wor
     watcher.close()
 
 
+def test_prompts_queued_at_a_killed_owner_run_once_on_the_survivor(workers, owner):
+    session = open_ready_session(owner, "queue failover")
+    first, second = workers(2)
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "long", "text": "slow 400 0.05"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    # Sent through the other worker: forwarded to the owner, which queues them.
+    watcher = Socket(second, owner, session.pk)
+    watcher.send({"type": "resume", "after": 0})
+    watcher.send({"type": "prompt", "id": "q1", "text": "after one"})
+    watcher.send({"type": "prompt", "id": "q2", "text": "after two"})
+    queued = [0]
+
+    def both_queued(frame: dict) -> bool:
+        assert frame.get("type") != "error", frame
+        queued[0] += frame.get("kind") == "prompt_queued"
+        return queued[0] == 2
+
+    watcher.until(both_queued)
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    sock.close()
+    ends = [0]
+
+    def third_end(frame: dict) -> bool:
+        ends[0] += frame.get("kind") == "turn_end"
+        return ends[0] == 3
+
+    watcher.until(third_end)  # nobody prompts: the survivor runs the queue
+    watcher.close()
+    log = [(kind, data) for _, kind, data in log_of(session)]
+    assert [d["text"] for k, d in log if k == "user_message"] == [
+        "slow 400 0.05", "after one", "after two",
+    ]  # fmt: skip
+    assert [d["stop_reason"] for k, d in log if k == "turn_end"] == [
+        "interrupted", "end_turn", "end_turn",
+    ]  # fmt: skip
+    assert owner_pid(session) == second.process.pid
+    assert not session.queue.exists()
+
+
 def test_a_paused_owner_that_lost_its_lease_stores_nothing_more_and_stops_its_agent(workers, owner):
     session = open_ready_session(owner, "paused owner")
     first, second = workers(2)
