@@ -217,7 +217,7 @@ async def test_failed_loads_are_shown_retried_and_then_render_once(page, hooks, 
         ],
     )
     await expect(banner).to_be_hidden()
-    await expect(page.locator("#transcript .msg.agent")).to_have_text("late reply")
+    await expect(page.locator("#transcript .msg.agent .bubble")).to_have_text("late reply")
     assert hooks.loads(session.pk) == 3
     await assert_page_matches_log(page, session)
 

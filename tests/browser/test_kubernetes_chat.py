@@ -66,24 +66,32 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     await expect(status).to_have_attribute("data-status", "provisioning")
     await expect(status.locator(".sandbox-detail")).to_contain_text("pod Pending")
     await expect(banner).to_contain_text("Your sandbox is starting… pod Pending")
-    await expect(page.locator("#send")).to_be_disabled()
+    # A message sent while the pod starts waits, and runs once the sandbox is ready.
+    await expect(page.locator("#send")).to_be_enabled()
     await page.fill("#prompt", "typed while the pod starts")
     await page.press("#prompt", "Enter")
-    await expect(page.locator("#frame-error")).to_contain_text("still starting")
-    await expect(page.locator("#prompt")).to_have_value("typed while the pod starts")
+    await expect(page.locator("#queue-list .queued-text")).to_have_text(
+        ["typed while the pod starts"]
+    )
+    await expect(page.locator("#prompt")).to_have_value("")
     await snap(page, "kubernetes-provisioning")
     await expect(status).to_have_attribute("data-status", "running", timeout=20000)
     await expect(banner).to_be_hidden()
-    await expect(page.locator("#send")).to_be_enabled()
+    ends = page.locator("#transcript .turn-end .label")
+    await expect(ends).to_have_text(["Done"], timeout=20000)  # nobody sent it again
+    await expect(page.locator("#queue")).to_be_hidden()
+    await expect(page.locator("#transcript .msg.agent .bubble")).to_have_text(
+        ["Echo: typed while the pod starts"]
+    )
     await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
 
     await page.fill("#prompt", "write from-browser.txt hello pod")
     await page.press("#prompt", "Enter")
     await page.locator("#transcript .permission").get_by_role("button", name="Allow").click()
-    await expect(page.locator("#transcript .turn-end .label")).to_have_text("Done")
+    await expect(ends).to_have_text(["Done", "Done"])
     await page.fill("#prompt", "pid")
     await page.press("#prompt", "Enter")
-    await expect(page.locator("#transcript .turn-end .label")).to_have_count(2)
+    await expect(ends).to_have_count(3)
 
     session = await db_sync_to_async(Session.objects.get)(owner=owner)
     pod = f"craft-sandbox-{session.sandbox_id}"
@@ -91,7 +99,7 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     assert (folder / "from-browser.txt").read_text() == "hello pod"
     agents = [e for e in kube_server.execs if "sandboxes.demo_agent" in e.argv]
     assert len(agents) == 1
-    await expect(page.locator("#transcript .msg.agent").last).to_have_text(
+    await expect(page.locator("#transcript .msg.agent .bubble").last).to_have_text(
         re.compile(rf"pid {agents[0].pid} [0-9a-f]+")
     )
     await snap(page, "kubernetes-chat")

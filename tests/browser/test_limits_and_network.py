@@ -39,7 +39,7 @@ async def test_a_hung_load_times_out_and_the_next_one_renders(page, hooks, sessi
     await expect(banner).to_contain_text("took too long", timeout=15000)
     await snap(page, "load-timed-out")
     await expect(banner).to_be_hidden(timeout=10000)
-    await expect(page.locator("#transcript .msg.agent")).to_have_text("stored reply")
+    await expect(page.locator("#transcript .msg.agent .bubble")).to_have_text("stored reply")
     assert hooks.loads(session.pk) == 2
     await send_prompt(page, "and live again")
     await expect(page.locator(TURN_END)).to_have_count(2)

@@ -468,3 +468,37 @@ describe("turn changes", () => {
     }
   });
 });
+
+describe("the queue", () => {
+  test("queued prompts are added, edited, steered, removed, and leave when they start", () => {
+    const fold = session();
+    fold("user_message", { id: "p1", text: "working" });
+    const queued = fold("prompt_queued", { id: "a", text: "first" });
+    assert.equal(queued.queue, true);
+    assert.equal(queued.block.kind, "quiet"); // nothing in the transcript until it runs
+    fold("prompt_queued", { id: "b", text: "second", attachments: [{ type: "file", path: "x.txt" }] });
+    fold("prompt_queued", { id: "c", text: "third" });
+    fold("prompt_queued", { id: "a", text: "a resend" }); // its id is taken: ignored
+    fold("queued_prompt_edited", { id: "a", text: "first, edited" });
+    fold("prompt_steered", { id: "c" });
+    const ids = () => fold.state.queue.map((q) => q.id);
+    assert.deepEqual(ids(), ["c", "a", "b"]);
+    assert.equal(fold.state.queue[1].text, "first, edited");
+    assert.deepEqual(fold.state.queue[2].attachments, ["x.txt"]);
+    fold("queued_prompt_removed", { id: "a" });
+    assert.equal(fold("queued_prompt_removed", { id: "gone" }).queue, undefined);
+    fold("turn_end", { stop_reason: "cancelled" });
+    const started = fold("user_message", { id: "c", text: "third" });
+    assert.equal(started.queue, true);
+    assert.deepEqual(ids(), ["b"]);
+    assert.equal(started.block.kind, "user");
+  });
+
+  test("a turn that did not end well offers to retry its prompt", () => {
+    const fold = session();
+    fold("user_message", { id: "p1", text: "try", attachments: [{ type: "file", path: "a.txt" }] });
+    assert.deepEqual(fold("turn_end", { stop_reason: "error" }).block.retry, { text: "try", files: ["a.txt"] });
+    fold("user_message", { id: "p2", text: "fine" });
+    assert.equal(fold("turn_end", { stop_reason: "end_turn" }).block.retry, null);
+  });
+});

@@ -39,6 +39,16 @@ export function blockDrawing({ paths, staff }) {
     details.appendChild(el("pre", "", paths.scrubHostPaths(text)));
   }
 
+  // Buttons of a whole message (render.mjs handles their clicks): [label, class, aria-label].
+  function messageActions(parent, actions) {
+    const holder = parent.appendChild(el("span", "msg-actions"));
+    for (const [label, className, description] of actions) {
+      const button = holder.appendChild(el("button", className, label));
+      button.type = "button";
+      button.setAttribute("aria-label", description);
+    }
+  }
+
   const BUILDERS = {
     user(block) {
       const record = newRecord(block, "div", "msg user");
@@ -48,12 +58,18 @@ export function blockDrawing({ paths, staff }) {
       if (block.attachments.length) {
         element.appendChild(el("p", "msg-attachments", `Attached: ${block.attachments.join(", ")}`));
       }
-      element.appendChild(el("div", "msg-meta")).appendChild(timeElement(block.time));
+      const meta = element.appendChild(el("div", "msg-meta"));
+      meta.appendChild(timeElement(block.time));
+      messageActions(meta, [["Copy", "msg-copy", "Copy your message"],
+        ["Edit", "msg-edit", "Edit and send again as a new message"]]);
       return record;
     },
     agent(block) {
       const record = newRecord(block, "div", "msg agent");
-      return Object.assign(record, { body: record.element.appendChild(el("div", "bubble")), shown: null });
+      const body = record.element.appendChild(el("div", "bubble"));
+      messageActions(record.element.appendChild(el("div", "msg-meta")),
+        [["Copy", "msg-copy", "Copy the agent's message"]]);
+      return Object.assign(record, { body, shown: null });
     },
     thought(block) {
       const record = newRecord(block, "details", "thought");
@@ -110,6 +126,11 @@ export function blockDrawing({ paths, staff }) {
       record.element.dataset.reason = block.reason;
       record.element.appendChild(el("span", "label", block.label));
       if (block.took) record.element.appendChild(el("span", "turn-meta", ` · ${block.took}`));
+      if (block.retry) {
+        const retry = record.element.appendChild(el("button", "turn-retry", "Retry"));
+        retry.type = "button";
+        retry.setAttribute("aria-label", "Retry: send the same message again");
+      }
       return record;
     },
     error(block) {

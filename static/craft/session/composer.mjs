@@ -1,7 +1,6 @@
 // The composer: sending a prompt (with its @ mentions and images), and stopping the agent.
 
 import { $ } from "./dom.mjs";
-import { FRAME_ERRORS } from "./words.mjs";
 
 // daphne's default websocket frame limit: a bigger frame closes the socket (close 1009).
 const MAX_FRAME_BYTES = 1024 * 1024;
@@ -28,25 +27,19 @@ function mentionedFiles(text) {
   return [...paths].map((path) => ({ type: "file", path }));
 }
 
-/** Start the composer; `connection` sends frames (socket.mjs). */
-export function createComposer({ connection, status, attachments, palette }) {
+/** Start the composer; `connection` sends frames (socket.mjs). While the agent works (or the
+ *  sandbox starts), what is sent waits in the session's queue (queue.mjs). */
+export function createComposer({ connection, status, attachments, palette, fold }) {
   const form = $("composer");
   const promptBox = $("prompt");
-  let pendingPrompt = null; // {id, text, key} until its user_message event arrives
+  let pendingPrompt = null; // {id, text, key} until its user_message (or prompt_queued) arrives
+  let recalled = null; // ↑ and ↓ through your earlier prompts: {index, draft}
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = promptBox.value;
     if (!text.trim()) {
       status.showFrameError("Type a message first.");
-      return;
-    }
-    if (status.running) {
-      status.showFrameError(FRAME_ERRORS.turn_running);
-      return;
-    }
-    if (status.sandboxStatus === "provisioning") {
-      status.showFrameError(FRAME_ERRORS.sandbox_starting);
       return;
     }
     const images = attachments.images();
@@ -81,8 +74,33 @@ export function createComposer({ connection, status, attachments, palette }) {
     }
   });
 
+  // ↑ at the start of the box recalls your earlier prompts (newest first), ↓ goes back.
+  function recall(event) {
+    if (event.shiftKey || event.altKey || event.ctrlKey || event.metaKey || event.isComposing) return false;
+    const up = event.key === "ArrowUp";
+    if (!up && event.key !== "ArrowDown") return false;
+    const atEdge = up
+      ? promptBox.selectionStart === 0 && promptBox.selectionEnd === 0
+      : promptBox.selectionStart === promptBox.value.length;
+    if (!atEdge || (!up && recalled === null)) return false;
+    const prompts = fold.blocks.filter((block) => block.kind === "user").map((block) => block.text);
+    if (!prompts.length) return false;
+    if (recalled === null) recalled = { index: prompts.length, draft: promptBox.value };
+    const index = recalled.index + (up ? -1 : 1);
+    if (index < 0) return true; // at the oldest: stay
+    event.preventDefault();
+    recalled.index = index;
+    promptBox.value = index >= prompts.length ? recalled.draft : prompts[index];
+    if (index >= prompts.length) recalled = null;
+    const end = up ? 0 : promptBox.value.length;
+    promptBox.setSelectionRange(end, end);
+    return true;
+  }
+  promptBox.addEventListener("input", () => (recalled = null));
+
   promptBox.addEventListener("keydown", (event) => {
     if (palette.handleKey(event)) return;
+    if (recall(event)) return;
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       form.requestSubmit();
@@ -102,9 +120,28 @@ export function createComposer({ connection, status, attachments, palette }) {
     stop();
   });
 
+  /** Send `text` (and workspace files) as a new prompt: "Retry" after a turn that failed. */
+  function resend(text, files) {
+    const message = { type: "prompt", id: newId(), text };
+    if (files && files.length) message.attachments = files.map((path) => ({ type: "file", path }));
+    if (connection.send(message)) status.announce("Sent again.");
+    else status.showFrameError("Not connected. Try again in a moment.");
+  }
+
+  /** Put an earlier prompt in the box to be edited and sent as a new one. */
+  function edit(text) {
+    promptBox.value = text;
+    promptBox.focus();
+    promptBox.setSelectionRange(text.length, text.length);
+    status.announce("Your message is in the box: change it, then send it as a new message.");
+  }
+
   return {
+    resend,
+    edit,
     /** A user message was stored (a block of the fold): the prompt it carries is sent. */
     promptStored(block) {
+      recalled = null;
       if (!pendingPrompt || pendingPrompt.id !== block.promptId) return;
       pendingPrompt = null;
       if (promptBox.value === block.text) promptBox.value = "";

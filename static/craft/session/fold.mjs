@@ -43,6 +43,9 @@ export function createFold({ paths, now = Date.now }) {
     agent: { prompt: {}, configOptions: null, modes: null, commands: [], usage: null },
     knownPaths: new Set(), // workspace paths seen in this session, for @ mentions
     changes: [], // the "changes" blocks, oldest first: the workspace panel's Changes tab
+    // Prompts waiting for the running turn to end, in the order they will run:
+    // {id, text, attachments}. docs/websocket-api.md, "Queued prompts".
+    queue: [],
     apply,
     refold,
     fail,
@@ -57,6 +60,7 @@ export function createFold({ paths, now = Date.now }) {
   const asked = new Map(); // `${turn}:${toolCallId}` -> the permission block asked for it
   const prompts = new Map(); // seq of a user_message -> its text, to name a turn's changes
   let step = null; // the step being folded
+  let lastPrompt = null; // the last user block
 
   /** Apply one event; return its step, or null for one already applied (or without a seq).
    *  Never throws. */
@@ -100,6 +104,12 @@ export function createFold({ paths, now = Date.now }) {
       case "agent_restarted": return agentRestarted(data);
       case "turn_changes": return workspaceChanges(event, data, false);
       case "workspace_reverted": return workspaceChanges(event, data, true);
+      case "prompt_queued":
+      case "queued_prompt_edited":
+      case "queued_prompt_removed":
+      case "prompt_steered":
+        followQueue(event.kind, data);
+        return quietBlock();
       case "agent_info":
       case "config_option_update":
       case "config_options_update":
@@ -139,6 +149,7 @@ export function createFold({ paths, now = Date.now }) {
   }
 
   function userMessage(event, data) {
+    if (fold.queue.some((queued) => queued.id === data.id)) followQueue("started", data);
     turn += 1;
     plan = null;
     turnTools = [];
@@ -154,10 +165,37 @@ export function createFold({ paths, now = Date.now }) {
       const size = Number.isFinite(a.bytes) ? ` (${formatBytes(a.bytes)})` : "";
       return `${str(a.name) || "image"}${size}`;
     });
-    return append({
+    lastPrompt = append({
       kind: "user", promptId: data.id, text, parts: [{ seq: event.seq, text }], attachments,
+      files: attached.filter((a) => a.type === "file" && typeof a.path === "string").map((a) => a.path),
       time: fold.turnStartedAt,
     });
+    return lastPrompt;
+  }
+
+  // The queue: prompt_queued adds a prompt at the end, an edit replaces its text, a removal
+  // or its user_message (it started) takes it out, prompt_steered moves it to the head.
+  function followQueue(kind, data) {
+    const id = data.id;
+    const index = fold.queue.findIndex((queued) => queued.id === id);
+    if (kind === "prompt_queued") {
+      if (index >= 0 || typeof id !== "string") return;
+      const attached = Array.isArray(data.attachments) ? data.attachments.filter(isObject) : [];
+      fold.queue.push({
+        id, text: str(data.text),
+        attachments: attached.map((a) => (a.type === "file" ? str(a.path) : str(a.name) || "image")),
+      });
+    } else if (index < 0) {
+      return;
+    } else if (kind === "queued_prompt_edited") {
+      fold.queue[index] = { ...fold.queue[index], text: str(data.text) };
+    } else if (kind === "prompt_steered") {
+      fold.queue.unshift(...fold.queue.splice(index, 1));
+    } else {
+      fold.queue.splice(index, 1); // removed, or started
+    }
+    fold.queue = [...fold.queue];
+    step.queue = true;
   }
 
   function textOf(data) {
@@ -335,7 +373,11 @@ export function createFold({ paths, now = Date.now }) {
         step.updated.push(card);
       }
     }
-    return append({ kind: "turn_end", reason, label: STOP_REASONS[reason] || "The turn ended", took });
+    // The turn's prompt, for "Retry" after a turn that did not end well.
+    const prompt = lastPrompt;
+    const retry = ["error", "interrupted", "max_tokens", "max_turn_requests", "refusal"].includes(reason) && prompt
+      ? { text: prompt.text, files: prompt.files } : null;
+    return append({ kind: "turn_end", reason, label: STOP_REASONS[reason] || "The turn ended", took, retry });
   }
 
   function agentError(data) {

@@ -10,7 +10,8 @@
 //   history.mjs      stored events over HTTP
 //   status.mjs       what the page shows around the transcript
 //   controls.mjs     the agent's own controls
-//   composer.mjs     sending prompts, stopping the agent
+//   composer.mjs     sending prompts, stopping the agent, ↑ recall, edit and retry
+//   queue.mjs        prompts waiting for the running turn: edit, remove, send now
 //   palette.mjs      "/" commands and "@" files in the prompt box
 //   attachments.mjs  images for the next prompt
 //   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
@@ -25,6 +26,7 @@ import { $ } from "./dom.mjs";
 import { createFold } from "./fold.mjs";
 import { fetchJson, loadHistory } from "./history.mjs";
 import { createPalette } from "./palette.mjs";
+import { createQueue } from "./queue.mjs";
 import { workspacePaths } from "./paths.mjs";
 import { createView } from "./render.mjs";
 import { followBottom } from "./scroll.mjs";
@@ -82,10 +84,15 @@ const view = createView({
     showError: status.showFrameError,
     fetchEvent: (seq) => fetchJson(root.dataset.eventUrl.replace(/0\/$/, `${seq}/`)),
     openChanges: workspace.openChanges,
+    retry: (text, files) => composer.resend(text, files),
+    edit: (text) => composer.edit(text),
   },
 });
 const attachments = createAttachments({ fold, status });
-const composer = createComposer({ connection, status, attachments, palette: createPalette({ fold, workspace }) });
+const composer = createComposer({
+  connection, status, attachments, fold, palette: createPalette({ fold, workspace }),
+});
+const queue = createQueue({ fold, send: connection.send, status });
 
 // Apply one event: fold it, draw it, and let the page around the transcript follow.
 function applyEvent(event, live = false) {
@@ -96,6 +103,10 @@ function applyEvent(event, live = false) {
   if (step.title) status.setTitle(step.title);
   if (step.controls) controls.changed();
   if (step.block.kind === "changes") workspace.changesArrived();
+  if (step.queue) {
+    queue.draw();
+    if (event.kind === "prompt_queued") composer.promptStored({ promptId: event.data.id, text: event.data.text });
+  }
   if (live && !step.failed) followLive(event.kind, step.block);
 }
 
@@ -107,6 +118,9 @@ function followLive(kind, block) {
       status.setRunning(true);
       status.announce("The agent is working.");
       sessionsChanged();
+      break;
+    case "prompt_queued":
+      status.announce("Your message will be sent when the agent is done.");
       break;
     case "permission_request":
       status.announce(`The agent asks for permission: ${block.title}.`);
@@ -160,6 +174,10 @@ function firstLoadDone() {
 
 function refused(frame) {
   if (frame.code === "not_running") return; // Stop raced with the end of the turn
+  if (frame.code === "not_queued" && queue.notQueued()) {
+    status.showFrameError(`${FRAME_ERRORS.not_queued} Your edit is in the box.`);
+    return;
+  }
   controls.revert(); // a refused change: the pickers go back to what the agent said
   status.showFrameError(FRAME_ERRORS[frame.code] || "The server did not accept that. Try again in a moment.");
 }

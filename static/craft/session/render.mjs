@@ -245,6 +245,14 @@ export function createView({ transcript, fold, paths, staff, scroll, libraries, 
     if (toggle) return toggleCollapsible(toggle);
     const copy = clicked.closest(".code-block .copy");
     if (copy) return copyText(copy, copy.closest(".code-block").querySelector("code").textContent, hooks.announce);
+    const message = clicked.closest(".msg-copy, .msg-edit, .turn-retry");
+    if (message) {
+      const block = blockOf.get(message.closest(".msg, .turn-end"));
+      if (!block) return;
+      if (message.classList.contains("msg-copy")) return copyText(message, block.text, hooks.announce);
+      if (message.classList.contains("msg-edit")) return hooks.edit(block.text);
+      return hooks.retry(block.retry.text, block.retry.files);
+    }
     const more = clicked.closest(".show-all");
     if (more && !more.disabled) return showAll(more);
     const summary = clicked.closest(".thought > summary");

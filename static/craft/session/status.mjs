@@ -56,8 +56,9 @@ export function createStatus({ root, turnStartedAt }) {
   function setRunning(value) {
     running = Boolean(value);
     root.dataset.running = running ? "true" : "false";
-    // Nothing can be sent while a turn runs, or while the sandbox is not running.
-    sendButton.disabled = running || Boolean(sandboxStatus && sandboxStatus !== "running");
+    // While a turn runs (or the sandbox starts) what is sent waits in the queue; nothing can
+    // be sent to a sandbox that is stopped or failed.
+    sendButton.disabled = Boolean(sandboxStatus && !["running", "provisioning"].includes(sandboxStatus));
     stopButton.hidden = !running;
     working.hidden = !running;
     clearInterval(workingTimer);
@@ -102,8 +103,7 @@ export function createStatus({ root, turnStartedAt }) {
     promptBox.disabled = !usable;
     const empty = $("empty-transcript");
     if (empty && !usable) empty.hidden = true;
-    if (!usable || status === "provisioning") sendButton.disabled = true;
-    else sendButton.disabled = running;
+    sendButton.disabled = !usable;
   }
 
   // "Try again" on a failed sandbox: set it up again for this session (POST /api/sandbox/),

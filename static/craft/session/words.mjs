@@ -25,6 +25,8 @@ export const ANSWERS = {
 export const FRAME_ERRORS = {
   turn_running: "The agent is still working on your previous message. Wait for it, or press Stop.",
   sandbox_starting: "Your sandbox is still starting. Your message is kept: send it when the sandbox is ready.",
+  queue_full: "20 messages are already waiting. Your message is kept: send it when some have run, or remove some.",
+  not_queued: "That message had already been sent to the agent, so it could not be changed.",
   empty_prompt: "Type a message first.",
   prompt_too_long: "That message is too long for the agent. It's still in the box: shorten it and send again.",
   unknown_request: "That question is no longer open: the agent has moved on.",
