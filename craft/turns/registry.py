@@ -25,7 +25,7 @@ class RunnerRegistry:
     async def handle(self, session_id: UUID, command: SessionCommand, token: int) -> None:
         """Carry out a command of a session this worker owns under the lease `token`."""
         runner = self.get(session_id)
-        runner.fence = (workers.me().key, token)
+        runner.take_fence((workers.me().key, token))
         await runner.handle(command)
 
     async def lose(self, session_id: UUID) -> None:

@@ -137,6 +137,13 @@ class SessionRunner:
             case RunQueue():
                 await self.run_queue()
 
+    def take_fence(self, fence: Fence) -> None:
+        """Run the next command under this lease. A new lease means another worker may have
+        owned the session meanwhile: what this runner knew of its queue is forgotten."""
+        if fence != self.fence:
+            self._queued = None
+        self.fence = fence
+
     async def append(self, events: Events, *, client_id: str | None = None) -> Stored | None:
         """Store events of this session under this worker's lease (see craft.cluster)."""
         return await writer.append(self.session_id, events, client_id=client_id, fence=self.fence)

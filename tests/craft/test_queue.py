@@ -132,8 +132,12 @@ async def test_a_full_queue_refuses_more_and_keeps_what_it_has(session, cookie):
     assert error["code"] == "queue_full"
     count = db_sync_to_async(QueuedPrompt.objects.filter(session=session).count)
     assert await count() == MAX_QUEUED
+    for n in range(MAX_QUEUED):  # nothing may run after the test
+        await comm.send_json_to({"type": "remove_queued", "id": f"q{n}"})
+    await until_kind(comm, "queued_prompt_removed", MAX_QUEUED)
     await comm.send_json_to({"type": "cancel"})
     await receive_until(comm, is_turn_end)
+    assert await count() == 0
     await comm.disconnect()
 
 
