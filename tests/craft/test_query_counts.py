@@ -66,9 +66,10 @@ async def test_a_cached_follow_up_reads_nothing_and_writes_only_the_log(owner, c
     assert {thread for thread, _ in seen} == {"craft-event-writer"}
     done = what(seen)
     # The prompt's commit checks its id, registers the worker (a no-op) and starts the turn's
-    # row; the turn_end's commit ends it. The reply and the end are one commit or two.
+    # row; the turn_end's commit ends it. The reply, the agent's usage_update and the end are
+    # one to three commits, as the writer finds them waiting (on a busy machine, one each).
     commits = done["seq"]
-    assert commits in (2, 3)
+    assert commits in (2, 3, 4)
     per_commit = Counter(["fence", "seq", "events"] * commits)
     assert done == per_commit + Counter(["prompt seen", "worker", "turn starts", "turn ends"])
     await comm.disconnect()
