@@ -66,6 +66,7 @@ class Sandbox(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name_plural = "sandboxes"
         constraints = [
             models.UniqueConstraint(
                 fields=["owner"],
