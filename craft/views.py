@@ -117,7 +117,10 @@ def session_list(request: SignedInRequest) -> HttpResponse:
 @login_required
 def new_session(request: SignedInRequest) -> HttpResponse:
     try:
-        session = services.open_session(request.user, request.POST.get("title", ""))
+        # An untouched session (no message yet) is opened again rather than another made.
+        session = services.open_session(
+            request.user, request.POST.get("title", ""), reuse_untouched=True
+        )
     except services.SessionError as exc:
         # Too many sessions, or a sandbox being stopped; one that cannot start is shown on
         # the new session's page (it starts in the background).
