@@ -14,12 +14,14 @@ from django.urls import reverse
 
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
-from craft.workspace_paths import NEUTRAL, workspace_path
+from sandboxes.services import workspace_path
 from tests.ready import open_ready_session
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+NEUTRAL = "/workspace"  # what a person sees instead of the workspace's host path
 
 
 def events_naming(session, workspace, earlier):
@@ -40,7 +42,7 @@ def earlier_folder(session):
     return f"/srv/elsewhere/old-sandbox/sessions/{session.pk}"
 
 
-def test_the_page_and_the_events_api_never_show_a_person_the_host_path(client, owner):
+def test_the_page_and_the_events_api_show_the_host_path_to_staff_only(client, owner, staff):
     session = open_ready_session(owner)
     workspace = workspace_path(session.sandbox, session.pk)
     assert workspace.startswith(session.sandbox.reference)
@@ -62,16 +64,15 @@ def test_the_page_and_the_events_api_never_show_a_person_the_host_path(client, o
     assert data[1]["data"]["title"] == f"Read {NEUTRAL}/notes.txt"
     assert data[3]["data"]["message"] == f"could not open {NEUTRAL}/missing.txt"
 
-
-def test_staff_see_the_real_path(client, staff):
-    session = open_ready_session(staff)
-    workspace = workspace_path(session.sandbox, session.pk)
-    append_events(session.pk, events_naming(session, workspace, earlier_folder(session)))
+    # Staff see the real path in their own sessions.
+    theirs = open_ready_session(staff)
+    real = workspace_path(theirs.sandbox, theirs.pk)
+    append_events(theirs.pk, events_naming(theirs, real, earlier_folder(theirs)))
     client.force_login(staff)
-    page = client.get(reverse("session", args=[session.pk])).content.decode()
-    assert f'data-workspace="{workspace}"' in page
-    events = client.get(reverse("api_session_events", args=[session.pk])).json()["events"]
-    assert events[1]["data"]["locations"] == [{"path": f"{workspace}/notes.txt"}]
+    page = client.get(reverse("session", args=[theirs.pk])).content.decode()
+    assert f'data-workspace="{real}"' in page
+    events = client.get(reverse("api_session_events", args=[theirs.pk])).json()["events"]
+    assert events[1]["data"]["locations"] == [{"path": f"{real}/notes.txt"}]
 
 
 async def turn_frames(user, text):
@@ -90,14 +91,11 @@ async def turn_frames(user, text):
 
 
 @pytest.mark.asyncio
-async def test_a_real_turn_s_frames_never_carry_the_host_path_to_its_owner(owner):
+async def test_a_real_turn_s_frames_carry_the_host_path_to_staff_only(owner, staff):
     session, _, frames = await turn_frames(owner, "read notes.txt")
     assert session.sandbox.reference not in frames
     assert '"locations": [{"path": "/workspace/notes.txt"}]' in frames
     assert "file:///workspace/notes.txt" in frames  # the link the agent was sent
 
-
-@pytest.mark.asyncio
-async def test_a_real_turn_s_frames_carry_the_real_path_to_staff(staff):
     _, workspace, frames = await turn_frames(staff, "read notes.txt")
     assert f'"locations": [{{"path": "{workspace}/notes.txt"}}]' in frames

@@ -12,7 +12,6 @@ import pytest
 
 from craft.models import Event, Session
 from craft.storage.db import db_sync_to_async
-from craft.turns import records
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
@@ -38,8 +37,8 @@ async def stop_during_a_turn(comm, session, **how):
 @pytest.mark.parametrize(
     ("how", "reason", "message"),
     [
-        ({"by_staff": True}, "sandbox_stopped_by_staff", records.STOPPED_BY_STAFF),
-        ({}, "sandbox_stopped", records.SANDBOX_STOPPED),
+        ({"by_staff": True}, "sandbox_stopped_by_staff", "An administrator stopped"),
+        ({}, "sandbox_stopped", "This session's sandbox was stopped"),
     ],
 )
 async def test_a_turn_cut_short_by_a_stopped_sandbox_says_so_and_is_not_cancelled(
@@ -49,7 +48,8 @@ async def test_a_turn_cut_short_by_a_stopped_sandbox_says_so_and_is_not_cancelle
     ending = await stop_during_a_turn(comm, session, **how)
     await comm.disconnect()
     errors = [e["data"] for e in ending if e["kind"] == "agent_error"]
-    assert errors == [{"message": message, "reason": reason}]
+    assert [e.get("reason") for e in errors] == [reason]
+    assert errors[0]["message"].startswith(message)
     assert ending[-1]["data"] == {"stop_reason": "interrupted"}
     assert [e for e in ending if e["kind"] == "turn_end"] == [ending[-1]]
 
