@@ -170,7 +170,8 @@ class SandboxAdmin(admin.ModelAdmin):
     def describe(self, sandbox: Sandbox) -> str:
         """Return what the terminate confirmation says of a sandbox."""
         agents = services.live_connection_count(sandbox.pk)
-        return f"{sandbox.status}, {agents} live agent{'' if agents == 1 else 's'} here"
+        plural = "" if agents == 1 else "s"
+        return f"{sandbox.status}, {agents} live agent{plural} in this server process"
 
     @admin.action(description="Stop idle agent connections", permissions=["change"])
     def stop_idle_connections(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:

@@ -18,7 +18,7 @@ from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
 from ..server import Daphne
-from .conftest import OUTPUT, signed_in_page, snap
+from .conftest import OUTPUT, assert_accessible, signed_in_page, snap
 from .test_chat_page import open_page, send_prompt
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -119,6 +119,7 @@ async def test_an_administrator_stopping_the_sandbox_is_told_and_the_next_messag
     await staff_page.select_option('select[name="action"]', "terminate")
     await staff_page.locator('button[name="index"]').click()  # "Go"
     await expect(staff_page.locator("#content")).to_contain_text("Terminate 1 sandbox?")
+    await assert_accessible(staff_page, "the terminate confirmation")
     await snap(staff_page, "status-admin-terminate-confirmation")
     await staff_page.get_by_role("button", name="Yes, terminate").click()
     await expect(staff_page.locator(".messagelist")).to_contain_text("Terminated 1 sandbox.")
@@ -136,6 +137,7 @@ async def test_an_administrator_stopping_the_sandbox_is_told_and_the_next_messag
         "An administrator stopped your sandbox."
     )
     await expect(page.locator("#prompt")).to_be_enabled()
+    await assert_accessible(page, "a session whose sandbox an administrator stopped")
     await snap(page, "status-admin-terminated")
 
     await send_prompt(page, "hello again")

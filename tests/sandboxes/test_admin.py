@@ -70,7 +70,7 @@ def test_the_terminate_action_asks_first_then_terminates_and_stops_agents(
     page = response.content.decode()
     assert "Terminate 1 sandbox?" in page
     assert "2 sessions" in page
-    assert "1 live agent here" in page
+    assert "1 live agent in this server process" in page
     assert 'name="post" value="yes"' in page
     assert f'value="{busy_sandbox.pk}"' in page
     busy_sandbox.refresh_from_db()
