@@ -1,4 +1,4 @@
-"""Sessions and their events in the admin; events are the record, so they are read-only.
+"""Sessions in the admin, with a link to their events (the record: read-only, never edited).
 
 The sandbox inventory (`sandboxes.admin`) is extended here with what only this app knows:
 each sandbox's sessions, its running turns, and its sessions' last activity (for idle time).
@@ -6,45 +6,70 @@ each sandbox's sessions, its running turns, and its sessions' last activity (for
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from uuid import UUID
 
 from django.contrib import admin
 from django.db.models import Count, Max, Q, QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
-from craft.models import Event, Session, Turn
+from craft.api import MAX_EVENTS_PAGE
+from craft.models import Session, Turn
+from craft.storage.eventlog import events_json_after
 from sandboxes.admin import SandboxAdmin
 from sandboxes.models import Sandbox
 
 
-class EventInline(admin.TabularInline):
-    model = Event
-    fields = ("seq", "kind", "data", "created_at")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    ordering = ["seq"]
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
+    """A session's record; its transcript is linked, not drawn inline (a long session has
+    tens of thousands of events: megabytes of HTML and seconds to render)."""
+
     list_display = ["title", "owner", "sandbox", "last_seq", "updated_at", "worker"]
     list_select_related = ["owner", "sandbox", "lease"]
     search_fields = ["title", "owner__username", "id"]
     readonly_fields = [
-        "id", "owner", "sandbox", "agent_session_id", "last_seq", "created_at", "worker",
+        "id", "owner", "sandbox", "agent_session_id", "last_seq", "transcript", "created_at",
+        "updated_at", "worker",
     ]  # fmt: skip
-    inlines = [EventInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.transcript_view)
+        name = f"{self.opts.app_label}_{self.opts.model_name}_transcript"
+        return [path("<uuid:session_id>/transcript/", view, name=name), *super().get_urls()]
+
+    def transcript_view(self, request: HttpRequest, session_id: UUID) -> HttpResponse:
+        """Return the session's events as the HTTP API's events page does (`after`, `limit`),
+        for staff, whoever owns the session."""
+        session = self.get_object(request, str(session_id))
+        if session is None or not self.has_view_permission(request, session):
+            raise Http404("no such session")
+        try:
+            after = max(int(request.GET.get("after", "0")), 0)
+            limit = min(max(int(request.GET.get("limit", MAX_EVENTS_PAGE)), 1), MAX_EVENTS_PAGE)
+        except ValueError:
+            after, limit = 0, MAX_EVENTS_PAGE
+        events = events_json_after(session.pk, after, limit + 1)
+        rest = json.dumps({"has_more": len(events) > limit, "last_seq": session.last_seq})
+        body = '{"events":[' + ",".join(events[:limit]) + "]," + rest[1:]
+        return HttpResponse(body, content_type="application/json")
+
+    @admin.display(description="transcript")
+    def transcript(self, session: Session) -> SafeString:
+        url = reverse("admin:craft_session_transcript", args=[session.pk])
+        count = f"{session.last_seq} event{'' if session.last_seq == 1 else 's'}"
+        return format_html(
+            '<a href="{}">{}, as JSON</a> (pages of {}: add <code>?after=N</code>)',
+            url, count, MAX_EVENTS_PAGE,
+        )  # fmt: skip
 
     @admin.display(description="worker (lease)")
     def worker(self, session: Session) -> str:
@@ -94,6 +119,14 @@ class SandboxWithSessionsAdmin(SandboxAdmin):
 
     def session_activity(self, sandbox: Sandbox) -> datetime | None:
         return getattr(sandbox, "_session_activity", None)
+
+    def describe(self, sandbox: Sandbox) -> str:
+        sessions = sandbox.sessions.count()
+        turns = Turn.objects.running().filter(session__sandbox=sandbox).count()
+        return (
+            f"{super().describe(sandbox)}, {sessions} session{'' if sessions == 1 else 's'}, "
+            f"{turns} running turn{'' if turns == 1 else 's'}"
+        )
 
     @admin.display(description="sessions", ordering="_session_count")
     def session_count(self, sandbox: Sandbox) -> int:

@@ -12,7 +12,7 @@ from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_http_methods
 
-from craft import services
+from craft import services, workspace_paths
 from craft.http import SignedInRequest
 from craft.models import Event, Session, Turn
 from craft.storage.eventlog import events_json_after
@@ -143,8 +143,12 @@ def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     if after < 0 or limit < 1:
         return error(400, "invalid", "'after' must be >= 0 and 'limit' >= 1")
     # The events are spliced in as the JSON text they are stored as: a long session's page
-    # load must not decode and re-encode thousands of events.
+    # load must not decode and re-encode thousands of events. The workspace's host path is
+    # replaced for people who are not staff (craft.workspace_paths).
     events = events_json_after(session.pk, after, limit + 1)
+    scrub = workspace_paths.scrubber_for(request.user, session.sandbox, session.pk)
+    if scrub is not None:
+        events = [scrub(event) for event in events]
     rest = json.dumps(
         {
             "has_more": len(events) > limit,
@@ -165,7 +169,8 @@ def session_event(request: SignedInRequest, session_id: UUID, seq: int) -> HttpR
     event = None if session is None else Event.objects.filter(session=session, seq=seq).first()
     if event is None:
         return error(404, "not_found", "no such event")
-    return JsonResponse(
+    assert session is not None
+    body = json.dumps(
         {
             "seq": event.seq,
             "kind": event.kind,
@@ -173,6 +178,8 @@ def session_event(request: SignedInRequest, session_id: UUID, seq: int) -> HttpR
             "created_at": event.created_at.isoformat(),
         }
     )
+    scrub = workspace_paths.scrubber_for(request.user, session.sandbox, session.pk)
+    return HttpResponse(scrub(body) if scrub else body, content_type="application/json")
 
 
 @require_http_methods(["GET", "POST", "DELETE"])

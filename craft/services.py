@@ -39,6 +39,8 @@ from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_TITLE = "New session"
+
 
 __all__ = [
     "SessionError",
@@ -56,26 +58,40 @@ __all__ = [
 ]
 
 
-def open_session(user: User, title: str = "") -> Session:
+def open_session(user: User, title: str = "", *, reuse_untouched: bool = False) -> Session:
     """Create a session in the user's sandbox, at once.
 
     A sandbox that is not running yet is provisioned in the background (see
     `sandbox_services.request_sandbox`): the session's page follows its progress, and its
     agent starts, in the session's own workspace, at the first prompt after it is ready.
+    With `reuse_untouched` (the page's "New session") and no title, the user's newest session
+    that nothing happened in yet (no event, the default title, in that sandbox) is returned
+    instead of a new one, so that pressing the button again piles up no empty sessions.
     Raises SessionLimit when the user has CRAFT_MAX_SESSIONS_PER_USER sessions (concurrent
     requests can pass it by a few), SessionError when the sandbox is being stopped.
     """
+    sandbox = None
+    if reuse_untouched and not clean_title(title):
+        sandbox = sandbox_services.request_sandbox(user)
+        untouched = (
+            Session.objects.owned_by(user)
+            .filter(sandbox=sandbox, last_seq=0, title=DEFAULT_TITLE)
+            .order_by("-created_at")
+            .first()
+        )
+        if untouched is not None:
+            return untouched
     limit = settings.CRAFT_MAX_SESSIONS_PER_USER
     if limit and Session.objects.owned_by(user).count() >= limit:
         raise SessionLimit(
             f"you have {limit} sessions, the most one person can have: delete some first"
         )
-    sandbox = sandbox_services.request_sandbox(user)
+    sandbox = sandbox or sandbox_services.request_sandbox(user)
     if sandbox.status not in (Sandbox.Status.RUNNING, Sandbox.Status.PROVISIONING):
         # Terminating (a failed one was claimed for provisioning above).
         raise SessionError("your sandbox is being stopped: open a session again in a moment")
     return Session.objects.create(
-        owner=user, sandbox=sandbox, title=clean_title(title) or "New session"
+        owner=user, sandbox=sandbox, title=clean_title(title) or DEFAULT_TITLE
     )
 
 

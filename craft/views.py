@@ -6,7 +6,6 @@ log, the same data every API client reads: see "One renderer" in docs/architectu
 
 from __future__ import annotations
 
-import logging
 import math
 from uuid import UUID
 
@@ -21,14 +20,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from craft import services
+from craft import services, workspace_paths
 from craft.api import MAX_EVENTS_PAGE
 from craft.http import SignedInRequest
 from craft.models import Session
-from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
-
-logger = logging.getLogger(__name__)
 
 
 def _own_session(request: SignedInRequest, session_id: UUID) -> Session:
@@ -63,15 +59,8 @@ def _page_context(request: SignedInRequest, session: Session | None) -> dict[str
 
 
 def session_workspace(session: Session) -> str:
-    """Return the session's workspace as its agent sees it (the agent's cwd), or "".
-
-    The page uses it only to show paths relative to the workspace, never the host's.
-    """
-    try:
-        return sandbox_services.workspace_path(session.sandbox, session.pk)
-    except Exception:
-        logger.exception("no workspace path for session %s", session.pk)
-        return ""
+    """Return the session's workspace as its agent sees it (the agent's cwd), or ""."""
+    return workspace_paths.workspace_path(session.sandbox, session.pk)
 
 
 @require_GET
@@ -92,7 +81,9 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     pages = range(0, session.last_seq, MAX_EVENTS_PAGE)
     context.update(
         running=session.running,
-        workspace=session_workspace(session),
+        # Only to show paths relative to it; people who are not staff never see the host's
+        # path (craft.workspace_paths).
+        workspace=workspace_paths.shown_workspace(request.user, session.sandbox, session.pk),
         page_size=MAX_EVENTS_PAGE,
         history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],
     )
@@ -126,7 +117,10 @@ def session_list(request: SignedInRequest) -> HttpResponse:
 @login_required
 def new_session(request: SignedInRequest) -> HttpResponse:
     try:
-        session = services.open_session(request.user, request.POST.get("title", ""))
+        # An untouched session (no message yet) is opened again rather than another made.
+        session = services.open_session(
+            request.user, request.POST.get("title", ""), reuse_untouched=True
+        )
     except services.SessionError as exc:
         # Too many sessions, or a sandbox being stopped; one that cannot start is shown on
         # the new session's page (it starts in the background).

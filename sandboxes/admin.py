@@ -6,8 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -131,25 +133,53 @@ class SandboxAdmin(admin.ModelAdmin):
             return f"check failed: {exc}"
         return f"{'ok' if health.ok else 'unhealthy'}: {health.detail}"
 
-    @admin.action(description="Terminate selected sandboxes", permissions=["change"])
-    def terminate(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:
+    @admin.action(description="Terminate selected sandboxes…", permissions=["change"])
+    def terminate(
+        self, request: HttpRequest, queryset: QuerySet[Sandbox]
+    ) -> TemplateResponse | None:
+        """Ask first (a page listing them, as Django's delete action does), then terminate.
+
+        Their users are told that an administrator stopped the sandbox (`by_staff`), and
+        their sessions go on in a new sandbox at their next message.
+        """
+        live = queryset.exclude(status=Sandbox.Status.TERMINATED)
+        if request.POST.get("post") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Terminate sandboxes?",
+                "opts": self.model._meta,
+                "rows": [(sandbox, self.describe(sandbox)) for sandbox in live],
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(
+                request, "admin/sandboxes/sandbox/terminate_confirmation.html", context
+            )
         done = 0
-        for sandbox in queryset.exclude(status=Sandbox.Status.TERMINATED):
-            sandbox = services.terminate_sandbox(sandbox)
+        for sandbox in live:
+            sandbox = services.terminate_sandbox(sandbox, by_staff=True)
             if sandbox.status == Sandbox.Status.TERMINATED:
                 done += 1
             else:
                 self.message_user(
                     request, f"{sandbox.pk}: {sandbox.error or sandbox.status}", messages.ERROR
                 )
-        self.message_user(request, f"Terminated {done} sandbox(es).", messages.SUCCESS)
+        plural = "sandbox" if done == 1 else "sandboxes"
+        self.message_user(request, f"Terminated {done} {plural}.", messages.SUCCESS)
+        return None
+
+    def describe(self, sandbox: Sandbox) -> str:
+        """Return what the terminate confirmation says of a sandbox."""
+        agents = services.live_connection_count(sandbox.pk)
+        plural = "" if agents == 1 else "s"
+        return f"{sandbox.status}, {agents} live agent{plural} in this server process"
 
     @admin.action(description="Stop idle agent connections", permissions=["change"])
     def stop_idle_connections(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:
         stopped = sum(
             services.stop_idle_connections(sandbox, idle_seconds=0) for sandbox in queryset
         )
-        self.message_user(request, f"Stopped {stopped} idle agent connection(s).", messages.SUCCESS)
+        plural = "connection" if stopped == 1 else "connections"
+        self.message_user(request, f"Stopped {stopped} idle agent {plural}.", messages.SUCCESS)
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return bool(request.user.is_staff and request.user.has_perm("sandboxes.change_sandbox"))

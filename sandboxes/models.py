@@ -40,6 +40,10 @@ class Sandbox(models.Model):
         TERMINATED = "terminated"
         FAILED = "failed"
 
+    # The `status_detail` of a sandbox that staff terminated (the admin's action), so that
+    # its user can be told who stopped it.
+    STOPPED_BY_STAFF = "stopped by an administrator"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sandboxes"
@@ -62,6 +66,7 @@ class Sandbox(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name_plural = "sandboxes"
         constraints = [
             models.UniqueConstraint(
                 fields=["owner"],

@@ -280,17 +280,19 @@ def _found_gone(sandbox: Sandbox, found_by: str) -> bool:
     return True
 
 
-def terminate_sandbox(sandbox: Sandbox) -> Sandbox:
+def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
     """Stop every agent connection of the sandbox, free its resources, mark it terminated.
 
     Idempotent. Resources already gone count as freed; if the backend fails, the sandbox stays
-    `terminating` with the error, and calling this again retries.
+    `terminating` with the error, and calling this again retries. `by_staff` (the admin's
+    action) leaves `Sandbox.STOPPED_BY_STAFF` as its detail, written before any agent is
+    stopped: a turn cut short by it can tell its user who stopped the sandbox.
     """
     Sandbox.objects.filter(pk=sandbox.pk).exclude(
         status__in=[Sandbox.Status.TERMINATED, Sandbox.Status.TERMINATING]
     ).update(
         status=Sandbox.Status.TERMINATING,
-        status_detail="terminating",
+        status_detail=Sandbox.STOPPED_BY_STAFF if by_staff else "terminating",
         status_changed_at=timezone.now(),
     )
     sandbox.refresh_from_db()
@@ -305,9 +307,10 @@ def terminate_sandbox(sandbox: Sandbox) -> Sandbox:
         sandbox.refresh_from_db()
         return sandbox
     now = timezone.now()
+    stopped_by_staff = sandbox.status_detail == Sandbox.STOPPED_BY_STAFF
     Sandbox.objects.filter(pk=sandbox.pk).update(
         status=Sandbox.Status.TERMINATED,
-        status_detail="terminated",
+        status_detail=Sandbox.STOPPED_BY_STAFF if stopped_by_staff else "terminated",
         status_changed_at=now,
         terminated_at=now,
     )

@@ -128,7 +128,7 @@ class Lifecycle:
             await _wait_for(running, grace)
         still = runners.running()
         for runner in still:
-            await runner.interrupt(SHUTTING_DOWN)
+            await runner.interrupt(SHUTTING_DOWN, "server_shutdown")
         stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
         # Sandboxes half provisioned here say so, and their "Try again" works at once.
         abandoned = await db_calls.run(sandbox_services.abandon_provisioning)

@@ -23,7 +23,7 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from craft import commands, services
+from craft import commands, services, workspace_paths
 from craft.errors import Refused
 from craft.live import delivery
 from craft.live.accounts import FollowsAccount
@@ -31,6 +31,7 @@ from craft.live.outbuffer import unsent_bytes
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import frames_after
+from craft.workspace_paths import Scrub
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,12 @@ class FromSocket(dict[str, Any]):
 
 
 @db_sync_to_async
-def _owned_session(user: Any, session_id: UUID) -> Session | None:
-    return Session.objects.one_of(user, session_id)
+def _owned_session(user: Any, session_id: UUID) -> tuple[Session | None, Scrub | None]:
+    """Return the user's session and what hides its workspace path from them (None: staff)."""
+    session = Session.objects.one_of(user, session_id)
+    if session is None:
+        return None, None
+    return session, workspace_paths.scrubber_for(user, session.sandbox, session.pk)
 
 
 @db_sync_to_async
@@ -82,6 +87,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _catch_up = False  # read the database after sent_seq before using the backlog
     _pump: asyncio.Task[None] | None = None
     _following = False
+    # Replaces the workspace's host path in what this socket sends (None: staff see it).
+    _scrub: Scrub | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         async def from_socket() -> FromSocket:
@@ -124,7 +131,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if not self.hold_socket(user):
             await self._refuse(CLOSE_TOO_MANY_SOCKETS)
             return
-        session = await _owned_session(user, self.session_id)
+        session, self._scrub = await _owned_session(user, self.session_id)
         if session is None:
             await self._refuse(CLOSE_FORBIDDEN)
             return
@@ -146,7 +153,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 "sandbox": {
                     "status": session.sandbox.status,
                     "detail": session.sandbox.status_detail,
-                    "error": session.sandbox.error,
+                    "error": self.scrubbed(session.sandbox.error),
                 },
             }
         )
@@ -307,8 +314,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def _send_frames(self, rows: list[tuple[int, str]]) -> None:
         send = self.base_send
+        scrub = self._scrub
         for count, (seq, frame) in enumerate(rows, 1):
-            await send({"type": "websocket.send", "text": frame})
+            # Frames are shared by every socket of the session: the path is replaced here.
+            text = frame if scrub is None else scrub(frame)
+            await send({"type": "websocket.send", "text": text})
             self.sent_seq = seq
             if count % YIELD_EVERY == 0 or count == len(rows):
                 await self._wait_for_reader()
@@ -336,4 +346,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(content, ensure_ascii=False))
 
     async def send_error(self, code: str, message: str) -> None:
-        await self.send_json({"type": "error", "code": code, "message": message})
+        await self.send_json({"type": "error", "code": code, "message": self.scrubbed(message)})
+
+    def scrubbed(self, text: str) -> str:
+        return text if self._scrub is None else self._scrub(text)

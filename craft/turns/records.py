@@ -16,16 +16,55 @@ def prompt_seen(session_id: UUID, client_id: str) -> bool:
     return Event.objects.filter(session_id=session_id, client_id=client_id).exists()
 
 
+# Why a turn was cut short when its sandbox was stopped (the `agent_error` and its reason).
+STOPPED_BY_STAFF = "An administrator stopped this session's sandbox, so the turn was interrupted."
+SANDBOX_STOPPED = "This session's sandbox was stopped, so the turn was interrupted."
+
+
 @db_sync_to_async
 def sandbox_status(session_id: UUID) -> str | None:
     return Sandbox.objects.filter(sessions__pk=session_id).values_list("status", flat=True).first()
 
 
 @db_sync_to_async
-def start_of(session_id: UUID) -> tuple[Sandbox, str]:
+def sandbox_for_prompt(session_id: UUID) -> tuple[str | None, bool]:
+    """Return the status of the sandbox the session's next turn runs in, and whether the
+    session was moved to it now.
+
+    A session whose sandbox was terminated (by an administrator, by its owner, as idle) goes
+    on in its owner's live sandbox, provisioned in the background if need be
+    (`request_sandbox`): its log stays; its new agent starts in a new, empty workspace.
+    """
+    session = Session.objects.select_related("sandbox", "owner").get(pk=session_id)
+    if session.sandbox.status != Sandbox.Status.TERMINATED:
+        return session.sandbox.status, False
+    sandbox = sandbox_services.request_sandbox(session.owner)
+    if sandbox.status == Sandbox.Status.TERMINATING:
+        return sandbox.status, False  # its other sandbox is being stopped: not now
+    Session.objects.filter(pk=session_id, sandbox=session.sandbox).update(sandbox=sandbox)
+    return sandbox.status, True
+
+
+@db_sync_to_async
+def sandbox_stopped(session_id: UUID) -> tuple[str, str] | None:
+    """Return why the session's turn was cut short, and its reason, if its sandbox is being
+    (or was) stopped; None while it runs."""
+    row = Sandbox.objects.filter(sessions__pk=session_id).values("status", "status_detail").first()
+    if row is None or row["status"] not in (Sandbox.Status.TERMINATING, Sandbox.Status.TERMINATED):
+        return None
+    if row["status_detail"] == Sandbox.STOPPED_BY_STAFF:
+        return STOPPED_BY_STAFF, "sandbox_stopped_by_staff"
+    return SANDBOX_STOPPED, "sandbox_stopped"
+
+
+@db_sync_to_async
+def start_of(session_id: UUID, *, wait: bool = False) -> tuple[Sandbox | None, str]:
     """Return the session's sandbox, checked to be running, and the agent's last session id
-    (empty at the session's first start)."""
+    (empty at the session's first start). With `wait`, a sandbox still provisioning gives
+    None (the caller asks again) rather than an error."""
     session = Session.objects.select_related("sandbox").get(pk=session_id)
+    if wait and session.sandbox.status == Sandbox.Status.PROVISIONING:
+        return None, session.agent_session_id
     sandbox_services.require_running(session.sandbox)
     return session.sandbox, session.agent_session_id
 

@@ -4,14 +4,17 @@ A turn belongs to the worker (server process) that started it. If that worker di
 SIGKILL, a lost host), its turns would stay open for good: no `turn_end`, live permission
 buttons. Any worker closes them, on its start, every few seconds while it runs, and when a
 prompt finds one in its way: for each open permission request a `permission_answer` with
-outcome `cancelled`, then an `agent_error` that says why, then exactly one `turn_end` with stop
-reason `interrupted`. Events stored before never change. The row lock (and the turn's state,
-checked again under it) makes two workers closing one turn at once store it once.
+outcome `cancelled` and reason `interrupted`, then an `agent_error` that says why (with a
+`reason` a client can tell apart: `server_restarted`, `server_lost`), then exactly one
+`turn_end` with stop reason `interrupted`. Events stored before never change. The row lock
+(and the turn's state, checked again under it) makes two workers closing one turn at once
+store it once.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 from uuid import UUID
 
 from django.db import transaction
@@ -24,6 +27,20 @@ logger = logging.getLogger(__name__)
 
 RESTARTED = "This turn was interrupted: the server restarted."
 LOST = "This turn was interrupted: the server running it stopped responding."
+# The `reason` of each one's agent_error (docs/websocket-api.md).
+REASONS = {RESTARTED: "server_restarted", LOST: "server_lost"}
+
+
+def interrupted_answer(request: str) -> tuple[str, dict[str, Any]]:
+    """Return the `permission_answer` of a request left open by a turn Craft cut short."""
+    data = {"request": request, "option": None, "outcome": "cancelled", "reason": "interrupted"}
+    return ("permission_answer", data)
+
+
+def interruption(why: str, reason: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Return the `agent_error` that says why Craft cut a turn short."""
+    reason = reason or REASONS.get(why)
+    return ("agent_error", {"message": why, **({"reason": reason} if reason else {})})
 
 
 def close_turns_of_gone_workers(session_id: UUID | None = None) -> int:
@@ -58,14 +75,8 @@ def close_turn(turn_id: int, worker_id: str, why: str) -> bool:
         )
         if turn is None:
             return False
-        events = [
-            ("permission_answer", {"request": request, "option": None, "outcome": "cancelled"})
-            for request in turn.pending
-        ]
-        events += [
-            ("agent_error", {"message": why}),
-            ("turn_end", {"stop_reason": "interrupted"}),
-        ]
+        events = [interrupted_answer(request) for request in turn.pending]
+        events += [interruption(why), ("turn_end", {"stop_reason": "interrupted"})]
         append_events(turn.session_id, events)
     logger.warning("closed turn %s of session %s: %s", turn_id, turn.session_id, why)
     return True

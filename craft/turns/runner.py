@@ -30,6 +30,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import IntegrityError
 
 from craft.commands import (
@@ -170,12 +171,16 @@ class SessionRunner:
         async with self._lock:
             if self.registry.closing:
                 raise Refused("shutting_down", "the server is restarting; send it again soon")
-            starting = self.connection is None and await records.sandbox_status(
-                self.session_id
-            ) == (Sandbox.Status.PROVISIONING)
-            if not prompt.queue:
-                if starting:  # nothing is stored: the client sends it again when it is ready
+            starting = False
+            if self.connection is None or not self.connection.is_running:
+                # A session whose sandbox was terminated moves to a new one here.
+                status, moved = await records.sandbox_for_prompt(self.session_id)
+                starting = status == Sandbox.Status.PROVISIONING
+                if not prompt.queue and starting and not moved:
+                    # Nothing is stored: the client sends it again when the sandbox is ready.
                     raise Refused("sandbox_starting", SANDBOX_STARTING)
+            if not prompt.queue:
+                starting = False  # a moved session's turn waits for its new sandbox
                 if self.running:
                     if await records.prompt_seen(self.session_id, prompt.id):
                         return False  # a resend of the prompt that started this turn
@@ -258,11 +263,11 @@ class SessionRunner:
         async with self._lock:
             if self.registry.closing or self.running:
                 return
-            if self.connection is None and await records.sandbox_status(self.session_id) == (
-                Sandbox.Status.PROVISIONING
-            ):
-                self._wait_for_sandbox()
-                return
+            if self.connection is None or not self.connection.is_running:
+                status, _ = await records.sandbox_for_prompt(self.session_id)
+                if status == Sandbox.Status.PROVISIONING:
+                    self._wait_for_sandbox()
+                    return
             if self._late is not None:
                 await asyncio.gather(self._late, return_exceptions=True)
             await self.checkpoints.settle()
@@ -315,10 +320,10 @@ class SessionRunner:
             raise Refused("not_running", "no turn is running")
         await self.turn.cancel()
 
-    async def interrupt(self, why: str) -> None:
+    async def interrupt(self, why: str, reason: str | None = None) -> None:
         """Cut the running turn short (the server is shutting down); see `Turn.interrupt`."""
         if self.turn is not None and self.turn.running:
-            await self.turn.interrupt(why)
+            await self.turn.interrupt(why, reason)
 
     async def answer_permission(self, request_id: str, option_id: str) -> None:
         """Answer the running turn's permission request with one of its options."""
@@ -336,8 +341,12 @@ class SessionRunner:
 
     # --- the agent connection ---------------------------------------------------------------
 
-    async def connection_for_turn(self) -> AgentConnection:
-        """Return the session's live agent connection: this runner's, or a new one."""
+    async def connection_for_turn(self, *, wait_for_sandbox: bool = True) -> AgentConnection:
+        """Return the session's live agent connection: this runner's, or a new one.
+
+        A turn waits for a sandbox that is being provisioned (its prompt was accepted: the
+        session moved to a new sandbox, see `records.sandbox_for_prompt`); a control does not.
+        """
         cached = self.connection
         if cached is not None and cached.is_running:
             if time.monotonic() - self._active_at > ACTIVITY_EVERY and self._sandbox_id:
@@ -348,9 +357,25 @@ class SessionRunner:
         async with self._starting:
             if self.connection is not None and self.connection.is_running:
                 return self.connection  # started meanwhile, for a control or a turn
-            return await self._start_connection()
+            return await self._start_connection(wait_for_sandbox)
 
-    async def _start_connection(self) -> AgentConnection:
+    async def _sandbox_to_start_in(self, wait: bool) -> tuple[Sandbox, str]:
+        """Return the session's running sandbox and the agent session to reattach to; with
+        `wait`, wait for one being provisioned, at most CRAFT_SANDBOX_PROVISIONING_TIMEOUT
+        (then, or when it failed, SandboxUnavailable says why)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.CRAFT_SANDBOX_PROVISIONING_TIMEOUT
+        pause = 0.05
+        while True:
+            sandbox, reattach = await records.start_of(
+                self.session_id, wait=wait and loop.time() < deadline
+            )
+            if sandbox is not None:
+                return sandbox, reattach
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _start_connection(self, wait_for_sandbox: bool = False) -> AgentConnection:
         """Start the session's agent, reattached to its earlier agent session if any.
 
         Database work on the database threads, the agent's start on an agent thread: a start
@@ -358,7 +383,7 @@ class SessionRunner:
         `agent_restarted` if an earlier agent process was replaced, and `agent_info`) are
         queued before anything the agent sends outside a turn.
         """
-        sandbox, reattach = await records.start_of(self.session_id)
+        sandbox, reattach = await self._sandbox_to_start_in(wait_for_sandbox)
         connection = await call_agent(
             sandbox_services.agent_connection, sandbox, self.session_id, reattach or None
         )
@@ -423,7 +448,7 @@ class SessionRunner:
         if self.running:
             raise Refused("agent_starting", "the agent is starting; try again in a moment")
         try:
-            return await self.connection_for_turn()
+            return await self.connection_for_turn(wait_for_sandbox=False)
         except Session.DoesNotExist:
             raise
         except Exception as exc:

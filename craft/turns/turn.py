@@ -21,8 +21,9 @@ from craft.commands import Prompt
 from craft.errors import Refused
 from craft.models import Session
 from craft.storage.eventlog import Fenced
-from craft.turns import controls
+from craft.turns import controls, records
 from craft.turns.agent_calls import call_agent
+from craft.turns.recovery import interrupted_answer, interruption
 from sandboxes.acp import (
     AgentConnection,
     PermissionRequest,
@@ -69,6 +70,7 @@ class Turn:
         self.pending: dict[str, set[str]] = {}  # open permission requests: their option ids
         self.cancel_requested = False
         self.interrupted: str | None = None  # why Craft cut the turn short
+        self.interrupted_reason: str | None = None  # the same as a code (its agent_error's)
         self.task: asyncio.Task[None] | None = None
         self.ended = False
 
@@ -94,11 +96,12 @@ class Turn:
         if self.runner.connection is not None:
             await self._send_cancel(self.runner.connection)
 
-    async def interrupt(self, why: str) -> None:
+    async def interrupt(self, why: str, reason: str | None = None) -> None:
         """Cut the turn short (the server is shutting down): it ends `interrupted`, saying
-        `why`, with its open permission requests answered `cancelled`. The agent is asked to
-        cancel; the caller stops it."""
+        `why` (and `reason`, for clients to tell causes apart), with its open permission
+        requests answered `cancelled`. The agent is asked to cancel; the caller stops it."""
         self.interrupted = why
+        self.interrupted_reason = reason
         self.cancel_requested = True
         if self.runner.connection is not None:
             await call_agent(self.runner.connection.cancel)
@@ -172,6 +175,8 @@ class Turn:
                     ending, reason = [], "cancelled"
                 else:
                     ending, reason = await self._send(connection)
+                    if reason in ("cancelled", "error") and not self.cancel_requested:
+                        ending = await self._unless_sandbox_stopped(ending)
         except Fenced:
             # Another worker took the session over; it closed this turn. Nothing more here.
             self.ended = True
@@ -189,12 +194,22 @@ class Turn:
             await runner.drop_connection()
             ending, reason = [("agent_error", {"message": f"internal error: {exc}"})], "error"
         if self.interrupted is not None:
-            ending = [*ending, ("agent_error", {"message": self.interrupted})]
+            ending = [*ending, interruption(self.interrupted, self.interrupted_reason)]
             reason = "interrupted"
         await self.end(ending, reason)
         if self.used_tools:
             runner.checkpoints.after_turn(self.prompt_seq)
         runner.queue_moves_on()
+
+    async def _unless_sandbox_stopped(self, ending: Events) -> Events:
+        """An agent that ended the turn on its own with an error or `cancelled` may have been
+        stopped with its sandbox (by an administrator, or its owner through the API): then
+        the turn is interrupted, and says so instead of what the dying agent said."""
+        stopped = await records.sandbox_stopped(self.session_id)
+        if stopped is None:
+            return ending
+        self.interrupted, self.interrupted_reason = stopped
+        return [event for event in ending if event[0] != "agent_error"]
 
     async def _send(self, connection: AgentConnection) -> tuple[Events, str]:
         """Stream the turn; if the prompt could not even be written (the agent died just
@@ -330,10 +345,13 @@ class Turn:
         if self.ended:
             return
         self.ended = True
-        answers = [
-            ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
-            for rid in self.pending
-        ]
+        if stop_reason == "interrupted":  # a person did not cancel them: Craft did
+            answers = [interrupted_answer(rid) for rid in self.pending]
+        else:
+            answers = [
+                ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
+                for rid in self.pending
+            ]
         self.pending.clear()
         # Craft's own agent_error events come last; the answers go before them.
         errors = [event for event in events if event[0] == "agent_error"]

@@ -8,6 +8,7 @@ import re
 import pytest
 from playwright.async_api import expect
 
+from craft.models import Session
 from craft.storage.db import db_sync_to_async
 from sandboxes.models import Sandbox
 from sandboxes.services import terminate_sandbox
@@ -110,23 +111,26 @@ async def test_an_idle_page_does_not_poll(page, craft_server, session):
     assert polled == []
 
 
-async def test_a_stopped_sandbox_offers_start_again(page, craft_server, session, owner):
+async def test_a_stopped_sandbox_s_session_carries_on_at_the_next_message(
+    page, craft_server, session, owner
+):
     await db_sync_to_async(terminate_sandbox)(session.sandbox)
     await page.goto(f"{craft_server.url}/sessions/{session.pk}/")
     banner = page.locator("#sandbox-banner")
-    await expect(banner).to_contain_text("sandbox was stopped")
-    await expect(page.locator("#prompt")).to_be_disabled()
+    await expect(banner).to_contain_text("sandbox was stopped. Send a message to carry on")
+    await expect(banner.get_by_role("button", name="Start again")).to_be_hidden()
+    await expect(page.locator("#prompt")).to_be_enabled()
     await expect(page.locator("#sandbox-status .sandbox-state")).to_have_text("Stopped")
     await snap(page, "sandbox-stopped")
-    await banner.get_by_role("button", name="Start again").click()
-    await expect(page).not_to_have_url(f"{craft_server.url}/sessions/{session.pk}/")
-    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
-    await expect(page.locator("#prompt")).to_be_focused()
-    await expect(page.locator("#sandbox-status .sandbox-state")).to_have_text("Ready")
-    live = await db_sync_to_async(lambda: list(Sandbox.objects.live().filter(owner=owner)))()
-    assert len(live) == 1 and live[0].pk != session.sandbox_id
     await send_prompt(page, "hello again")
     await expect(page.locator(TURN_END)).to_have_text("Done")
+    await expect(page).to_have_url(f"{craft_server.url}/sessions/{session.pk}/")
+    await expect(page.locator("#sandbox-status .sandbox-state")).to_have_text("Ready")
+    await expect(banner).to_be_hidden()
+    live = await db_sync_to_async(lambda: list(Sandbox.objects.live().filter(owner=owner)))()
+    assert len(live) == 1 and live[0].pk != session.sandbox_id
+    moved = await db_sync_to_async(lambda: Session.objects.get(pk=session.pk).sandbox_id)()
+    assert moved == live[0].pk
 
 
 async def test_the_skip_link_and_the_phone_menu_work_from_the_keyboard(page, craft_server, session):

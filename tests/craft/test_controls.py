@@ -164,11 +164,15 @@ async def test_files_go_as_resource_links_and_images_as_image_content(session, c
         {"type": "image", "mimeType": "image/png", "data": PIXEL, "name": "dot.png"},
     ]
     frames, reply = await turn(comm, "f1", "look", attachments=attachments)
-    workspace = f"{session.sandbox.reference}/sessions/{session.pk}"
-    assert reply == (
-        f"I received 2 attachment(s): link to todo.txt (file://{workspace}/notes/todo.txt); "
+    said = (
+        "I received 2 attachment(s): link to todo.txt (file://{}/notes/todo.txt); "
         "image image/png (about 69 bytes).\nEcho: look"
     )
+    # The agent was sent the workspace's real path; its owner (not staff) reads /workspace.
+    assert reply == said.format("/workspace")
+    workspace = f"{session.sandbox.reference}/sessions/{session.pk}"
+    chunks = await stored(session, "agent_message_chunk")
+    assert "".join(c["content"]["text"] for c in chunks) == said.format(workspace)
     assert frames[0]["data"] == {
         "id": "f1",
         "text": "look",

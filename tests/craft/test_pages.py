@@ -65,8 +65,7 @@ def test_the_session_page_is_a_shell_the_browser_fills_from_the_event_log(client
     assert f'data-events-url="/api/sessions/{session.pk}/events/"' in page
     assert f'data-event-url="/api/sessions/{session.pk}/events/0/"' in page
     assert 'data-staff="false"' in page
-    workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
-    assert f'data-workspace="{workspace}"' in page
+    assert 'data-workspace="/workspace"' in page  # never the host's (test_host_paths.py)
     assert 'aria-current="page"' in page
 
 
@@ -193,3 +192,23 @@ def test_a_sandbox_that_cannot_start_is_told_in_words(client, owner, staff, sett
     settled_sandbox(Session.objects.get(owner=staff).sandbox_id)
     line = client.get(reverse("sandbox_status")).content.decode()
     assert "cannot create sandbox folder" in line  # staff see why
+
+
+def test_new_session_opens_the_untouched_one_rather_than_piling_up_empty_ones(client, owner):
+    client.force_login(owner)
+    first = client.post(reverse("new_session"), **HTMX)["HX-Redirect"]
+    again = client.post(reverse("new_session"), **HTMX)["HX-Redirect"]
+    assert again == first
+    assert Session.objects.owned_by(owner).count() == 1
+
+    # Once something happened in it (a message), "New session" makes a new one.
+    session = Session.objects.get()
+    append_events(session.pk, [("user_message", {"id": "p1", "text": "hello"})])
+    second = client.post(reverse("new_session"), **HTMX)["HX-Redirect"]
+    assert second != first
+    assert Session.objects.owned_by(owner).count() == 2
+    # A renamed one is not untouched either, and the API makes a session every time.
+    Session.objects.exclude(pk=session.pk).update(title="Plans")
+    assert client.post(reverse("new_session"), **HTMX)["HX-Redirect"] not in (first, second)
+    assert client.post("/api/sessions/", "{}", content_type="application/json").status_code == 201
+    assert Session.objects.owned_by(owner).count() == 4

@@ -94,8 +94,9 @@ def test_a_killed_server_s_turn_is_closed_once_at_the_next_start(servers, owner)
     assert after[: len(before)] == before, "events stored before the crash never change"
     assert [(kind, data) for _, kind, data in after[len(before) :]] == [
         ("permission_answer",
-         {"request": request["data"]["request"], "option": None, "outcome": "cancelled"}),
-        ("agent_error", {"message": RESTARTED}),
+         {"request": request["data"]["request"], "option": None, "outcome": "cancelled",
+          "reason": "interrupted"}),
+        ("agent_error", {"message": RESTARTED, "reason": "server_restarted"}),
         ("turn_end", {"stop_reason": "interrupted"}),
     ]  # fmt: skip
     assert not Turn.objects.running().filter(session=session).exists()
@@ -131,7 +132,10 @@ def test_sigterm_interrupts_a_turn_that_outlasts_the_grace_and_leaves_no_agent(s
     ends = Event.objects.filter(session=session, kind="turn_end")
     assert [e.data for e in ends] == [{"stop_reason": "interrupted"}]
     assert Event.objects.filter(
-        session=session, kind="agent_error", data__message="The server shut down during this turn."
+        session=session,
+        kind="agent_error",
+        data__message="The server shut down during this turn.",
+        data__reason="server_shutdown",
     ).exists()
     assert [pid for pid in pids if alive(pid)] == [], "the agent and its child are gone"
     assert Worker.objects.get(pid=server.process.pid).stopped_at is not None

@@ -265,12 +265,67 @@ describe("turn ends and the rest", () => {
     assert.deepEqual(new Set(kinds(fold)), new Set(["restart"]));
   });
 
-  test("an agent error is summarised for people, its message kept for staff", () => {
+  test("Craft's technical error messages are summarised for people, kept for staff", () => {
     const fold = session();
     const error = fold("agent_error", { message: "agent exited with code 1" }).block;
     assert.equal(error.summary, "The agent stopped unexpectedly.");
     assert.equal(error.detail, "agent exited with code 1");
+    assert.equal(error.said, "");
+    assert.match(error.next, /Send your message again/);
     assert.equal(fold("agent_error", {}).block.summary, "The agent ran into a problem.");
+  });
+
+  test("what the agent said goes to everyone, with the reason in plain words", () => {
+    const fold = session();
+    const said = (message) => fold("agent_error", { message }).block;
+    const failure = said("demo failure requested (code -32603)");
+    assert.equal(failure.summary, "The agent reported an error.");
+    assert.equal(failure.said, "demo failure requested (code -32603)");
+    assert.equal(failure.detail, "");
+    for (const message of [
+      "Authentication required (code -32000)",
+      "Error: 401 Unauthorized",
+      "Incorrect API key provided: sk-abc",
+      "invalid x-api-key",
+    ]) {
+      assert.equal(said(message).summary, "The model provider refused your API key.", message);
+      assert.match(said(message).next, /Check the key/);
+    }
+    for (const message of ["429 Too Many Requests", "Rate limit reached for gpt-4", "You exceeded your current quota"]) {
+      assert.equal(said(message).summary, "The model provider is rate limiting the agent.", message);
+    }
+    assert.equal(said("KeyError: missing key 'x'").summary, "The agent reported an error.");
+  });
+
+  test("a turn Craft cut short says why: restart, lost server, shutdown, stopped sandbox", () => {
+    const fold = session();
+    const cut = (reason, message = "whatever Craft said") => fold("agent_error", { message, reason }).block;
+    assert.match(cut("server_restarted").summary, /^The server restarted/);
+    assert.match(cut("server_lost").summary, /stopped responding/);
+    assert.match(cut("server_shutdown").summary, /^The server shut down/);
+    const staff = cut("sandbox_stopped_by_staff");
+    assert.equal(staff.summary, "An administrator stopped your sandbox, so this turn was cut short.");
+    assert.match(staff.next, /new sandbox starts for this session/);
+    assert.equal(staff.cause, "sandbox_stopped_by_staff");
+    assert.equal(staff.said, "");
+    assert.equal(staff.detail, "");
+    assert.match(cut("sandbox_stopped").summary, /^Your sandbox was stopped/);
+    // Events stored before agent errors had a reason say it in their message.
+    const old = fold("agent_error", { message: "This turn was interrupted: the server restarted." }).block;
+    assert.equal(old.cause, "server_restarted");
+  });
+
+  test("a permission request a restart left open says the server restarted", () => {
+    const fold = session();
+    const options = [{ optionId: "yes", kind: "allow_once", name: "Allow" }];
+    const card = fold("permission_request", { request: "r1", options }).block;
+    fold("permission_answer", { request: "r1", option: null, outcome: "cancelled", reason: "interrupted" });
+    assert.equal(card.answer, "interrupted");
+    const error = fold("agent_error", { message: "This turn was interrupted: the server restarted.", reason: "server_restarted" });
+    assert.equal(card.answerText, "Not answered: the server restarted.");
+    assert.ok(error.updated.includes(card));
+    fold("turn_end", { stop_reason: "interrupted" });
+    assert.equal(card.answerText, "Not answered: the server restarted.");
   });
 
   test("a session title names the session; a blank one does not", () => {

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from craft.models import Session
-from craft.storage.eventlog import append_event, append_events
+from craft.storage.eventlog import append_events
 from sandboxes import services
 from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox
@@ -60,15 +60,38 @@ def test_the_changelist_is_refused_to_non_staff(client, owner, busy_sandbox):
     assert "/admin/login/" in response.url
 
 
-def test_the_terminate_action_terminates_and_stops_agents(client, staff, busy_sandbox):
+def test_the_terminate_action_asks_first_then_terminates_and_stops_agents(
+    client, staff, busy_sandbox
+):
     client.force_login(staff)
-    response = client.post(
-        CHANGELIST, {"action": "terminate", "_selected_action": [str(busy_sandbox.pk)]}
-    )
+    selected = {"action": "terminate", "_selected_action": [str(busy_sandbox.pk)]}
+    response = client.post(CHANGELIST, selected)
+    assert response.status_code == 200  # a page that asks, nothing done yet
+    page = response.content.decode()
+    assert "Terminate 1 sandbox?" in page
+    assert "2 sessions" in page
+    assert "1 live agent in this server process" in page
+    assert 'name="post" value="yes"' in page
+    assert f'value="{busy_sandbox.pk}"' in page
+    busy_sandbox.refresh_from_db()
+    assert busy_sandbox.status == Sandbox.Status.RUNNING
+    assert services.live_connection_count(busy_sandbox.pk) == 1
+
+    response = client.post(CHANGELIST, {**selected, "post": "yes"})
     assert response.status_code == 302
     busy_sandbox.refresh_from_db()
     assert busy_sandbox.status == Sandbox.Status.TERMINATED
+    assert busy_sandbox.status_detail == Sandbox.STOPPED_BY_STAFF  # what its user is told
     assert services.live_connection_count(busy_sandbox.pk) == 0
+    messages = [str(m) for m in response.wsgi_request._messages]
+    assert messages == ["Terminated 1 sandbox."]
+
+
+def test_the_admin_names_sandboxes_in_the_plural_correctly(client, staff):
+    client.force_login(staff)
+    index = client.get(reverse("admin:index")).content.decode()
+    assert "Sandboxes" in index
+    assert "Sandboxs" not in index
 
 
 def test_the_stop_idle_action_stops_agents_but_keeps_the_sandbox(client, staff, busy_sandbox):
@@ -90,14 +113,40 @@ def test_a_sandbox_page_lists_its_sessions(client, staff, busy_sandbox):
     assert "second" in response.content.decode()
 
 
-def test_events_are_read_only_in_the_admin(client, staff, owner):
+def test_a_session_page_links_its_transcript_instead_of_drawing_every_event(client, staff, owner):
     session = open_ready_session(owner)
-    append_event(session.pk, "agent_message_chunk", {"content": {"type": "text", "text": "hi"}})
+    append_events(
+        session.pk,
+        [("agent_message_chunk", {"content": {"type": "text", "text": f"word{i}"}})
+         for i in range(1, 301)],
+    )  # fmt: skip
     client.force_login(staff)
     response = client.get(reverse("admin:craft_session_change", args=[session.pk]))
     assert response.status_code == 200
-    assert "agent_message_chunk" in response.content.decode()
-    assert 'name="events-0-kind"' not in response.content.decode()
+    page = response.content.decode()
+    assert "word300" not in page  # no event drawn inline
+    transcript = reverse("admin:craft_session_transcript", args=[session.pk])
+    assert f'href="{transcript}"' in page
+    assert "300 events" in page
+    # Timestamps are the record's: shown, never a field to edit.
+    assert 'name="updated_at' not in page
+    assert 'name="created_at' not in page
+
+    body = client.get(transcript).json()
+    assert [e["seq"] for e in body["events"]] == list(range(1, 301))
+    assert body["events"][-1]["data"]["content"]["text"] == "word300"
+    assert body["has_more"] is False
+    page2 = client.get(transcript, {"after": 100, "limit": 50}).json()
+    assert [e["seq"] for e in page2["events"]] == list(range(101, 151))
+    assert page2["has_more"] is True
+
+
+def test_a_session_s_transcript_is_for_staff_only(client, owner):
+    session = open_ready_session(owner)
+    client.force_login(owner)  # its owner, but not staff
+    response = client.get(reverse("admin:craft_session_transcript", args=[session.pk]))
+    assert response.status_code == 302
+    assert "/admin/login/" in response.url
 
 
 def test_a_sandbox_page_shows_the_backends_health_check(client, staff, busy_sandbox):

@@ -134,8 +134,17 @@ export function blockDrawing({ paths, staff }) {
       return record;
     },
     error(block) {
+      // Why, in the person's words, then what to do next; the agent's own words for
+      // everyone (host paths cut), Craft's technical detail for staff.
       const record = newRecord(block, "div", "agent-error");
+      if (block.cause) record.element.dataset.cause = block.cause;
       record.element.appendChild(el("p", "", block.summary));
+      if (block.said) {
+        const said = paths.scrubHostPaths(block.said);
+        const quote = record.element.appendChild(el("p", "error-said", "The agent said: "));
+        quote.appendChild(el("q", "", said.length > 1000 ? `${said.slice(0, 999)}…` : said));
+      }
+      if (block.next) record.element.appendChild(el("p", "error-next", block.next));
       technicalDetails(record.element, block.detail);
       return record;
     },

@@ -21,7 +21,7 @@
 import { isObject, str } from "./values.mjs";
 import {
   ANSWERS, PLAN_STATUS, RESTARTS, STOP_REASONS, TOOL_KINDS, TOOL_STATUS,
-  agentErrorSummary, duration, formatBytes,
+  agentErrorWording, duration, formatBytes,
 } from "./words.mjs";
 
 // ACP updates with no block of their own: the controls around the composer show them.
@@ -59,6 +59,7 @@ export function createFold({ paths, now = Date.now }) {
   const permissions = new Map(); // request id -> permission block
   const asked = new Map(); // `${turn}:${toolCallId}` -> the permission block asked for it
   const prompts = new Map(); // seq of a user_message -> its text, to name a turn's changes
+  let interruptedCards = []; // permission blocks Craft closed, until the agent_error says why
   let step = null; // the step being folded
   let lastPrompt = null; // the last user block
 
@@ -344,7 +345,11 @@ export function createFold({ paths, now = Date.now }) {
     const block = permissions.get(str(data.request));
     if (!block) return note("An answer to a question this page never showed.");
     const optionId = typeof data.option === "string" ? data.option : "";
-    if (!optionId) {
+    if (!optionId && data.reason === "interrupted") {
+      // Craft cut the turn short: the agent_error that follows says why (see agentError).
+      closePermission(block, "interrupted", "Not answered: the turn was cut short.");
+      interruptedCards.push(block);
+    } else if (!optionId) {
       closePermission(block, "cancelled", "Cancelled: the turn was stopped.");
     } else {
       const offered = block.offered.find((o) => o.id === optionId);
@@ -380,9 +385,23 @@ export function createFold({ paths, now = Date.now }) {
     return append({ kind: "turn_end", reason, label: STOP_REASONS[reason] || "The turn ended", took, retry });
   }
 
+  // An agent error says why in the person's words and what to do next (words.mjs); the
+  // agent's own words are kept for everyone, Craft's technical ones for staff. When Craft cut
+  // the turn short, the permission requests it left open say why too.
   function agentError(data) {
     const message = str(data.message);
-    return append({ kind: "error", summary: agentErrorSummary(message), detail: message });
+    const wording = agentErrorWording(message, str(data.reason));
+    if (wording.card) {
+      for (const block of interruptedCards) {
+        block.answerText = `Not answered: ${wording.card}.`;
+        step.updated.push(block);
+      }
+    }
+    interruptedCards = [];
+    return append({
+      kind: "error", summary: wording.summary, next: wording.next, cause: wording.cause || "",
+      said: wording.agentSaid ? message : "", detail: wording.agentSaid || wording.cause ? "" : message,
+    });
   }
 
   // What a turn changed in the workspace (its checkpoint), as one note: how many files, and

@@ -136,7 +136,7 @@ function followLive(kind, block) {
       sessionsChanged();
       break;
     case "agent_error":
-      status.showFrameError(block.summary);
+      status.showAgentError(block);
       break;
     case "agent_restarted":
       status.announce(block.label);

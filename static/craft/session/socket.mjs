@@ -16,6 +16,9 @@
 
 import { isObject } from "./values.mjs";
 
+// Closes after which reconnecting cannot help (docs/websocket-api.md), and what the page shows.
+const CLOSED_FOR_GOOD = { 4401: "signed-out", 4403: "no-access", 4404: "deleted" };
+
 // How long to wait before attempt `attempt` (from 0) to reconnect or load again.
 function backoff(attempt) {
   // Exponential with full jitter, so that many pages reconnecting after a server restart do
@@ -64,9 +67,9 @@ export function createConnection({ url, serverLastSeq, lastSeq, loadEvents, page
     socket.onclose = (event) => {
       if (socket !== ws) return;
       ws = null;
-      if (event.code === 4401 || event.code === 4403) {
+      if (CLOSED_FOR_GOOD[event.code]) {
         closedForGood = true;
-        page.connection(event.code === 4401 ? "signed-out" : "no-access");
+        page.connection(CLOSED_FOR_GOOD[event.code]);
         return;
       }
       if (connected) page.announce("Connection lost. Reconnecting…");

@@ -10,14 +10,19 @@ const CONNECTION = {
   offline: ["offline", "Offline"],
   "signed-out": ["offline", "Signed out: reload to sign in"],
   "no-access": ["offline", "No access"],
+  deleted: ["offline", "Deleted"],
 };
+const DELETED = "This session was deleted (in another tab or window), with its conversation and files. Start a new session to carry on.";
 
 const SANDBOX_BANNERS = {
   provisioning: "Your sandbox is starting…",
-  terminating: "This session's sandbox is stopping. The agent can't work here any more.",
-  terminated: "This session's sandbox was stopped, so the agent can't work here any more. Start a new session to carry on.",
+  terminating: "This session's sandbox is stopping. The agent can't work here until it has stopped.",
+  terminated: "This session's sandbox was stopped. Send a message to carry on: a new sandbox starts for this session, and the conversation stays here.",
   failed: "Your sandbox could not start, so the agent can't work here yet.",
 };
+// The sandbox's `detail` when staff stopped it (sandboxes.models.Sandbox.STOPPED_BY_STAFF).
+const STOPPED_BY_STAFF = "stopped by an administrator";
+const STOPPED_BY_STAFF_BANNER = "An administrator stopped your sandbox. Send a message to carry on: a new sandbox starts for this session, and the conversation stays here.";
 
 /** Return the page's status around the transcript of the session shown in `root`;
  *  turnStartedAt() tells when the running turn started (ms, or null). */
@@ -51,6 +56,16 @@ export function createStatus({ root, turnStartedAt }) {
     const [shown, text] = CONNECTION[name];
     conn.dataset.state = shown;
     conn.querySelector(".conn-text").textContent = text;
+    if (name === "deleted") {
+      // Nothing can be sent here any more: say so where the message would go.
+      showFrameError(DELETED, true);
+      promptBox.disabled = true;
+      sendButton.disabled = true;
+      stopButton.hidden = true;
+      working.hidden = true;
+      const empty = $("empty-transcript");
+      if (empty) empty.hidden = true;
+    }
   }
 
   function setRunning(value) {
@@ -72,6 +87,24 @@ export function createStatus({ root, turnStartedAt }) {
       workingTimer = setInterval(tick, 1000);
     }
     favicon.href = favicon.href.replace(/favicon(-busy)?\.svg/, running ? "favicon-busy.svg" : "favicon.svg");
+    // A turn started in a session whose sandbox was stopped runs in a new one: follow it.
+    if (running && sandboxStatus === "terminated") refreshSandboxLine();
+  }
+
+  // The sidebar's sandbox line asks the server again; the banner follows it (below).
+  function refreshSandboxLine() {
+    const line = $("sandbox-status");
+    if (line && window.htmx) window.htmx.trigger(line, "craft:refresh");
+  }
+
+  /** An agent error arrived live: say so, and when the sandbox was stopped, show it. */
+  function showAgentError(block) {
+    showFrameError(block.summary);
+    if (block.cause === "sandbox_stopped" || block.cause === "sandbox_stopped_by_staff") {
+      const detail = block.cause === "sandbox_stopped_by_staff" ? STOPPED_BY_STAFF : "terminated";
+      setSandbox({ status: "terminated", detail });
+      refreshSandboxLine();
+    }
   }
 
   function setTitle(title) {
@@ -94,12 +127,14 @@ export function createStatus({ root, turnStartedAt }) {
     // While it starts, the banner shows how far it got (on Kubernetes: the pod's phase and
     // latest event), as the sidebar's sandbox line does.
     if (status === "provisioning" && str(sandbox.detail)) text = `${text} ${str(sandbox.detail)}`;
+    if (status === "terminated" && str(sandbox.detail) === STOPPED_BY_STAFF) text = STOPPED_BY_STAFF_BANNER;
     sandboxBanner.hidden = !text;
     sandboxBanner.dataset.status = status;
     if (text) sandboxBanner.querySelector(".sandbox-banner-text").textContent = text;
-    sandboxBanner.querySelector(".start-again").hidden = status === "provisioning" || status === "failed";
+    // A stopped sandbox needs no new session: the next message carries on in a new sandbox.
+    sandboxBanner.querySelector(".start-again").hidden = status !== "terminating";
     retrySandbox.hidden = status !== "failed";
-    const usable = !text || status === "provisioning";
+    const usable = !text || status === "provisioning" || status === "terminated";
     promptBox.disabled = !usable;
     const empty = $("empty-transcript");
     if (empty && !usable) empty.hidden = true;
@@ -118,8 +153,7 @@ export function createStatus({ root, turnStartedAt }) {
       });
       if (!response.ok) throw new Error(`the server refused (${response.status})`);
       setSandbox(await response.json());
-      const line = $("sandbox-status");
-      if (line && window.htmx) window.htmx.trigger(line, "craft:refresh");
+      refreshSandboxLine();
     } catch (error) {
       showFrameError(`Your sandbox could not be set up again: ${error.message}. Try again in a moment.`);
     } finally {
@@ -172,6 +206,6 @@ export function createStatus({ root, turnStartedAt }) {
       return sandboxStatus;
     },
     announce, showConnection, setRunning, setTitle, setSandbox, showFrameError, hideFrameError,
-    showLoadFailure, hideLoadFailure, start,
+    showAgentError, showLoadFailure, hideLoadFailure, start,
   };
 }

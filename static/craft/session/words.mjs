@@ -43,6 +43,9 @@ export const FRAME_ERRORS = {
   agent_refused: "The agent did not accept that change.",
   agent_starting: "The agent is starting. Try again in a moment.",
   agent_unavailable: "The agent could not start, so the change was not made.",
+  session_deleted: "This session was deleted (in another tab or window), with its conversation and files. Start a new session to carry on.",
+  shutting_down: "The server is restarting. Your message is kept: send it again once the page has reconnected.",
+  unavailable: "The server running this session does not answer. Your message is kept: send it again in a moment.",
 };
 export const RESTARTS = {
   resume: "Agent restarted — context restored",
@@ -50,18 +53,68 @@ export const RESTARTS = {
   none: "Agent restarted — the agent starts fresh",
 };
 
-/** Return what a person is told about an `agent_error` (its message is for staff). */
-export function agentErrorSummary(message) {
-  const text = String(message || "").toLowerCase();
-  if (text.startsWith("agent exited") || text.includes("agent is not running"))
-    return "The agent stopped unexpectedly.";
-  if (text.startsWith("agent did not start")) return "The agent could not start.";
+// Why Craft cut a turn short (an agent_error's `reason`), in the person's words, and what to
+// do next. `card`: what an open permission request the turn left says.
+const SEND_AGAIN = "Send your message again to carry on.";
+const NEW_SANDBOX = "Send a message to carry on: a new sandbox starts for this session and the conversation stays here (the files of the old sandbox are gone).";
+export const INTERRUPTIONS = {
+  server_restarted: {
+    summary: "The server restarted while the agent was working, so this turn was cut short.",
+    next: SEND_AGAIN, card: "the server restarted",
+  },
+  server_lost: {
+    summary: "The server running this turn stopped responding, so the turn was cut short.",
+    next: SEND_AGAIN, card: "the server stopped responding",
+  },
+  server_shutdown: {
+    summary: "The server shut down (a restart or an update) while the agent was working, so this turn was cut short.",
+    next: "Send your message again in a moment, once the page has reconnected.", card: "the server shut down",
+  },
+  sandbox_stopped_by_staff: {
+    summary: "An administrator stopped your sandbox, so this turn was cut short.",
+    next: NEW_SANDBOX, card: "an administrator stopped your sandbox",
+  },
+  sandbox_stopped: {
+    summary: "Your sandbox was stopped, so this turn was cut short.",
+    next: NEW_SANDBOX, card: "your sandbox was stopped",
+  },
+};
+// Craft's own messages from before agent errors had a reason.
+const INTERRUPTION_MESSAGES = {
+  "This turn was interrupted: the server restarted.": "server_restarted",
+  "This turn was interrupted: the server running it stopped responding.": "server_lost",
+  "The server shut down during this turn.": "server_shutdown",
+};
+// What agents (and the model providers behind them) say when a key or a quota is the problem.
+// ACP's `auth_required` is JSON-RPC error -32000.
+const AUTH_REFUSED = /\(code -32000\)|auth_required|authentication required|\b401\b|unauthori[sz]ed|(invalid|incorrect|expired|missing|no)[ _-]?(x-)?api[ _-]?key|api[ _-]?key.{0,40}(invalid|expired|not valid|refused|rejected|missing)/i;
+const RATE_LIMITED = /\b429\b|rate[ _-]?limit|too many requests|quota/i;
+
+/** Return what a person is told about an `agent_error` with this message and reason: a
+ *  `summary`, what to do `next`, whether the message is the agent's own words (`agentSaid`:
+ *  shown to everyone; Craft's technical messages, such as an agent's stderr, are for staff),
+ *  and, when Craft cut the turn short, its `cause` (an INTERRUPTIONS key). */
+export function agentErrorWording(message, reason) {
+  const said = String(message || "");
+  const cause = INTERRUPTIONS[reason] ? reason : INTERRUPTION_MESSAGES[said];
+  if (cause) return { ...INTERRUPTIONS[cause], cause, agentSaid: false };
+  const text = said.toLowerCase();
+  const craft = (summary, next) => ({ summary, next, agentSaid: false });
+  if (text.startsWith("agent exited") || text.includes("agent is not running") || text === "agent connection stopped")
+    return craft("The agent stopped unexpectedly.", "Send your message again: a new agent starts, with this conversation if it can.");
+  if (text.startsWith("agent did not start")) return craft("The agent could not start.", "Try again in a moment.");
   if (text.includes("sandbox is "))
-    return "This session's sandbox is not running, so the agent can't work here.";
+    return craft("This session's sandbox is not running, so the agent can't work here.", NEW_SANDBOX);
   if (text.includes("no answer within") || text.includes("no message from the agent"))
-    return "The agent stopped responding.";
-  if (text.startsWith("internal error")) return "Something went wrong in Craft.";
-  return "The agent ran into a problem.";
+    return craft("The agent stopped responding.", SEND_AGAIN);
+  if (text.startsWith("internal error")) return craft("Something went wrong in Craft.", "Try again in a moment.");
+  const agent = (summary, next) => ({ summary, next, agentSaid: Boolean(said) });
+  if (AUTH_REFUSED.test(said))
+    return agent("The model provider refused your API key.", "Check the key the agent uses (it may be wrong or expired), then send your message again.");
+  if (RATE_LIMITED.test(said))
+    return agent("The model provider is rate limiting the agent.", "Wait a minute, then send your message again.");
+  if (!said) return craft("The agent ran into a problem.", SEND_AGAIN);
+  return agent("The agent reported an error.", "Send your message again, or change it.");
 }
 
 const numberFormat = new Intl.NumberFormat(); // once: toLocaleString builds one per call
