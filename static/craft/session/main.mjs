@@ -13,6 +13,8 @@
 //   composer.mjs     sending prompts, stopping the agent
 //   palette.mjs      "/" commands and "@" files in the prompt box
 //   attachments.mjs  images for the next prompt
+//   scroll.mjs       following the newest event, unless the person scrolled up
+//   permission-pin.mjs  an open permission request, pinned beside the composer
 //   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
 //
 // Agent output is untrusted: text goes in through textContent, Markdown is sanitised
@@ -25,6 +27,7 @@ import { $ } from "./dom.mjs";
 import { createFold } from "./fold.mjs";
 import { fetchJson, loadHistory } from "./history.mjs";
 import { createPalette } from "./palette.mjs";
+import { createPermissionPin } from "./permission-pin.mjs";
 import { workspacePaths } from "./paths.mjs";
 import { createView } from "./render.mjs";
 import { followBottom } from "./scroll.mjs";
@@ -41,7 +44,8 @@ const promptBox = $("prompt");
 const paths = workspacePaths(root.dataset.workspace, sessionId);
 const fold = createFold({ paths });
 const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt });
-const scroll = followBottom({ transcript, jumpButton: $("jump"), promptBox });
+const scroll = followBottom({ session: root, transcript, composer: $("composer"), jumpButton: $("jump"), promptBox });
+const pin = createPermissionPin({ reveal: scroll.reveal });
 const connection = createConnection({
   url: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/sessions/${sessionId}/`,
   serverLastSeq: Number(root.dataset.lastSeq || 0),
@@ -77,7 +81,11 @@ const view = createView({
   libraries: (root.dataset.libraries || "").split(" ").filter(Boolean),
   hooks: {
     beforeFlush: controls.draw,
-    answer: (request, option) => connection.send({ type: "permission", request, option }),
+    answer(request, option) {
+      const sent = connection.send({ type: "permission", request, option });
+      if (sent) scroll.follow(); // the agent goes on: what it does next comes into view
+      return sent;
+    },
     announce: status.announce,
     showError: status.showFrameError,
     fetchEvent: (seq) => fetchJson(root.dataset.eventUrl.replace(/0\/$/, `${seq}/`)),
@@ -92,6 +100,7 @@ function applyEvent(event, live = false) {
   const step = fold.apply(event, live);
   if (!step) return;
   view.draw(step);
+  pin.seen(step);
   if (step.block.kind === "user") composer.promptStored(step.block);
   if (step.title) status.setTitle(step.title);
   if (step.controls) controls.changed();
@@ -104,11 +113,13 @@ function followLive(kind, block) {
   const sessionsChanged = () => document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
   switch (kind) {
     case "user_message":
+      scroll.toBottom(); // a new message, and what answers it, always come into view
       status.setRunning(true);
       status.announce("The agent is working.");
       sessionsChanged();
       break;
     case "permission_request":
+      scroll.toBottom(); // the agent waits for the person: the card comes into view
       status.announce(`The agent asks for permission: ${block.title}.`);
       break;
     case "turn_changes":
