@@ -162,6 +162,17 @@ async def test_config_options_commands_usage_and_title_round_trip(page, craft_se
     await expect(page.locator("#usage-text")).to_contain_text("tokens")
 
 
+async def test_enter_on_a_command_typed_in_full_sends_it(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await turn(page, "remember plums", 1)
+    await page.fill("#prompt", "/recall")
+    await expect(page.locator("#palette [role=option] .name")).to_have_text(["/recall"])
+    await page.press("#prompt", "Enter")
+    await expect(page.locator(TURN_END)).to_have_count(2)
+    await expect(page.locator(REPLY).last).to_have_text("You asked me to remember: plums.")
+    await expect(page.locator("#prompt")).to_have_value("")
+
+
 async def test_an_agent_with_modes_only_gets_a_mode_picker(browser, owner, tmp_path):
     session = await db_sync_to_async(open_ready_session)(owner, "")
     env = {"CRAFT_AGENT_COMMAND": "craft-demo-agent --controls modes --no-images"}
