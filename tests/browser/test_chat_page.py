@@ -155,6 +155,17 @@ async def test_stop_cancels_the_turn(page, craft_server, session):
     assert len(chunks) < 300
 
 
+async def test_after_stop_the_keyboard_is_back_in_the_prompt_box(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "slow 300 0.05")
+    await expect(page.locator("#transcript .msg.agent")).to_contain_text("chunk 2 ")
+    await page.locator("#stop").focus()
+    await page.keyboard.press("Enter")
+    await expect(page.locator(TURN_END)).to_have_text("Stopped")
+    await expect(page.locator("#stop")).to_be_hidden()
+    await expect(page.locator("#prompt")).to_be_focused()
+
+
 async def test_on_a_phone_the_message_box_keeps_most_of_the_width_mid_turn(
     page, craft_server, session
 ):

@@ -94,7 +94,10 @@ export function createComposer({ connection, status, attachments, palette }) {
     if (connection.send({ type: "cancel" })) status.announce("Stopping…");
     else status.showFrameError("Not connected: the agent could not be stopped yet.");
   }
-  $("stop").addEventListener("click", stop);
+  $("stop").addEventListener("click", () => {
+    stop();
+    promptBox.focus(); // the button goes away with the turn: the keyboard stays in the composer
+  });
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape" || event.defaultPrevented || !status.running) return;
     if (event.target.closest && event.target.closest(".sidebar, details[open] > summary")) return;
