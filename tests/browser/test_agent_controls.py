@@ -231,6 +231,21 @@ async def test_files_are_mentioned_and_images_attached(page, craft_server, sessi
     await expect(page.locator("#attachments")).to_be_hidden()
 
 
+async def test_a_mention_of_a_missing_file_is_not_attached_and_the_person_is_told(
+    page, craft_server, session
+):
+    await open_page(page, craft_server, session)
+    await turn(page, "hello", 1)
+    await send_prompt(page, "look at @nothere.txt please")
+    await expect(page.locator("#frame-error")).to_have_text(
+        "Not attached: nothere.txt is not in the workspace. Your message was sent without it."
+    )
+    await expect(page.locator(TURN_END)).to_have_count(2)
+    await expect(page.locator(REPLY).last).to_have_text("Echo: look at @nothere.txt please")
+    await expect(page.locator("#transcript .msg-attachments")).to_have_count(0)
+    await snap(page, "composer-missing-mention")
+
+
 async def test_odd_controls_from_an_agent_never_wedge_the_page(page, craft_server, session):
     odd = [
         ("agent_info", {"configOptions": "model", "modes": [1], "promptCapabilities": None}),

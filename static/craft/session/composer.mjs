@@ -29,12 +29,28 @@ function mentionedFiles(text) {
 }
 
 /** Start the composer; `connection` sends frames (socket.mjs). */
-export function createComposer({ connection, status, attachments, palette }) {
+export function createComposer({ connection, status, attachments, palette, workspace }) {
   const form = $("composer");
   const promptBox = $("prompt");
   let pendingPrompt = null; // {id, text, key} until its user_message event arrives
+  let checking = false; // the mentioned files are being looked up
 
-  form.addEventListener("submit", (event) => {
+  // The files `text` mentions that are in the workspace, and those that are not (which are not
+  // sent: the agent would get a link to nothing); null while an earlier look-up is under way.
+  async function mentionsOf(text) {
+    const files = mentionedFiles(text);
+    if (!files.length) return { files, missing: [] };
+    if (checking) return null;
+    checking = true;
+    try {
+      const missing = await workspace.missing(files.map((file) => file.path));
+      return { files: files.filter((file) => !missing.includes(file.path)), missing };
+    } finally {
+      checking = false;
+    }
+  }
+
+  form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = promptBox.value;
     if (!text.trim()) {
@@ -49,8 +65,10 @@ export function createComposer({ connection, status, attachments, palette }) {
       status.showFrameError(FRAME_ERRORS.sandbox_starting);
       return;
     }
+    const mentions = await mentionsOf(text);
+    if (!mentions) return; // a second Enter while the first one looks the files up
     const images = attachments.images();
-    const attached = [...mentionedFiles(text), ...images.map((image) => ({
+    const attached = [...mentions.files, ...images.map((image) => ({
       type: "image", mimeType: image.mimeType, data: image.data, name: image.name,
     }))];
     // Re-sending the same message reuses the id, so a prompt sent just before a disconnect
@@ -78,6 +96,10 @@ export function createComposer({ connection, status, attachments, palette }) {
     status.hideFrameError();
     if (!connection.sendText(frame)) {
       status.showFrameError("Not connected. Your message is kept; send it again in a moment.");
+    } else if (mentions.missing.length) {
+      const [names, are, them] = mentions.missing.length > 1
+        ? [mentions.missing.join(", "), "are", "them"] : [mentions.missing[0], "is", "it"];
+      status.showFrameError(`Not attached: ${names} ${are} not in the workspace. Your message was sent without ${them}.`);
     }
   });
 

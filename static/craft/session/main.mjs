@@ -93,7 +93,7 @@ const view = createView({
   },
 });
 const attachments = createAttachments({ fold, status });
-const composer = createComposer({ connection, status, attachments, palette: createPalette({ fold, workspace }) });
+const composer = createComposer({ connection, status, attachments, workspace, palette: createPalette({ fold, workspace }) });
 
 // Apply one event: fold it, draw it, and let the page around the transcript follow.
 function applyEvent(event, live = false) {
