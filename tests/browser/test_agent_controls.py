@@ -162,6 +162,17 @@ async def test_config_options_commands_usage_and_title_round_trip(page, craft_se
     await expect(page.locator("#usage-text")).to_contain_text("tokens")
 
 
+async def test_enter_on_a_command_typed_in_full_sends_it(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await turn(page, "remember plums", 1)
+    await page.fill("#prompt", "/recall")
+    await expect(page.locator("#palette [role=option] .name")).to_have_text(["/recall"])
+    await page.press("#prompt", "Enter")
+    await expect(page.locator(TURN_END)).to_have_count(2)
+    await expect(page.locator(REPLY).last).to_have_text("You asked me to remember: plums.")
+    await expect(page.locator("#prompt")).to_have_value("")
+
+
 async def test_an_agent_with_modes_only_gets_a_mode_picker(browser, owner, tmp_path):
     session = await db_sync_to_async(open_ready_session)(owner, "")
     env = {"CRAFT_AGENT_COMMAND": "craft-demo-agent --controls modes --no-images"}
@@ -218,6 +229,52 @@ async def test_files_are_mentioned_and_images_attached(page, craft_server, sessi
     )
     await expect(page.locator(REPLY).last).to_contain_text("I received 2 attachment(s)")
     await expect(page.locator("#attachments")).to_be_hidden()
+
+
+async def test_a_mention_of_a_missing_file_is_not_attached_and_the_person_is_told(
+    page, craft_server, session
+):
+    await open_page(page, craft_server, session)
+    await turn(page, "hello", 1)
+    await send_prompt(page, "look at @nothere.txt please")
+    await expect(page.locator("#frame-error")).to_have_text(
+        "Not attached: nothere.txt is not in the workspace. Your message was sent without it."
+    )
+    await expect(page.locator(TURN_END)).to_have_count(2)
+    await expect(page.locator(REPLY).last).to_have_text("Echo: look at @nothere.txt please")
+    await expect(page.locator("#transcript .msg-attachments")).to_have_count(0)
+    await snap(page, "composer-missing-mention")
+
+
+async def test_files_that_are_not_images_are_refused_by_name(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await turn(page, "hello", 1)
+    error = page.locator("#frame-error")
+    await page.set_input_files(
+        "#image-input",
+        files=[
+            {"name": "report.pdf", "mimeType": "application/pdf", "buffer": b"%PDF-1.4"},
+            {"name": "dot.png", "mimeType": "image/png", "buffer": PIXEL},
+        ],
+    )
+    await expect(error).to_have_text("Not attached: report.pdf (only images can be attached).")
+    await expect(page.locator("#attachments li")).to_have_count(1)
+    await expect(page.locator("#attachments li")).to_contain_text("dot.png")
+    await snap(page, "composer-files-refused")
+    # Dropped on the composer: the same, and the browser does not open the file instead.
+    taken = await page.evaluate(
+        """() => {
+            const data = new DataTransfer();
+            data.items.add(new File(["a,b"], "table.csv", {type: "text/csv"}));
+            const drop = new DragEvent(
+                "drop", {dataTransfer: data, bubbles: true, cancelable: true});
+            document.getElementById("prompt").dispatchEvent(drop);
+            return drop.defaultPrevented;
+        }"""
+    )
+    assert taken
+    await expect(error).to_have_text("Not attached: table.csv (only images can be attached).")
+    await expect(page.locator("#attachments li")).to_have_count(1)
 
 
 async def test_odd_controls_from_an_agent_never_wedge_the_page(page, craft_server, session):

@@ -14,7 +14,7 @@ from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
 from tests.ready import open_ready_session
 
-from .conftest import snap
+from .conftest import PHONE, snap
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -153,6 +153,38 @@ async def test_stop_cancels_the_turn(page, craft_server, session):
     await expect(page.locator("#send")).to_be_enabled()
     chunks = [e for e in await stored(session) if e.kind == "agent_message_chunk"]
     assert len(chunks) < 300
+
+
+async def test_after_stop_the_keyboard_is_back_in_the_prompt_box(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "slow 300 0.05")
+    await expect(page.locator("#transcript .msg.agent")).to_contain_text("chunk 2 ")
+    await page.locator("#stop").focus()
+    await page.keyboard.press("Enter")
+    await expect(page.locator(TURN_END)).to_have_text("Stopped")
+    await expect(page.locator("#stop")).to_be_hidden()
+    await expect(page.locator("#prompt")).to_be_focused()
+
+
+async def test_on_a_phone_the_message_box_keeps_most_of_the_width_mid_turn(
+    page, craft_server, session
+):
+    await page.set_viewport_size(PHONE)
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "hello")
+    await expect(page.locator(TURN_END)).to_have_count(1)
+    await expect(page.locator("#attach-image")).to_be_visible()  # the agent takes images
+    await send_prompt(page, "slow 300 0.05")
+    await expect(page.locator("#stop")).to_be_visible()
+    box = await page.locator("#prompt").bounding_box()
+    assert box is not None and box["width"] >= 0.6 * PHONE["width"], box
+    for button in ("#attach-image", "#send", "#stop"):
+        edge = await page.locator(button).bounding_box()
+        assert edge is not None, button
+        assert edge["x"] >= 0 and edge["x"] + edge["width"] <= PHONE["width"], button
+    await snap(page, "composer-phone-midturn")
+    await page.click("#stop")
+    await expect(page.locator(TURN_END).last).to_have_text("Stopped")
 
 
 async def test_reloading_mid_turn_shows_the_whole_turn_once(page, craft_server, session):

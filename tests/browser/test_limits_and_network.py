@@ -87,7 +87,9 @@ async def test_the_banner_and_the_connection_indicator_stay_on_screen(page, hook
     await until(page, "() => document.documentElement.scrollHeight > 5000")
     at_bottom = "() => innerHeight + scrollY >= document.documentElement.scrollHeight - 80"
     await until(page, at_bottom)  # a loaded page shows the latest
-    await page.evaluate("window.scrollTo(0, 0)")
+    # The person scrolls up (a scroll the page itself makes never stops its following).
+    await page.mouse.move(700, 400)
+    await page.mouse.wheel(0, -100000)
     jump = page.get_by_role("button", name="Jump to the latest")
     await expect(jump).to_be_visible()
     hooks.hook("configure/", fail_loads=3)  # about 2 s of failures, then it loads

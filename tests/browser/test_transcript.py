@@ -302,3 +302,13 @@ async def test_thoughts_fold_away_once_the_agent_answers(page, craft_server, ses
     await expect(page.locator("#transcript .msg.agent .bubble")).to_have_text("Done thinking.")
     stamp = page.locator("#transcript .msg.user time")
     assert (await stamp.get_attribute("datetime")).endswith("Z")
+
+
+async def test_single_line_breaks_in_a_reply_are_kept(page, craft_server, session):
+    await open_page(page, craft_server, session)
+    await send_prompt(page, "count 10")
+    await expect(page.locator(TURN_END)).to_have_count(1)
+    reply = page.locator("#transcript .msg.agent .bubble").last
+    await expect(reply.locator("p")).to_have_count(1)  # drawn as Markdown
+    assert (await reply.inner_text()).strip().split("\n") == [str(n) for n in range(1, 11)]
+    await snap(page, "reply-line-breaks")

@@ -17,40 +17,50 @@ export function createAttachments({ fold, status }) {
   const imageInput = $("image-input");
   let images = []; // {id, name, mimeType, data, bytes} to go with the next prompt
   let imageIds = 0;
+  let reading = 0; // images still being read
 
-  // Take the image files among `files`; return whether there were any.
+  // Take the images among `files`, and tell the person which files were not taken and why;
+  // return whether there were files at all.
   function addImages(files) {
-    const chosen = [...files].filter((f) => f && typeof f.type === "string" && f.type.startsWith("image/"));
-    if (!chosen.length) return false;
-    if (fold.agent.prompt.image !== true) {
-      status.showFrameError("This agent does not accept images.");
-      return true;
+    const all = [...files].filter((f) => f && typeof f.type === "string");
+    if (!all.length) return false;
+    const refused = []; // "name (why)"
+    const name = (file) => file.name || "That file";
+    for (const file of all) {
+      if (!file.type.startsWith("image/")) {
+        refused.push(`${name(file)} (only images can be attached)`);
+      } else if (fold.agent.prompt.image !== true) {
+        refused.push(`${name(file)} (this agent does not accept images)`);
+      } else if (!IMAGE_TYPES.includes(file.type)) {
+        refused.push(`${name(file)} (use PNG, JPEG, GIF or WebP)`);
+      } else if (file.size > MAX_IMAGE_BYTES) {
+        refused.push(`${name(file)} (${formatBytes(file.size)}; at most 2 MB)`);
+      } else if (images.length + reading >= MAX_ATTACHMENTS) {
+        refused.push(`${name(file)} (at most 10 attachments go with one message)`);
+      } else {
+        read(file);
+      }
     }
-    for (const file of chosen) {
-      if (!IMAGE_TYPES.includes(file.type)) {
-        status.showFrameError(`${file.name || "That image"} can't be sent: use PNG, JPEG, GIF or WebP.`);
-        continue;
-      }
-      if (file.size > MAX_IMAGE_BYTES) {
-        status.showFrameError(`${file.name || "That image"} is too large (${formatBytes(file.size)}; at most 2 MB).`);
-        continue;
-      }
-      if (images.length >= MAX_ATTACHMENTS) {
-        status.showFrameError("At most 10 attachments go with one message.");
-        break;
-      }
-      const reader = new FileReader();
-      reader.addEventListener("load", () => {
-        const url = String(reader.result || "");
-        const comma = url.indexOf(",");
-        if (comma < 0) return;
-        images.push({ id: ++imageIds, name: file.name || `image-${imageIds}`, mimeType: file.type,
-          data: url.slice(comma + 1), bytes: file.size });
-        render();
-      });
-      reader.readAsDataURL(file);
-    }
+    if (refused.length) status.showFrameError(`Not attached: ${refused.join(", ")}.`);
     return true;
+  }
+
+  function read(file) {
+    reading++;
+    const reader = new FileReader();
+    reader.addEventListener("loadend", () => {
+      reading--;
+      const url = String(reader.result || "");
+      const comma = url.indexOf(",");
+      if (reader.error || comma < 0) {
+        status.showFrameError(`Not attached: ${file.name || "that image"} could not be read.`);
+        return;
+      }
+      images.push({ id: ++imageIds, name: file.name || `image-${imageIds}`, mimeType: file.type,
+        data: url.slice(comma + 1), bytes: file.size });
+      render();
+    });
+    reader.readAsDataURL(file);
   }
 
   function render() {

@@ -29,21 +29,39 @@ function mentionedFiles(text) {
 
 /** Start the composer; `connection` sends frames (socket.mjs). While the agent works (or the
  *  sandbox starts), what is sent waits in the session's queue (queue.mjs). */
-export function createComposer({ connection, status, attachments, palette, fold }) {
+export function createComposer({ connection, status, attachments, palette, fold, workspace }) {
   const form = $("composer");
   const promptBox = $("prompt");
   let pendingPrompt = null; // {id, text, key} until its user_message (or prompt_queued) arrives
   let recalled = null; // ↑ and ↓ through your earlier prompts: {index, draft}
+  let checking = false; // the mentioned files are being looked up
 
-  form.addEventListener("submit", (event) => {
+  // The files `text` mentions that are in the workspace, and those that are not (which are not
+  // sent: the agent would get a link to nothing); null while an earlier look-up is under way.
+  async function mentionsOf(text) {
+    const files = mentionedFiles(text);
+    if (!files.length) return { files, missing: [] };
+    if (checking) return null;
+    checking = true;
+    try {
+      const missing = await workspace.missing(files.map((file) => file.path));
+      return { files: files.filter((file) => !missing.includes(file.path)), missing };
+    } finally {
+      checking = false;
+    }
+  }
+
+  form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = promptBox.value;
     if (!text.trim()) {
       status.showFrameError("Type a message first.");
       return;
     }
+    const mentions = await mentionsOf(text);
+    if (!mentions) return; // a second Enter while the first one looks the files up
     const images = attachments.images();
-    const attached = [...mentionedFiles(text), ...images.map((image) => ({
+    const attached = [...mentions.files, ...images.map((image) => ({
       type: "image", mimeType: image.mimeType, data: image.data, name: image.name,
     }))];
     // Re-sending the same message reuses the id, so a prompt sent just before a disconnect
@@ -71,6 +89,10 @@ export function createComposer({ connection, status, attachments, palette, fold 
     status.hideFrameError();
     if (!connection.sendText(frame)) {
       status.showFrameError("Not connected. Your message is kept; send it again in a moment.");
+    } else if (mentions.missing.length) {
+      const [names, are, them] = mentions.missing.length > 1
+        ? [mentions.missing.join(", "), "are", "them"] : [mentions.missing[0], "is", "it"];
+      status.showFrameError(`Not attached: ${names} ${are} not in the workspace. Your message was sent without ${them}.`);
     }
   });
 
@@ -112,7 +134,10 @@ export function createComposer({ connection, status, attachments, palette, fold 
     if (connection.send({ type: "cancel" })) status.announce("Stopping…");
     else status.showFrameError("Not connected: the agent could not be stopped yet.");
   }
-  $("stop").addEventListener("click", stop);
+  $("stop").addEventListener("click", () => {
+    stop();
+    promptBox.focus(); // the button goes away with the turn: the keyboard stays in the composer
+  });
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape" || event.defaultPrevented || !status.running) return;
     if (event.target.closest && event.target.closest(".sidebar, details[open] > summary")) return;

@@ -14,6 +14,8 @@
 //   queue.mjs        prompts waiting for the running turn: edit, remove, send now
 //   palette.mjs      "/" commands and "@" files in the prompt box
 //   attachments.mjs  images for the next prompt
+//   scroll.mjs       following the newest event, unless the person scrolled up
+//   permission-pin.mjs  an open permission request, pinned beside the composer
 //   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
 //
 // Agent output is untrusted: text goes in through textContent, Markdown is sanitised
@@ -26,6 +28,7 @@ import { $ } from "./dom.mjs";
 import { createFold } from "./fold.mjs";
 import { fetchJson, loadHistory } from "./history.mjs";
 import { createPalette } from "./palette.mjs";
+import { createPermissionPin } from "./permission-pin.mjs";
 import { createQueue } from "./queue.mjs";
 import { workspacePaths } from "./paths.mjs";
 import { createView } from "./render.mjs";
@@ -43,7 +46,8 @@ const promptBox = $("prompt");
 const paths = workspacePaths(root.dataset.workspace, sessionId);
 const fold = createFold({ paths });
 const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt });
-const scroll = followBottom({ transcript, jumpButton: $("jump"), promptBox });
+const scroll = followBottom({ session: root, transcript, composer: $("composer"), jumpButton: $("jump"), promptBox });
+const pin = createPermissionPin({ reveal: scroll.reveal });
 const connection = createConnection({
   url: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/sessions/${sessionId}/`,
   serverLastSeq: Number(root.dataset.lastSeq || 0),
@@ -79,7 +83,11 @@ const view = createView({
   libraries: (root.dataset.libraries || "").split(" ").filter(Boolean),
   hooks: {
     beforeFlush: controls.draw,
-    answer: (request, option) => connection.send({ type: "permission", request, option }),
+    answer(request, option) {
+      const sent = connection.send({ type: "permission", request, option });
+      if (sent) scroll.follow(); // the agent goes on: what it does next comes into view
+      return sent;
+    },
     announce: status.announce,
     showError: status.showFrameError,
     fetchEvent: (seq) => fetchJson(root.dataset.eventUrl.replace(/0\/$/, `${seq}/`)),
@@ -90,7 +98,7 @@ const view = createView({
 });
 const attachments = createAttachments({ fold, status });
 const composer = createComposer({
-  connection, status, attachments, fold, palette: createPalette({ fold, workspace }),
+  connection, status, attachments, fold, workspace, palette: createPalette({ fold, workspace }),
 });
 const queue = createQueue({ fold, send: connection.send, status });
 
@@ -99,6 +107,7 @@ function applyEvent(event, live = false) {
   const step = fold.apply(event, live);
   if (!step) return;
   view.draw(step);
+  pin.seen(step);
   if (step.block.kind === "user") composer.promptStored(step.block);
   if (step.title) status.setTitle(step.title);
   if (step.controls) controls.changed();
@@ -115,6 +124,7 @@ function followLive(kind, block) {
   const sessionsChanged = () => document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
   switch (kind) {
     case "user_message":
+      scroll.toBottom(); // a new message, and what answers it, always come into view
       status.setRunning(true);
       status.announce("The agent is working.");
       sessionsChanged();
@@ -123,6 +133,7 @@ function followLive(kind, block) {
       status.announce("Your message will be sent when the agent is done.");
       break;
     case "permission_request":
+      scroll.toBottom(); // the agent waits for the person: the card comes into view
       status.announce(`The agent asks for permission: ${block.title}.`);
       break;
     case "turn_changes":

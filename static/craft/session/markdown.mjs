@@ -19,6 +19,9 @@ export function getMarkdown() {
     .replace(/"/g, "&quot;");
   const parser = new window.marked.Marked({
     gfm: true,
+    // A single line break is a line break, as in GitHub's comments: agents write lists of
+    // lines ("1\n2\n3") that would otherwise run together into one.
+    breaks: true,
     async: false,
     renderer: {
       // Never raw HTML from the agent: show it as the text it is.

@@ -108,6 +108,12 @@ export function createPalette({ fold, workspace }) {
     if (item.reopen) update(); // a folder: its entries next
   }
 
+  // Whether the box holds exactly the command `item` would complete to (nothing to complete).
+  function typedInFull(item) {
+    return Boolean(item) && suggestions.kind === "command"
+      && promptBox.value.slice(suggestions.start, suggestions.end) === item.label;
+  }
+
   /** Handle a key pressed in the prompt box while the palette is open; return whether it did. */
   function handleKey(event) {
     if (palette.hidden || !suggestions.items.length) return false;
@@ -118,6 +124,10 @@ export function createPalette({ fold, workspace }) {
       return true;
     }
     if ((event.key === "Enter" && !event.shiftKey && !event.isComposing) || event.key === "Tab") {
+      if (event.key === "Enter" && typedInFull(suggestions.items[suggestions.active])) {
+        close();
+        return false; // "/recall" typed whole: Enter sends it, as it would without the palette
+      }
       event.preventDefault();
       choose(suggestions.active);
       return true;

@@ -22,8 +22,6 @@ export function createQueue({ fold, send, status }) {
       ? { id: document.activeElement.closest("li")?.dataset.id, action: document.activeElement.dataset.action }
       : null;
     list.replaceChildren(...queue.map((queued, index) => item(queued, index)));
-    // The transcript keeps its end above the composer, which the queue makes taller.
-    document.documentElement.style.setProperty("--queue-height", `${section.hidden ? 0 : section.offsetHeight}px`);
     if (focused) {
       const again = list.querySelector(`li[data-id="${CSS.escape(focused.id || "")}"] [data-action="${focused.action}"]`);
       (again || list.querySelector("button") || $("prompt")).focus();

@@ -396,6 +396,36 @@ export function createWorkspace({ api, fold, announce, tell }) {
     changesArrived() {
       if (!panel.hidden && !$("panel-changes").hidden) drawChanges();
     },
+    /** Of the workspace paths `paths` (as "@" mentions name them), those that are not there
+     *  now: their folders are listed afresh. A path is taken as there when that cannot be told
+     *  (the sandbox is not running, a folder too long to list at once). */
+    async missing(paths) {
+      const folders = new Map(); // folder -> the paths asked in it
+      for (const path of paths) {
+        const clean = path.replace(/\/+$/, "");
+        const slash = clean.lastIndexOf("/");
+        const folder = clean.slice(0, Math.max(slash, 0));
+        if (!folders.has(folder)) folders.set(folder, []);
+        folders.get(folder).push({ path, name: clean.slice(slash + 1) });
+      }
+      const missing = new Set();
+      await Promise.all([...folders].map(async ([folder, asked]) => {
+        const query = new URLSearchParams({ path: folder, limit: "10000" });
+        let listing = null;
+        try {
+          const response = await fetch(`${api}files/?${query}`, { credentials: "same-origin", cache: "no-store" });
+          // No such folder, or a file where a folder would be: nothing in it is there.
+          if (response.status === 404 || response.status === 400) listing = { entries: [], has_more: false };
+          else if (response.ok) listing = await response.json();
+        } catch {
+          // not told: taken as there
+        }
+        if (!listing || listing.has_more || !Array.isArray(listing.entries)) return;
+        const names = new Set(listing.entries.map((entry) => entry.name));
+        for (const { path, name } of asked) if (!names.has(name)) missing.add(path);
+      }));
+      return paths.filter((path) => missing.has(path));
+    },
     /** Workspace files for "@" mentions: the entries of `folder` known now, and a promise of
      *  them when they must be asked for (null when they are known). */
     entriesOf(folder) {
