@@ -25,7 +25,7 @@ from django.conf import settings
 
 from craft import commands, services
 from craft.errors import Refused
-from craft.live import delivery
+from craft.live import delivery, status
 from craft.live.accounts import FollowsAccount
 from craft.live.outbuffer import unsent_bytes
 from craft.models import Session
@@ -47,9 +47,13 @@ YIELD_EVERY = 256
 BACKLOG_BATCHES = 1_000
 
 
-# What the channel layer may bring a session socket: the doorbell and the two closings.
-# Anything else from the layer (a forged `websocket.receive` above all) is dropped.
-LAYER_MESSAGES = {"events.available", "session.deleted", "account.closed"}
+# What the channel layer may bring a session socket: the doorbell, the two closings and the
+# person's status notices (craft.live.status). Anything else from the layer (a forged
+# `websocket.receive` above all) is dropped.
+LAYER_MESSAGES = {
+    "events.available", "session.deleted", "account.closed",
+    status.SANDBOX_CHANGED, status.SESSIONS_CHANGED,
+}  # fmt: skip
 
 
 class TooSlow(Exception):
@@ -70,6 +74,16 @@ def _owned_session(user: Any, session_id: UUID) -> Session | None:
 
 
 @db_sync_to_async
+def _sandbox_state(sandbox_id: UUID) -> dict[str, str] | None:
+    return status.read_sandbox_state(sandbox_id)
+
+
+@db_sync_to_async
+def _mark_seen(user: Any, session_id: UUID) -> None:
+    services.mark_seen(user, session_id)
+
+
+@db_sync_to_async
 def _frames_after(session_id: UUID, seq: int) -> list[tuple[int, str]]:
     return frames_after(session_id, seq, limit=REPLAY_PAGE)
 
@@ -82,6 +96,13 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _catch_up = False  # read the database after sent_seq before using the backlog
     _pump: asyncio.Task[None] | None = None
     _following = False
+    _listening = False
+    # The person's status (craft.live.status): what to read and send, and what was sent.
+    _status_task: asyncio.Task[None] | None = None
+    _sandbox_stale = False
+    _sessions_stale = False
+    _follows_sessions = False  # until the client sends `follow_sessions`
+    _sandbox_sent: dict[str, str] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         async def from_socket() -> FromSocket:
@@ -136,18 +157,19 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         delivery.follow(self.session_id, self)
         self._following = True
+        self.user = user
+        self.sandbox_id = session.sandbox_id
+        status.listen(user.pk, self)
+        self._listening = True
         await self.accept()
+        self._sandbox_sent = status.sandbox_state(session.sandbox)
         await self.send_json(
             {
                 "type": "hello",
                 "session": str(self.session_id),
                 "last_seq": session.last_seq,
                 "running": session.running,
-                "sandbox": {
-                    "status": session.sandbox.status,
-                    "detail": session.sandbox.status_detail,
-                    "error": session.sandbox.error,
-                },
+                "sandbox": self._sandbox_sent,
             }
         )
 
@@ -163,6 +185,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if self._following:
             delivery.unfollow(self.session_id, self)
             self._following = False
+        if self._listening:
+            status.stop_listening(self.user.pk, self)
+            self._listening = False
+        if self._status_task is not None:
+            self._status_task.cancel()
         if self._pump is not None:
             self._pump.cancel()
         if hasattr(self, "group"):
@@ -218,6 +245,12 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         self._catch_up = True
         self._start_pump()
 
+    async def handle_seen(self, seen: commands.Seen) -> None:
+        await _mark_seen(self.user, self.session_id)
+
+    async def handle_follow_sessions(self, follow: commands.FollowSessions) -> None:
+        self._follows_sessions = True
+
     handlers: dict[type, Callable[[Any, Any], Awaitable[None]]] = {
         commands.Prompt: handle_prompt,
         commands.Cancel: handle_cancel,
@@ -225,6 +258,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         commands.SetConfigOption: handle_set_config_option,
         commands.SetMode: handle_set_mode,
         commands.Resume: handle_resume,
+        commands.Seen: handle_seen,
+        commands.FollowSessions: handle_follow_sessions,
     }
 
     # --- live events --------------------------------------------------------------------------
@@ -256,6 +291,46 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if message.get("origin") != delivery.PROCESS_ID:
             last = message["last_seq"]
             self.deliver(message.get("first_seq", last), last, message.get("frames"))
+
+    # --- the person's status (craft.live.status) ---------------------------------------------
+
+    def notice(self, message: dict[str, Any]) -> None:
+        """Take a status notice (on the event loop) and send what it changed, once."""
+        if message.get("type") == status.SANDBOX_CHANGED:
+            if message.get("sandbox") != self.sandbox_id.hex:
+                return  # another sandbox of the person's (sessions keep theirs)
+            self._sandbox_stale = True
+        elif self._follows_sessions:
+            self._sessions_stale = True
+        else:
+            return
+        if self._status_task is None or self._status_task.done():
+            self._status_task = asyncio.get_running_loop().create_task(self._send_status())
+
+    async def _send_status(self) -> None:
+        try:
+            while self._sandbox_stale or self._sessions_stale:
+                if self._sandbox_stale:
+                    self._sandbox_stale = False
+                    state = await _sandbox_state(self.sandbox_id)
+                    if state is not None and state != self._sandbox_sent:
+                        self._sandbox_sent = state
+                        await self.send_json({"type": "sandbox", **state})
+                if self._sessions_stale:
+                    self._sessions_stale = False
+                    await self.send_json({"type": "sessions"})
+        except Exception:
+            logger.exception("session %s: sending the status failed", self.session_id)
+
+    async def sandbox_changed(self, message: dict[str, Any]) -> None:
+        """Another process changed one of the person's sandboxes (the layer's notice)."""
+        if message.get("origin") != delivery.PROCESS_ID:
+            self.notice(message)
+
+    async def sessions_changed(self, message: dict[str, Any]) -> None:
+        """Another process changed one of the person's sessions (the layer's notice)."""
+        if message.get("origin") != delivery.PROCESS_ID:
+            self.notice(message)
 
     def _start_pump(self) -> None:
         if self._pump is None or self._pump.done():

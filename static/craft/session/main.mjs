@@ -9,6 +9,7 @@
 //   socket.mjs       the websocket, reconnects, and the load guard (how a page stays exact)
 //   history.mjs      stored events over HTTP
 //   status.mjs       what the page shows around the transcript
+//   attention.mjs    the tab's title and notifications while hidden; telling the server it was seen
 //   controls.mjs     the agent's own controls
 //   composer.mjs     sending prompts, stopping the agent
 //   palette.mjs      "/" commands and "@" files in the prompt box
@@ -19,6 +20,7 @@
 // (markdown.mjs), and paths are shown relative to the workspace (paths.mjs).
 
 import { createAttachments } from "./attachments.mjs";
+import { createAttention } from "./attention.mjs";
 import { createComposer } from "./composer.mjs";
 import { createControls } from "./controls.mjs";
 import { $ } from "./dom.mjs";
@@ -53,6 +55,12 @@ const connection = createConnection({
     hello(frame) {
       status.setRunning(frame.running);
       if (isObject(frame.sandbox)) status.setSandbox(frame.sandbox);
+      connection.send({ type: "follow_sessions" }); // the sidebar's list follows every session
+      attention.looked();
+    },
+    notice(frame) { // pushed as it changes, never polled (docs/websocket-api.md)
+      if (frame.type === "sandbox") status.setSandbox(frame);
+      else document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
     },
     event(frame) {
       applyEvent(frame, true);
@@ -62,6 +70,10 @@ const connection = createConnection({
     loaded,
     loadFailed: status.showLoadFailure,
   },
+});
+const attention = createAttention({
+  send: (frame) => connection.send(frame),
+  sessionTitle: () => $("session-title").textContent,
 });
 const controls = createControls({ fold, send: connection.send, status });
 const workspace = createWorkspace({
@@ -93,7 +105,10 @@ function applyEvent(event, live = false) {
   if (!step) return;
   view.draw(step);
   if (step.block.kind === "user") composer.promptStored(step.block);
-  if (step.title) status.setTitle(step.title);
+  if (step.title) {
+    status.setTitle(step.title);
+    attention.titleChanged();
+  }
   if (step.controls) controls.changed();
   if (step.block.kind === "changes") workspace.changesArrived();
   if (live && !step.failed) followLive(event.kind, step.block);
@@ -110,6 +125,7 @@ function followLive(kind, block) {
       break;
     case "permission_request":
       status.announce(`The agent asks for permission: ${block.title}.`);
+      attention.needsApproval(block.title);
       break;
     case "turn_changes":
     case "workspace_reverted":
@@ -119,6 +135,7 @@ function followLive(kind, block) {
       workspace.changed();
       status.setRunning(false);
       status.announce(STOP_REASONS[block.reason] || "The turn ended.");
+      attention.turnEnded(STOP_REASONS[block.reason] || "The turn ended");
       sessionsChanged();
       break;
     case "agent_error":

@@ -86,9 +86,18 @@ export function createStatus({ root, turnStartedAt }) {
     if (input && document.activeElement !== input) input.value = title;
   }
 
+  /** Show the session's sandbox as the server says it is now: the page's own data, then the
+   *  socket's `hello` and `sandbox` frames (pushed as it changes, never polled). */
   function setSandbox(sandbox) {
     const status = str(sandbox.status);
     sandboxStatus = status;
+    sandboxDetail = str(sandbox.detail);
+    // The sidebar's line, when it is about the same sandbox, is fetched again to match.
+    const line = $("sandbox-status");
+    if (line && line.dataset.sandbox === root.dataset.sandbox && window.htmx
+        && (line.dataset.status !== status || line.dataset.detail !== sandboxDetail)) {
+      window.htmx.trigger(line, "craft:refresh");
+    }
     let text = SANDBOX_BANNERS[status];
     // While it starts, the banner shows how far it got (on Kubernetes: the pod's phase and
     // latest event), as the sidebar's sandbox line does.
@@ -106,8 +115,8 @@ export function createStatus({ root, turnStartedAt }) {
     else sendButton.disabled = running;
   }
 
-  // "Try again" on a failed sandbox: set it up again for this session (POST /api/sandbox/),
-  // then follow its progress as the sidebar's sandbox line polls it.
+  // "Try again" on a failed sandbox: set it up again for this session (POST /api/sandbox/);
+  // the socket's `sandbox` frames follow its progress.
   retrySandbox.addEventListener("click", async () => {
     retrySandbox.disabled = true;
     const token = sandboxBanner.querySelector("input[name=csrfmiddlewaretoken]");
@@ -118,23 +127,11 @@ export function createStatus({ root, turnStartedAt }) {
       });
       if (!response.ok) throw new Error(`the server refused (${response.status})`);
       setSandbox(await response.json());
-      const line = $("sandbox-status");
-      if (line && window.htmx) window.htmx.trigger(line, "craft:refresh");
     } catch (error) {
       showFrameError(`Your sandbox could not be set up again: ${error.message}. Try again in a moment.`);
     } finally {
       retrySandbox.disabled = false;
     }
-  });
-
-  // The sidebar's sandbox line polls the sandbox while it starts (sidebar.js): the banner and
-  // the composer follow each new answer.
-  document.addEventListener("htmx:afterSettle", () => {
-    const line = $("sandbox-status");
-    if (!line || !line.dataset.status || line.dataset.status === "none") return;
-    if (line.dataset.status === sandboxStatus && line.dataset.detail === sandboxDetail) return;
-    sandboxDetail = line.dataset.detail || "";
-    setSandbox({ status: line.dataset.status, detail: sandboxDetail });
   });
 
   function showFrameError(message, sticky = false) {
