@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from urllib.parse import urlparse
 
 import pytest
+from django.db import connections
 from playwright.async_api import expect
 
 from craft.storage.db import db_sync_to_async
@@ -48,6 +49,18 @@ window.__setHidden = (value) => {
   document.dispatchEvent(new Event("visibilitychange"));
 };
 """
+
+
+async def off_the_loop(func, *args):
+    """Run a blocking call on a thread, which leaves no database connection behind."""
+
+    def call():
+        try:
+            return func(*args)
+        finally:
+            connections.close_all()
+
+    return await asyncio.to_thread(call)
 
 
 def socket_to(craft_server, user, session) -> Socket:
@@ -104,7 +117,7 @@ async def test_the_sandbox_s_state_reaches_the_page_pushed_not_polled(
     await expect(page.locator("#send")).to_be_enabled()
     await snap(page, "live-sandbox-running")
 
-    await asyncio.to_thread(admin_terminate, craft_server, staff, session.sandbox_id)
+    await off_the_loop(admin_terminate, craft_server, staff, session.sandbox_id)
     await expect(banner).to_have_attribute("data-status", "terminated")
     await expect(banner).to_contain_text("sandbox was stopped")
     await expect(page.locator("#prompt")).to_be_disabled()
@@ -127,7 +140,7 @@ async def test_the_session_list_shows_each_session_s_state_within_a_second(
     await open_page(page, craft_server, here)
     item = page.locator(f"#session-{there.pk} .session-link")
     await expect(item).to_have_attribute("data-state", "idle")
-    elsewhere = await asyncio.to_thread(socket_to, craft_server, owner, there)
+    elsewhere = await off_the_loop(socket_to, craft_server, owner, there)
     elsewhere.send({"type": "resume", "after": 0})
 
     elsewhere.send({"type": "prompt", "id": "l1", "text": "slow 40 0.1"})

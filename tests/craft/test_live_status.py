@@ -182,20 +182,6 @@ def test_the_session_list_follows_every_session_s_turns(owner, tmp_path):
         server.terminate()
 
 
-def test_a_socket_that_does_not_follow_sessions_gets_no_sessions_frames(owner, tmp_path):
-    session = open_ready_session(owner, "alone")
-    server = Daphne(tmp_path).start()
-    try:
-        sock = Socket(server, owner, session.pk)
-        sock.send({"type": "resume", "after": 0})
-        sock.send({"type": "prompt", "id": "a1", "text": "hello"})
-        frames = sock.until(is_turn_end)
-        assert {f["type"] for f in frames} == {"event"}
-        sock.close()
-    finally:
-        server.terminate()
-
-
 def test_status_notices_cross_workers(workers, owner, staff, tmp_path: Path):  # noqa: F811
     watched = open_ready_session(owner, "watched")
     busy = open_ready_session(owner, "busy")
