@@ -102,6 +102,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _sandbox_stale = False
     _sessions_stale = False
     _follows_sessions = False  # until the client sends `follow_sessions`
+    _hello_sent = False  # no status frame before the `hello`
     _sandbox_sent: dict[str, str] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -172,6 +173,10 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 "sandbox": self._sandbox_sent,
             }
         )
+        # A change committed after the session was read, before this socket listened, sent
+        # its notice to no one: read the sandbox once more (a frame only if it changed).
+        self._hello_sent = True
+        self.notice({"type": status.SANDBOX_CHANGED, "sandbox": self.sandbox_id.hex})
 
     async def _refuse(self, code: int) -> None:
         await self.unfollow_account()
@@ -304,6 +309,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             self._sessions_stale = True
         else:
             return
+        if not self._hello_sent:
+            return  # the hello starts the task, after it
         if self._status_task is None or self._status_task.done():
             self._status_task = asyncio.get_running_loop().create_task(self._send_status())
 

@@ -162,11 +162,7 @@ def test_the_session_list_follows_every_session_s_turns(owner, tmp_path):
                 lambda item: (item["state"], item["unread"]) == (state, unread),
             )  # fmt: skip
 
-        worker.send({"type": "prompt", "id": "w1", "text": "write notes.txt hi"})
-        busy_is("needs_approval")
-        request = worker.until(lambda f: f.get("kind") == "permission_request")[-1]
-        worker.send({"type": "permission", "request": request["data"]["request"],
-                     "option": "allow"})  # fmt: skip
+        worker.send({"type": "prompt", "id": "w1", "text": "slow 20 0.1"})
         busy_is("working")
         worker.until(is_turn_end)
         busy_is("idle", unread=True)  # nobody looked at it since
@@ -174,7 +170,15 @@ def test_the_session_list_follows_every_session_s_turns(owner, tmp_path):
         worker.send({"type": "seen"})  # its page is in view: read, and every list hears so
         busy_is("idle", unread=False)
 
-        worker.send({"type": "prompt", "id": "w2", "text": "fail"})
+        worker.send({"type": "prompt", "id": "w2", "text": "write notes.txt hi"})
+        busy_is("needs_approval")
+        request = worker.until(lambda f: f.get("kind") == "permission_request")[-1]
+        worker.send({"type": "permission", "request": request["data"]["request"],
+                     "option": "allow"})  # fmt: skip
+        worker.until(is_turn_end)
+        busy_is("idle", unread=True)
+
+        worker.send({"type": "prompt", "id": "w3", "text": "fail"})
         busy_is("failed", unread=True)
         watcher.close()
         worker.close()
