@@ -90,8 +90,12 @@ def session_json(session: Session) -> dict[str, Any]:
 @api_login_required
 def sessions(request: SignedInRequest) -> HttpResponse:
     if request.method == "GET":
-        items = Session.objects.owned_by(request.user).recent_first().with_running()
-        return JsonResponse({"sessions": [session_json(s) for s in items]})
+        items = Session.objects.owned_by(request.user).recent_first().with_status()
+        listed = [
+            {**session_json(s), "state": s.state, "unread": getattr(s, "unread", False)}
+            for s in items
+        ]
+        return JsonResponse({"sessions": listed})
     body = json_body(request)
     if body is None:
         return error(400, "bad_json", "the body must be a JSON object")

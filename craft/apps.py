@@ -11,10 +11,13 @@ class CraftConfig(AppConfig):
 
         from craft.checks import service_passwords
         from craft.cluster import forwarding
-        from craft.live import accounts
+        from craft.live import accounts, status
         from craft.turns.registry import runners
+        from sandboxes.signals import sandbox_changed
 
         accounts.connect_signals()
+        # A sandbox's new state is pushed to its owner's pages (craft.live.status).
+        sandbox_changed.connect(status.on_sandbox_changed, dispatch_uid="craft.live.status")
         # A session's commands, routed here by the cluster, are carried out by its runner.
         forwarding.serve(handle=runners.handle, lose=runners.lose)
         checks.register(service_passwords, checks.Tags.security, deploy=True)

@@ -135,12 +135,23 @@ class Resume:
     after: int
 
 
-# What the session's owner carries out; `Resume` stays with the socket that received it.
+@dataclass(frozen=True)
+class Seen:
+    """The person has now looked at everything the session's page shows (the socket's own)."""
+
+
+@dataclass(frozen=True)
+class FollowSessions:
+    """Send a `sessions` frame whenever one of the person's sessions changes what a list of
+    sessions shows (the socket's own)."""
+
+
+# What the session's owner carries out; the others stay with the socket that received them.
 SessionCommand = (
     Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode | Revert
     | EditQueued | RemoveQueued | SendNow | RunQueue
 )  # fmt: skip
-Command = SessionCommand | Resume
+Command = SessionCommand | Resume | Seen | FollowSessions
 
 # The frame type of each command, as clients send it.
 FRAME_TYPES: dict[type, str] = {
@@ -155,6 +166,8 @@ FRAME_TYPES: dict[type, str] = {
     SendNow: "send_now",
     RunQueue: "run_queue",  # between workers only
     Resume: "resume",
+    Seen: "seen",
+    FollowSessions: "follow_sessions",
 }
 
 
@@ -178,6 +191,10 @@ def parse(frame: dict[str, Any]) -> Command:
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             raise Refused("bad_frame", "resume needs 'after': a non-negative integer")
         return Resume(after)
+    if kind == "seen":
+        return Seen()
+    if kind == "follow_sessions":
+        return FollowSessions()
     if kind == "set_config_option":
         config, value = frame.get("config"), frame.get("value")
         if not isinstance(config, str) or not isinstance(value, str):

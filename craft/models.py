@@ -29,6 +29,19 @@ class SessionQuerySet(models.QuerySet["Session"]):
         turns = Turn.objects.filter(session=models.OuterRef("pk"), state=Turn.State.RUNNING)
         return self.annotate(running=models.Exists(turns))
 
+    def with_status(self) -> "SessionQuerySet":
+        """Annotate what the list of sessions shows (see `Session.state`): `running`,
+        `awaiting` (the running turn waits for a permission answer), `last_stop` (the stop
+        reason of the latest turn) and `unread` (a turn ended after its owner last looked)."""
+        turns = Turn.objects.filter(session=models.OuterRef("pk"))
+        latest = turns.order_by("-prompt_seq").values("stop_reason")[:1]
+        unseen = turns.filter(ended_at__gt=models.OuterRef("seen_at"))
+        return self.with_running().annotate(
+            awaiting=models.Exists(turns.filter(state=Turn.State.RUNNING).exclude(pending={})),
+            last_stop=models.Subquery(latest),
+            unread=models.Exists(unseen),
+        )
+
 
 class Session(models.Model):
     """A conversation with an agent, in its own workspace of its owner's sandbox."""
@@ -45,6 +58,8 @@ class Session(models.Model):
     last_seq = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # When its owner last had its page in view: turns that ended since are unread.
+    seen_at = models.DateTimeField(default=timezone.now)
 
     objects = SessionQuerySet.as_manager()
     running: bool  # only on sessions fetched `with_running()`
@@ -54,6 +69,15 @@ class Session(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+    @property
+    def state(self) -> str:
+        """Return what the list of sessions says of it (a session fetched `with_status()`):
+        `needs_approval`, `working`, `failed` (its latest turn ended with an error) or
+        `idle`."""
+        if self.running:
+            return "needs_approval" if getattr(self, "awaiting", False) else "working"
+        return "failed" if getattr(self, "last_stop", "") == "error" else "idle"
 
 
 class EventQuerySet(models.QuerySet["Event"]):

@@ -14,6 +14,7 @@ import uuid
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.utils import timezone
 
 from craft.cluster import forwarding
 from craft.commands import (
@@ -28,8 +29,8 @@ from craft.commands import (
     SetMode,
 )
 from craft.errors import SessionError, SessionLimit
-from craft.live import delivery
-from craft.models import Session
+from craft.live import delivery, status
+from craft.models import Session, Turn
 from craft.storage.normalise import clean_title
 from craft.storage.titles import set_session_title
 from craft.turns.registry import runners
@@ -49,6 +50,7 @@ __all__ = [
     "cancel_turn",
     "change_queue",
     "delete_session",
+    "mark_seen",
     "open_session",
     "post_prompt",
     "revert_workspace",
@@ -90,9 +92,11 @@ def open_session(user: User, title: str = "", *, reuse_untouched: bool = False) 
     if sandbox.status not in (Sandbox.Status.RUNNING, Sandbox.Status.PROVISIONING):
         # Terminating (a failed one was claimed for provisioning above).
         raise SessionError("your sandbox is being stopped: open a session again in a moment")
-    return Session.objects.create(
+    session = Session.objects.create(
         owner=user, sandbox=sandbox, title=clean_title(title) or DEFAULT_TITLE
     )
+    status.sessions_changed(user.pk)
+    return session
 
 
 def delete_session(session: Session) -> None:
@@ -108,7 +112,22 @@ def delete_session(session: Session) -> None:
         transaction.on_commit(
             lambda: delivery.tell_session(session_id, {"type": "session.deleted"})
         )
+        status.sessions_changed(session.owner_id)
     runners.forget(session_id)
+
+
+def mark_seen(user: User, session_id: uuid.UUID) -> None:
+    """Record that the user has the session's page in view now: the turns that ended so far
+    are read. Tells the user's pages when that changed what their list shows."""
+    sessions = Session.objects.owned_by(user).filter(pk=session_id)
+    before = sessions.values_list("seen_at", flat=True).first()
+    if before is None:
+        return
+    now = timezone.now()
+    sessions.update(seen_at=now)
+    ended = Turn.objects.filter(session_id=session_id, ended_at__gt=before, ended_at__lte=now)
+    if ended.exists():
+        status.sessions_changed(user.pk)
 
 
 # --- A session's commands (async, on the event loop) -----------------------------------------

@@ -42,12 +42,8 @@ def _current_sandbox(user: User) -> Sandbox | None:
 
 
 def _list_context(request: SignedInRequest, current: Session | None) -> dict[str, object]:
-    sessions = list(Session.objects.owned_by(request.user).recent_first().with_running())
-    return {
-        "sessions": sessions,
-        "running_ids": {s.pk for s in sessions if s.running},
-        "current": current,
-    }
+    sessions = Session.objects.owned_by(request.user).recent_first().with_status()
+    return {"sessions": list(sessions), "current": current}
 
 
 def _page_context(request: SignedInRequest, session: Session | None) -> dict[str, object]:
@@ -141,12 +137,13 @@ def rename_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     except services.SessionError as exc:
         if request.htmx:
             # The item again, its menu open, with the message (htmx swaps 422, see base.html).
-            context = {"s": session, "current": current, "rename_error": str(exc)}
+            item = Session.objects.with_status().get(pk=session.pk)
+            context = {"s": item, "current": current, "rename_error": str(exc)}
             return render(request, "craft/_session_item.html", context, status=422)
         messages.error(request, str(exc))
-    session.refresh_from_db()
     if request.htmx:
-        return render(request, "craft/_session_item.html", {"s": session, "current": current})
+        item = Session.objects.with_status().get(pk=session.pk)
+        return render(request, "craft/_session_item.html", {"s": item, "current": current})
     return redirect("session", session_id=session.pk)
 
 

@@ -50,6 +50,7 @@ from . import services
 from .backends import Resource, SandboxError, get_backend
 from .connections import agent_connections
 from .models import ReaperAction, Sandbox
+from .signals import announce_change
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def _reclaim_provisioning(sessions: Sessions, now: datetime, report: Report) -> 
             status=Sandbox.Status.FAILED, error=why, status_detail="stuck", status_changed_at=now
         )
         if reclaimed:
+            announce_change(sandbox.pk, sandbox.owner_id)
             logger.warning("reaper: sandbox %s was stuck provisioning", sandbox.pk)
             report.actions.append(
                 services.record_action(Kind.RECLAIMED_PROVISIONING, why, sandbox_id=sandbox.pk)
@@ -237,6 +239,7 @@ def _terminate_idle(sessions: Sessions, now: datetime, report: Report) -> None:
         )
         if not claimed:
             continue
+        announce_change(sandbox.pk, sandbox.owner_id)
         why = (
             f"idle since {since:%Y-%m-%d %H:%M:%S} UTC: no session activity, running turn or "
             f"live agent for {_duration(seconds)} (CRAFT_SANDBOX_IDLE_SECONDS)"

@@ -25,6 +25,7 @@ from .acp import AgentConnection, AgentError
 from .backends import Health, SandboxError, get_backend
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
+from .signals import announce_change
 from .workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -129,14 +130,18 @@ def abandon_provisioning() -> int:
         claims = list(_in_flight.items())
     abandoned = 0
     for sandbox_id, claimed_at in claims:
-        abandoned += Sandbox.objects.filter(
+        ours = Sandbox.objects.filter(
             pk=sandbox_id, status=Sandbox.Status.PROVISIONING, status_changed_at=claimed_at
-        ).update(
+        )
+        owner_id = ours.values_list("owner_id", flat=True).first()
+        if ours.update(
             status=Sandbox.Status.FAILED,
             error="The server restarted while it was setting up your sandbox. Try again.",
             status_detail="interrupted",
             status_changed_at=timezone.now(),
-        )
+        ):
+            abandoned += 1
+            announce_change(sandbox_id, owner_id)
     return abandoned
 
 
@@ -155,6 +160,7 @@ def _get_or_create_row(user: User) -> Sandbox:
     except IntegrityError:
         return Sandbox.objects.live().owned_by(user).get()
     sandbox._created = True  # type: ignore[attr-defined]
+    announce_change(sandbox.pk, user.pk)
     return sandbox
 
 
@@ -176,7 +182,10 @@ def _claim(sandbox: Sandbox, timeout: float) -> datetime | None:
             status_detail="retrying",
             status_changed_at=now,
         )
-        return now if claimed else None
+        if not claimed:
+            return None
+        announce_change(sandbox.pk, sandbox.owner_id)
+        return now
     stuck_since = now - timedelta(seconds=timeout)
     if sandbox.status == Sandbox.Status.PROVISIONING and sandbox.status_changed_at < stuck_since:
         claimed = Sandbox.objects.filter(
@@ -185,6 +194,7 @@ def _claim(sandbox: Sandbox, timeout: float) -> datetime | None:
             status_changed_at=sandbox.status_changed_at,
         ).update(status_detail="retrying", status_changed_at=now)
         if claimed:
+            announce_change(sandbox.pk, sandbox.owner_id)
             record_action(
                 ReaperAction.Kind.RECLAIMED_PROVISIONING,
                 f"provisioning had not finished after {timeout:g} s; provisioning it again",
@@ -200,21 +210,25 @@ def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
         pk=sandbox.pk, status=Sandbox.Status.PROVISIONING, status_changed_at=claimed_at
     )
 
+    def update(**fields: Any) -> None:
+        if ours.update(**fields):
+            announce_change(sandbox.pk, sandbox.owner_id)
+
     def progress(detail: str) -> None:
-        ours.update(status_detail=detail[:500])
+        update(status_detail=detail[:500])
 
     try:
         reference = backend.provision(sandbox, progress)
     except Exception as exc:
         logger.warning("provisioning sandbox %s failed: %s", sandbox.pk, exc)
-        ours.update(
+        update(
             status=Sandbox.Status.FAILED,
             error=str(exc) or exc.__class__.__name__,
             status_changed_at=timezone.now(),
         )
         return
     now = timezone.now()
-    ours.update(
+    update(
         status=Sandbox.Status.RUNNING,
         reference=reference,
         status_detail="ready",
@@ -251,6 +265,7 @@ def mark_gone(sandbox: Sandbox, detail: str, found_by: str) -> ReaperAction | No
     )
     if not changed:
         return None
+    announce_change(sandbox.pk, sandbox.owner_id)
     logger.warning("sandbox %s is gone: %s", sandbox.pk, message)
     action = record_action(ReaperAction.Kind.MARKED_GONE, message, sandbox_id=sandbox.pk)
     agent_connections.stop_sandbox(sandbox.pk)
@@ -288,13 +303,16 @@ def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
     action) leaves `Sandbox.STOPPED_BY_STAFF` as its detail, written before any agent is
     stopped: a turn cut short by it can tell its user who stopped the sandbox.
     """
-    Sandbox.objects.filter(pk=sandbox.pk).exclude(
-        status__in=[Sandbox.Status.TERMINATED, Sandbox.Status.TERMINATING]
-    ).update(
-        status=Sandbox.Status.TERMINATING,
-        status_detail=Sandbox.STOPPED_BY_STAFF if by_staff else "terminating",
-        status_changed_at=timezone.now(),
-    )
+    if (
+        Sandbox.objects.filter(pk=sandbox.pk)
+        .exclude(status__in=[Sandbox.Status.TERMINATED, Sandbox.Status.TERMINATING])
+        .update(
+            status=Sandbox.Status.TERMINATING,
+            status_detail=Sandbox.STOPPED_BY_STAFF if by_staff else "terminating",
+            status_changed_at=timezone.now(),
+        )
+    ):
+        announce_change(sandbox.pk, sandbox.owner_id)
     sandbox.refresh_from_db()
     if sandbox.status == Sandbox.Status.TERMINATED:
         return sandbox
@@ -304,6 +322,7 @@ def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
         get_backend(sandbox.backend).terminate(sandbox)
     except Exception as exc:
         Sandbox.objects.filter(pk=sandbox.pk).update(error=f"terminate failed: {exc}")
+        announce_change(sandbox.pk, sandbox.owner_id)
         sandbox.refresh_from_db()
         return sandbox
     now = timezone.now()
@@ -314,6 +333,7 @@ def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
         status_changed_at=now,
         terminated_at=now,
     )
+    announce_change(sandbox.pk, sandbox.owner_id)
     sandbox.refresh_from_db()
     return sandbox
 

@@ -25,13 +25,14 @@ from django.conf import settings
 
 from craft import commands, services, workspace_paths
 from craft.errors import Refused
-from craft.live import delivery
+from craft.live import delivery, status
 from craft.live.accounts import FollowsAccount
 from craft.live.outbuffer import unsent_bytes
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import frames_after
 from craft.workspace_paths import Scrub
+from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +49,13 @@ YIELD_EVERY = 256
 BACKLOG_BATCHES = 1_000
 
 
-# What the channel layer may bring a session socket: the doorbell and the two closings.
-# Anything else from the layer (a forged `websocket.receive` above all) is dropped.
-LAYER_MESSAGES = {"events.available", "session.deleted", "account.closed"}
+# What the channel layer may bring a session socket: the doorbell, the two closings and the
+# person's status notices (craft.live.status). Anything else from the layer (a forged
+# `websocket.receive` above all) is dropped.
+LAYER_MESSAGES = {
+    "events.available", "session.deleted", "account.closed",
+    status.SANDBOX_CHANGED, status.SESSIONS_CHANGED,
+}  # fmt: skip
 
 
 class TooSlow(Exception):
@@ -75,6 +80,19 @@ def _owned_session(user: Any, session_id: UUID) -> tuple[Session | None, Scrub |
 
 
 @db_sync_to_async
+def _sandbox_state(session_id: UUID) -> dict[str, str] | None:
+    """The state of the session's sandbox now (a session whose sandbox was terminated moves
+    to its owner's new one at its next prompt: the frames follow it)."""
+    sandbox = Sandbox.objects.filter(sessions__pk=session_id).first()
+    return None if sandbox is None else status.sandbox_state(sandbox)
+
+
+@db_sync_to_async
+def _mark_seen(user: Any, session_id: UUID) -> None:
+    services.mark_seen(user, session_id)
+
+
+@db_sync_to_async
 def _frames_after(session_id: UUID, seq: int) -> list[tuple[int, str]]:
     return frames_after(session_id, seq, limit=REPLAY_PAGE)
 
@@ -89,6 +107,14 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _following = False
     # Replaces the workspace's host path in what this socket sends (None: staff see it).
     _scrub: Scrub | None = None
+    _listening = False
+    # The person's status (craft.live.status): what to read and send, and what was sent.
+    _status_task: asyncio.Task[None] | None = None
+    _sandbox_stale = False
+    _sessions_stale = False
+    _follows_sessions = False  # until the client sends `follow_sessions`
+    _hello_sent = False  # no status frame before the `hello`
+    _sandbox_sent: dict[str, str] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         async def from_socket() -> FromSocket:
@@ -143,20 +169,26 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         delivery.follow(self.session_id, self)
         self._following = True
+        self.user = user
+        self.sandbox_id = session.sandbox_id
+        status.listen(user.pk, self)
+        self._listening = True
         await self.accept()
+        self._sandbox_sent = status.sandbox_state(session.sandbox)
+        self._sandbox_sent["error"] = self.scrubbed(self._sandbox_sent["error"])
         await self.send_json(
             {
                 "type": "hello",
                 "session": str(self.session_id),
                 "last_seq": session.last_seq,
                 "running": session.running,
-                "sandbox": {
-                    "status": session.sandbox.status,
-                    "detail": session.sandbox.status_detail,
-                    "error": self.scrubbed(session.sandbox.error),
-                },
+                "sandbox": self._sandbox_sent,
             }
         )
+        # A change committed after the session was read, before this socket listened, sent
+        # its notice to no one: read the sandbox once more (a frame only if it changed).
+        self._hello_sent = True
+        self.notice({"type": status.SANDBOX_CHANGED, "sandbox": self.sandbox_id.hex})
 
     async def _refuse(self, code: int) -> None:
         await self.unfollow_account()
@@ -170,6 +202,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if self._following:
             delivery.unfollow(self.session_id, self)
             self._following = False
+        if self._listening:
+            status.stop_listening(self.user.pk, self)
+            self._listening = False
+        if self._status_task is not None:
+            self._status_task.cancel()
         if self._pump is not None:
             self._pump.cancel()
         if hasattr(self, "group"):
@@ -230,6 +267,12 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         self._catch_up = True
         self._start_pump()
 
+    async def handle_seen(self, seen: commands.Seen) -> None:
+        await _mark_seen(self.user, self.session_id)
+
+    async def handle_follow_sessions(self, follow: commands.FollowSessions) -> None:
+        self._follows_sessions = True
+
     handlers: dict[type, Callable[[Any, Any], Awaitable[None]]] = {
         commands.Prompt: handle_prompt,
         commands.Cancel: handle_cancel,
@@ -240,6 +283,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         commands.RemoveQueued: handle_queue_change,
         commands.SendNow: handle_queue_change,
         commands.Resume: handle_resume,
+        commands.Seen: handle_seen,
+        commands.FollowSessions: handle_follow_sessions,
     }
 
     # --- live events --------------------------------------------------------------------------
@@ -271,6 +316,48 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if message.get("origin") != delivery.PROCESS_ID:
             last = message["last_seq"]
             self.deliver(message.get("first_seq", last), last, message.get("frames"))
+
+    # --- the person's status (craft.live.status) ---------------------------------------------
+
+    def notice(self, message: dict[str, Any]) -> None:
+        """Take a status notice (on the event loop) and send what it changed, once."""
+        if message.get("type") == status.SANDBOX_CHANGED:
+            self._sandbox_stale = True  # of this session's, or the one it is moving to
+        elif self._follows_sessions:
+            self._sessions_stale = True
+        else:
+            return
+        if not self._hello_sent:
+            return  # the hello starts the task, after it
+        if self._status_task is None or self._status_task.done():
+            self._status_task = asyncio.get_running_loop().create_task(self._send_status())
+
+    async def _send_status(self) -> None:
+        try:
+            while self._sandbox_stale or self._sessions_stale:
+                if self._sandbox_stale:
+                    self._sandbox_stale = False
+                    state = await _sandbox_state(self.session_id)
+                    if state is not None:
+                        state["error"] = self.scrubbed(state["error"])
+                    if state is not None and state != self._sandbox_sent:
+                        self._sandbox_sent = state
+                        await self.send_json({"type": "sandbox", **state})
+                if self._sessions_stale:
+                    self._sessions_stale = False
+                    await self.send_json({"type": "sessions"})
+        except Exception:
+            logger.exception("session %s: sending the status failed", self.session_id)
+
+    async def sandbox_changed(self, message: dict[str, Any]) -> None:
+        """Another process changed one of the person's sandboxes (the layer's notice)."""
+        if message.get("origin") != delivery.PROCESS_ID:
+            self.notice(message)
+
+    async def sessions_changed(self, message: dict[str, Any]) -> None:
+        """Another process changed one of the person's sessions (the layer's notice)."""
+        if message.get("origin") != delivery.PROCESS_ID:
+            self.notice(message)
 
     def _start_pump(self) -> None:
         if self._pump is None or self._pump.done():

@@ -38,7 +38,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from craft.cluster import workers
-from craft.live import delivery
+from craft.live import delivery, status
 from craft.models import Event, Lease, Session, Turn
 from craft.storage.db import close_broken_connections
 from craft.storage.normalise import encode_event, event_frame, event_json
@@ -122,26 +122,31 @@ def _insert(
                 raise Session.DoesNotExist(f"session {session_id} does not exist")
         cursor.execute(
             f"UPDATE {Session._meta.db_table} SET last_seq = last_seq + %s, "
-            "updated_at = %s WHERE id = %s RETURNING last_seq",
+            "updated_at = %s WHERE id = %s RETURNING last_seq, owner_id",
             [len(encoded), created, pk],
         )
         row = cursor.fetchone()
         if row is None:
             raise Session.DoesNotExist(f"session {session_id} does not exist")
-        last = int(row[0])
+        last, owner_id = int(row[0]), row[1]
         first = last - len(encoded) + 1
         rows = [
             (pk, first + i, kind, text, client_id if i == 0 else None, created)
             for i, (kind, text) in enumerate(encoded)
         ]
         _insert_rows(cursor, rows)
-    if _TURN_KINDS.intersection(kind for kind, _ in events):
+    kinds = {kind for kind, _ in events}
+    if _TURN_KINDS & kinds:
         _follow_turn(session_id, events, first, client_id, now)
+    if _LISTED_KINDS & kinds:
+        status.sessions_changed(owner_id)  # after commit
     frames = [event_frame(first + i, kind, text) for i, (kind, text) in enumerate(encoded)]
     return Stored(first, last, frames, sum(len(text) for _, text in encoded))
 
 
 _TURN_KINDS = {"user_message", "permission_request", "permission_answer", "turn_end"}
+# What changes a session's line in its owner's list of sessions (craft.live.status).
+_LISTED_KINDS = _TURN_KINDS | {"session_title"}
 
 
 def _follow_turn(

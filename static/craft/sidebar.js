@@ -1,10 +1,12 @@
-// The sidebar of the chat pages: sessions and the sandbox line, kept fresh without polling
-// forever.
-// - The sandbox line polls itself only while the sandbox is starting (its template says so);
-//   while a "New session" request runs (it starts the sandbox), this script refreshes it.
-// - The session list is refreshed when the window regains focus or becomes visible, when the
-//   session page sees a title or a new turn, and once a minute while the page is visible;
-//   never while someone is using it (a menu open, or focus inside).
+// The sidebar of the chat pages: sessions and the sandbox line, kept fresh without polling.
+// - The session list is fetched again when the session page says one of the person's
+//   sessions changed (`craft:sessions-changed`: the session socket's `sessions` frame, pushed
+//   by the server within moments of a turn starting or ending, a permission request, a
+//   title, a session read, created or deleted, in any tab or worker), and when the window
+//   regains focus or becomes visible. Bursts of changes make one request; never while
+//   someone is using the list (a menu open, or focus inside): it is fetched when they leave.
+// - The sandbox line is fetched again with it on focus; on a session's page the socket's
+//   `sandbox` frames keep it up to date (session/status.mjs).
 (() => {
   "use strict";
 
@@ -21,31 +23,37 @@
     });
   }
 
-  let provisioning = null;
-  const isNewSession = (event) => event.target.closest && event.target.closest("form.new-session");
-  document.addEventListener("htmx:beforeRequest", (event) => {
-    if (!isNewSession(event)) return;
-    clearInterval(provisioning);
-    provisioning = setInterval(() => refresh("sandbox-status"), 1000);
-  });
-  document.addEventListener("htmx:afterRequest", (event) => {
-    if (!isNewSession(event)) return;
-    clearInterval(provisioning);
-    provisioning = null;
-  });
-
+  // A list that is in use is fetched once it is no longer (a swap would close its menu or
+  // take the keyboard away).
+  let stale = false;
+  let soon = null;
   function refreshList() {
     const list = document.getElementById("session-list");
-    if (!list || document.hidden) return;
-    if (list.querySelector("details[open]") || list.contains(document.activeElement)) return;
+    if (!list) return;
+    if (list.querySelector("details[open]") || list.contains(document.activeElement)) {
+      stale = true;
+      return;
+    }
+    stale = false;
     refresh("session-list");
   }
-  window.addEventListener("focus", refreshList);
-  document.addEventListener("visibilitychange", () => {
-    if (!document.hidden) refreshList();
+  // A turn's end comes with a title, a permission answer with the next step: one request.
+  function refreshListSoon() {
+    clearTimeout(soon);
+    soon = setTimeout(refreshList, 100);
+  }
+  function refreshAll() {
+    if (document.hidden) return;
+    refreshList();
+    refresh("sandbox-status");
+  }
+  window.addEventListener("focus", refreshAll);
+  document.addEventListener("visibilitychange", refreshAll);
+  document.addEventListener("craft:sessions-changed", refreshListSoon);
+  document.addEventListener("focusout", () => {
+    if (stale) setTimeout(refreshList, 0); // once focus has landed outside
   });
-  document.addEventListener("craft:sessions-changed", refreshList);
-  setInterval(refreshList, 60000);
+  document.addEventListener("toggle", () => stale && refreshListSoon(), true);
 
   // After a rename, the item is swapped: put the keyboard back on its link (or, when the
   // rename was refused, on the title field, which the template marks autofocus).

@@ -9,6 +9,7 @@
 //   socket.mjs       the websocket, reconnects, and the load guard (how a page stays exact)
 //   history.mjs      stored events over HTTP
 //   status.mjs       what the page shows around the transcript
+//   attention.mjs    the tab's title and notifications while hidden; telling the server it was seen
 //   controls.mjs     the agent's own controls
 //   composer.mjs     sending prompts, stopping the agent, ↑ recall, edit and retry
 //   queue.mjs        prompts waiting for the running turn: edit, remove, send now
@@ -22,6 +23,7 @@
 // (markdown.mjs), and paths are shown relative to the workspace (paths.mjs).
 
 import { createAttachments } from "./attachments.mjs";
+import { createAttention } from "./attention.mjs";
 import { createComposer } from "./composer.mjs";
 import { createControls } from "./controls.mjs";
 import { $ } from "./dom.mjs";
@@ -59,6 +61,12 @@ const connection = createConnection({
     hello(frame) {
       status.setRunning(frame.running);
       if (isObject(frame.sandbox)) status.setSandbox(frame.sandbox);
+      connection.send({ type: "follow_sessions" }); // the sidebar's list follows every session
+      attention.looked();
+    },
+    notice(frame) { // pushed as it changes, never polled (docs/websocket-api.md)
+      if (frame.type === "sandbox") status.setSandbox(frame);
+      else document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
     },
     event(frame) {
       applyEvent(frame, true);
@@ -68,6 +76,10 @@ const connection = createConnection({
     loaded,
     loadFailed: status.showLoadFailure,
   },
+});
+const attention = createAttention({
+  send: (frame) => connection.send(frame),
+  sessionTitle: () => $("session-title").textContent,
 });
 const controls = createControls({ fold, send: connection.send, status });
 const workspace = createWorkspace({
@@ -109,7 +121,10 @@ function applyEvent(event, live = false) {
   view.draw(step);
   pin.seen(step);
   if (step.block.kind === "user") composer.promptStored(step.block);
-  if (step.title) status.setTitle(step.title);
+  if (step.title) {
+    status.setTitle(step.title);
+    attention.titleChanged();
+  }
   if (step.controls) controls.changed();
   if (step.block.kind === "changes") workspace.changesArrived();
   if (step.queue) {
@@ -135,6 +150,7 @@ function followLive(kind, block) {
     case "permission_request":
       scroll.toBottom(); // the agent waits for the person: the card comes into view
       status.announce(`The agent asks for permission: ${block.title}.`);
+      attention.needsApproval(block.title);
       break;
     case "turn_changes":
     case "workspace_reverted":
@@ -144,6 +160,7 @@ function followLive(kind, block) {
       workspace.changed();
       status.setRunning(false);
       status.announce(STOP_REASONS[block.reason] || "The turn ended.");
+      attention.turnEnded(STOP_REASONS[block.reason] || "The turn ended");
       sessionsChanged();
       break;
     case "agent_error":

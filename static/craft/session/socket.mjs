@@ -33,8 +33,8 @@ function backoff(attempt) {
  * controller, cache, serverLastSeq }) loads and applies the stored events after lastSeq() and
  * returns the last page's body (history.mjs). `page` is told what happens: connection(state)
  * ("connected", "reconnecting", "signed-out" or "no-access"), announce(text), hello(frame),
- * event(frame) for the next event in seq order, error(frame), loaded(body) and
- * loadFailed(message, delay).
+ * event(frame) for the next event in seq order, error(frame), notice(frame) for a `sandbox`
+ * or `sessions` frame, loaded(body) and loadFailed(message, delay).
  */
 export function createConnection({ url, serverLastSeq, lastSeq, loadEvents, page }) {
   let ws = null;
@@ -132,6 +132,10 @@ export function createConnection({ url, serverLastSeq, lastSeq, loadEvents, page
         break;
       case "error":
         page.error(frame);
+        break;
+      case "sandbox": // the session's sandbox changed state
+      case "sessions": // one of the person's sessions changed what their list shows
+        page.notice(frame);
         break;
     }
   }

@@ -120,9 +120,27 @@ export function createStatus({ root, turnStartedAt }) {
     if (input && document.activeElement !== input) input.value = title;
   }
 
+  // The sidebar's line, when it is about the same sandbox, is fetched again until it matches
+  // (htmx drops a trigger while the line's previous request is in flight), a few times at most.
+  let lineRetries = 0;
+  let sandboxChanges = 0;
+  function matchLine() {
+    const line = $("sandbox-status");
+    if (!line || line.dataset.sandbox !== root.dataset.sandbox || !window.htmx) return;
+    if (line.dataset.status === sandboxStatus && line.dataset.detail === sandboxDetail) return;
+    if (lineRetries++ < 3) window.htmx.trigger(line, "craft:refresh");
+  }
+  document.addEventListener("htmx:afterSettle", matchLine);
+
+  /** Show the session's sandbox as the server says it is now: the page's own data, then the
+   *  socket's `hello` and `sandbox` frames (pushed as it changes, never polled). */
   function setSandbox(sandbox) {
     const status = str(sandbox.status);
     sandboxStatus = status;
+    sandboxDetail = str(sandbox.detail);
+    sandboxChanges += 1;
+    lineRetries = 0;
+    matchLine();
     let text = SANDBOX_BANNERS[status];
     // While it starts, the banner shows how far it got (on Kubernetes: the pod's phase and
     // latest event), as the sidebar's sandbox line does.
@@ -141,34 +159,26 @@ export function createStatus({ root, turnStartedAt }) {
     sendButton.disabled = !usable;
   }
 
-  // "Try again" on a failed sandbox: set it up again for this session (POST /api/sandbox/),
-  // then follow its progress as the sidebar's sandbox line polls it.
+  // "Try again" on a failed sandbox: set it up again for this session (POST /api/sandbox/);
+  // the socket's `sandbox` frames follow its progress.
   retrySandbox.addEventListener("click", async () => {
     retrySandbox.disabled = true;
     const token = sandboxBanner.querySelector("input[name=csrfmiddlewaretoken]");
+    const seen = sandboxChanges;
     try {
       const response = await fetch(retrySandbox.dataset.url, {
         method: "POST", credentials: "same-origin",
         headers: { "X-CSRFToken": token ? token.value : "" },
       });
       if (!response.ok) throw new Error(`the server refused (${response.status})`);
-      setSandbox(await response.json());
-      refreshSandboxLine();
+      const answer = await response.json();
+      // A frame that came meanwhile is newer than this answer (it may say "running").
+      if (sandboxChanges === seen) setSandbox(answer);
     } catch (error) {
       showFrameError(`Your sandbox could not be set up again: ${error.message}. Try again in a moment.`);
     } finally {
       retrySandbox.disabled = false;
     }
-  });
-
-  // The sidebar's sandbox line polls the sandbox while it starts (sidebar.js): the banner and
-  // the composer follow each new answer.
-  document.addEventListener("htmx:afterSettle", () => {
-    const line = $("sandbox-status");
-    if (!line || !line.dataset.status || line.dataset.status === "none") return;
-    if (line.dataset.status === sandboxStatus && line.dataset.detail === sandboxDetail) return;
-    sandboxDetail = line.dataset.detail || "";
-    setSandbox({ status: line.dataset.status, detail: sandboxDetail });
   });
 
   function showFrameError(message, sticky = false) {

@@ -1,0 +1,165 @@
+"""Live status: what a person's pages show besides a session's events, pushed as it changes.
+
+Two notices go to every session socket a person has open, in every server process:
+
+* `sandbox.changed`: one of their sandboxes changed state (`sandboxes.signals`, sent by
+  whatever changed it: a request, the background provisioning, an admin, the reaper). A socket
+  whose session lives in that sandbox reads the sandbox and sends a `sandbox` frame, unless it
+  is what it sent last.
+* `sessions.changed`: one of their sessions changed what the list of sessions shows: a turn
+  started or ended, a permission request was opened or answered, the title changed, the
+  session was created, deleted or read. A socket sends a `sessions` frame, and the page
+  fetches its list again.
+
+Like the event doorbell, these say *that* something changed; the database says what. A
+socket folds a burst of notices into one read and one frame. Inside a process, notices are
+handed to the sockets of each event loop directly; other processes hear them on the channel
+layer, in the user's group (`user.<id>`, which every session socket joins, see
+`craft.live.accounts`), marked with this process's id so that no socket acts on one twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Protocol
+from uuid import UUID
+
+from asgiref.sync import async_to_sync
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db import transaction
+
+from craft.live.accounts import user_group
+from craft.live.delivery import PROCESS_ID
+from sandboxes.models import Sandbox
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_CHANGED = "sandbox.changed"
+SESSIONS_CHANGED = "sessions.changed"
+
+
+class Listener(Protocol):
+    """A socket that shows a person's status (see craft.live.consumer.SessionConsumer)."""
+
+    def notice(self, message: dict[str, Any]) -> None: ...
+
+
+class StatusHub:
+    """The listening sockets of one event loop, by user; used on that loop only."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.listeners: dict[Any, set[Listener]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def hand(self, user_id: Any, message: dict[str, Any], ring: bool) -> None:
+        for listener in tuple(self.listeners.get(user_id, ())):
+            try:
+                listener.notice(message)
+            except Exception:
+                logger.exception("a status notice for user %s failed", user_id)
+        if ring:
+            layer = get_channel_layer()
+            if layer is not None and not isinstance(layer, InMemoryChannelLayer):
+                task = self.loop.create_task(_ring(layer, user_id, message))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+
+async def _ring(layer: Any, user_id: Any, message: dict[str, Any]) -> None:
+    try:
+        await layer.group_send(user_group(user_id), message)
+    except Exception:
+        # What is committed stays: the next notice, or a reconnect's hello, shows it.
+        logger.exception("a status notice for user %s did not reach other processes", user_id)
+
+
+_hubs: dict[asyncio.AbstractEventLoop, StatusHub] = {}
+_hubs_lock = threading.Lock()
+
+
+def _hub() -> StatusHub:
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        with _hubs_lock:
+            for closed in [other for other in _hubs if other.is_closed()]:
+                del _hubs[closed]
+            found = _hubs.setdefault(loop, StatusHub(loop))
+    return found
+
+
+def listen(user_id: Any, listener: Listener) -> None:
+    """Have `listener` hear the notices for `user_id` (on the running loop)."""
+    _hub().listeners.setdefault(user_id, set()).add(listener)
+
+
+def stop_listening(user_id: Any, listener: Listener) -> None:
+    listeners = _hub().listeners.get(user_id)
+    if listeners is not None:
+        listeners.discard(listener)
+        if not listeners:
+            del _hub().listeners[user_id]
+
+
+def tell_user(user_id: Any, kind: str, **fields: Any) -> None:
+    """Hand a notice to every socket of the user, in every process (from any thread)."""
+    message = {"type": kind, "origin": PROCESS_ID, **fields}
+    try:
+        current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
+    rung = False
+    for loop, each in list(_hubs.items()):
+        if loop.is_closed():
+            continue
+        # One loop of this process rings the others, off the caller's thread (often the
+        # event writer's, which must not wait on Redis).
+        if loop is current:
+            each.hand(user_id, message, not rung)
+        else:
+            loop.call_soon_threadsafe(each.hand, user_id, message, not rung)
+        rung = True
+    if rung:
+        return
+    layer = get_channel_layer()
+    if layer is None or isinstance(layer, InMemoryChannelLayer):
+        return
+    if current is not None:
+        task = current.create_task(_ring(layer, user_id, message))
+        _unowned.add(task)
+        task.add_done_callback(_unowned.discard)
+        return
+    try:
+        async_to_sync(layer.group_send)(user_group(user_id), message)
+    except Exception:
+        logger.exception("a status notice for user %s did not reach other processes", user_id)
+
+
+_unowned: set[asyncio.Task[None]] = set()
+
+
+def sessions_changed(user_id: Any) -> None:
+    """Tell the user's pages that their list of sessions changed, once the caller's
+    transaction commits (at once without one)."""
+    transaction.on_commit(lambda: tell_user(user_id, SESSIONS_CHANGED))
+
+
+def on_sandbox_changed(sender: Any, sandbox_id: Any, owner_id: Any, **kwargs: Any) -> None:
+    """Receive `sandboxes.signals.sandbox_changed` (sent after commit): tell the owner."""
+    if owner_id is not None:
+        tell_user(owner_id, SANDBOX_CHANGED, sandbox=UUID(str(sandbox_id)).hex)
+
+
+def sandbox_state(sandbox: Sandbox) -> dict[str, str]:
+    """Return a sandbox's state as the `hello` and `sandbox` frames carry it."""
+    return {"status": sandbox.status, "detail": sandbox.status_detail, "error": sandbox.error}
+
+
+def read_sandbox_state(sandbox_id: UUID) -> dict[str, str] | None:
+    """Return the sandbox's state now, or None when its row is gone."""
+    sandbox = Sandbox.objects.filter(pk=sandbox_id).only("status", "status_detail", "error")
+    found = sandbox.first()
+    return None if found is None else sandbox_state(found)
