@@ -119,8 +119,8 @@ async def test_the_sandbox_s_state_reaches_the_page_pushed_not_polled(
 
     await off_the_loop(admin_terminate, craft_server, staff, session.sandbox_id)
     await expect(banner).to_have_attribute("data-status", "terminated")
-    await expect(banner).to_contain_text("sandbox was stopped")
-    await expect(page.locator("#prompt")).to_be_disabled()
+    await expect(banner).to_contain_text("An administrator stopped your sandbox")
+    await expect(page.locator("#prompt")).to_be_enabled()  # the next message carries on
     await expect(line).to_have_attribute("data-status", "terminated")
     await snap(page, "live-sandbox-terminated")
     # The page fetched the sidebar's line only because a change came (each frame, and the

@@ -119,7 +119,8 @@ def test_an_administrator_s_terminate_reaches_the_owner_s_socket(owner, staff, t
         admin_terminate(server, staff, session.sandbox_id)
         frames = sock.until(is_sandbox("terminated"))
         assert frames[-1] == {
-            "type": "sandbox", "status": "terminated", "detail": "terminated", "error": "",
+            "type": "sandbox", "status": "terminated", "detail": Sandbox.STOPPED_BY_STAFF,
+            "error": "",
         }  # fmt: skip
         sock.close()
     finally:
