@@ -136,6 +136,12 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class StartAgent:
+    """Start the session's agent now if none runs, so that what it offers (config options,
+    modes, commands) is known before the first prompt."""
+
+
+@dataclass(frozen=True)
 class Seen:
     """The person has now looked at everything the session's page shows (the socket's own)."""
 
@@ -149,7 +155,7 @@ class FollowSessions:
 # What the session's owner carries out; the others stay with the socket that received them.
 SessionCommand = (
     Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode | Revert
-    | EditQueued | RemoveQueued | SendNow | RunQueue
+    | EditQueued | RemoveQueued | SendNow | RunQueue | StartAgent
 )  # fmt: skip
 Command = SessionCommand | Resume | Seen | FollowSessions
 
@@ -165,6 +171,7 @@ FRAME_TYPES: dict[type, str] = {
     RemoveQueued: "remove_queued",
     SendNow: "send_now",
     RunQueue: "run_queue",  # between workers only
+    StartAgent: "start_agent",
     Resume: "resume",
     Seen: "seen",
     FollowSessions: "follow_sessions",
@@ -179,6 +186,8 @@ def parse(frame: dict[str, Any]) -> Command:
         return _prompt(frame)
     if kind == "cancel":
         return Cancel()
+    if kind == "start_agent":
+        return StartAgent()
     if kind == "permission":
         request, option = frame.get("request"), frame.get("option")
         if not isinstance(request, str) or not isinstance(option, str):

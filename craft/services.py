@@ -27,6 +27,7 @@ from craft.commands import (
     SendNow,
     SetConfigOption,
     SetMode,
+    StartAgent,
 )
 from craft.errors import SessionError, SessionLimit
 from craft.live import delivery, status
@@ -57,6 +58,7 @@ __all__ = [
     "set_config_option",
     "set_mode",
     "set_session_title",
+    "start_agent",
 ]
 
 
@@ -171,6 +173,12 @@ async def set_config_option(session_id: uuid.UUID, change: SetConfigOption) -> N
     or when the agent refuses.
     """
     await forwarding.route(session_id, change)
+
+
+async def start_agent(session_id: uuid.UUID) -> None:
+    """Start the session's agent ahead of its first prompt, if it is not running; what it
+    offers is stored as events (`agent_info`, its commands). Nothing is refused."""
+    await forwarding.route(session_id, StartAgent())
 
 
 async def set_mode(session_id: uuid.UUID, change: SetMode) -> None:

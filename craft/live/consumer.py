@@ -252,6 +252,9 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     async def handle_set_mode(self, change: commands.SetMode) -> None:
         await services.set_mode(self.session_id, change)
 
+    async def handle_start_agent(self, start: commands.StartAgent) -> None:
+        await services.start_agent(self.session_id)
+
     async def handle_queue_change(
         self, change: commands.EditQueued | commands.RemoveQueued | commands.SendNow
     ) -> None:
@@ -279,6 +282,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         commands.AnswerPermission: handle_permission,
         commands.SetConfigOption: handle_set_config_option,
         commands.SetMode: handle_set_mode,
+        commands.StartAgent: handle_start_agent,
         commands.EditQueued: handle_queue_change,
         commands.RemoveQueued: handle_queue_change,
         commands.SendNow: handle_queue_change,

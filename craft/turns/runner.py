@@ -45,6 +45,7 @@ from craft.commands import (
     SessionCommand,
     SetConfigOption,
     SetMode,
+    StartAgent,
 )
 from craft.errors import Refused
 from craft.models import Session
@@ -137,6 +138,8 @@ class SessionRunner:
                 await self.send_now(client_id)
             case RunQueue():
                 await self.run_queue()
+            case StartAgent():
+                await self.start_agent()
 
     def take_fence(self, fence: Fence) -> None:
         """Run the next command under this lease. A new lease means another worker may have
@@ -453,6 +456,23 @@ class SessionRunner:
             raise
         except Exception as exc:
             raise Refused("agent_unavailable", f"the agent could not start: {exc}") from exc
+
+    async def start_agent(self) -> None:
+        """Start the agent ahead of the first prompt (its `agent_info` and commands are then
+        stored): nothing while a turn runs, the agent runs or the sandbox is not running; a
+        start that fails is only logged (the first prompt tries again and says why)."""
+        connection = self.connection
+        if self.running or self.registry.closing or (connection and connection.is_running):
+            return
+        if await records.sandbox_status(self.session_id) != Sandbox.Status.RUNNING:
+            return
+        try:
+            await self.connection_for_turn(wait_for_sandbox=False)
+        except Session.DoesNotExist:
+            raise
+        except Exception as exc:
+            logger.info("session %s: the agent did not start ahead of a prompt: %s",
+                        self.session_id, exc)  # fmt: skip
 
     async def set_config_option(self, config_id: str, value: str) -> None:
         """Change one of the agent's session config options; the log records the new ones."""

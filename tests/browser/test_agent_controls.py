@@ -128,9 +128,13 @@ async def test_a_killed_agent_comes_back_and_the_page_says_how(
 
 async def test_config_options_commands_usage_and_title_round_trip(page, craft_server, session):
     await open_page(page, craft_server, session)
-    await expect(page.locator("#agent-controls")).to_be_hidden()  # nothing offered yet
-    await turn(page, "hello", 1)
+    # Before the first message: the page had the agent started, and shows what it offers.
     model = page.get_by_label("Model", exact=True)
+    await expect(model).to_have_value("fast")
+    await expect(page.locator("#composer-hint-more")).to_be_visible()
+    assert "user_message" not in await kinds_of(session)
+    await snap(page, "controls-before-the-first-message")
+    await turn(page, "hello", 1)
     await expect(model).to_have_value("fast")
     await expect(page.get_by_label("Mode", exact=True)).to_have_value("ask")
     await expect(page.locator("#usage-text")).to_contain_text("Context")

@@ -426,3 +426,21 @@ async def test_a_prompt_on_a_deleted_session_is_answered_and_the_socket_closed(s
     error = await next_error(comm)
     assert error["code"] == "session_deleted"
     assert (await comm.receive_output(timeout=5))["code"] == 4404
+
+
+async def test_start_agent_brings_what_the_agent_offers_before_the_first_prompt(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "start_agent"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "available_commands_update")
+    kinds = [f["kind"] for f in events_of(frames)]
+    assert kinds[0] == "agent_info" and "user_message" not in kinds
+    assert events_of(frames)[0]["data"]["configOptions"]  # the pickers can be drawn now
+    await comm.send_json_to({"type": "start_agent"})  # it runs: nothing more happens
+    assert await comm.receive_nothing(0.5)
+    # The first prompt is served by that agent: no second start, no agent_restarted.
+    await comm.send_json_to({"type": "prompt", "id": "p1", "text": "hello"})
+    frames = events_of(await receive_until(comm, is_turn_end))
+    assert [f["kind"] for f in frames if f["kind"] in ("agent_info", "agent_restarted")] == []
+    assert len(await stored(session, "agent_info")) == 1
+    await comm.disconnect()

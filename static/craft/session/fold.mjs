@@ -40,7 +40,7 @@ export function createFold({ paths, now = Date.now }) {
     blocks: [],
     turnStartedAt: null, // when this turn's user message was stored (ms)
     // What the agent offers, as the log last said (agent_info and the updates after it).
-    agent: { prompt: {}, configOptions: null, modes: null, commands: [], usage: null },
+    agent: { started: false, prompt: {}, configOptions: null, modes: null, commands: [], usage: null },
     knownPaths: new Set(), // workspace paths seen in this session, for @ mentions
     changes: [], // the "changes" blocks, oldest first: the workspace panel's Changes tab
     // Prompts waiting for the running turn to end, in the order they will run:
@@ -463,6 +463,7 @@ export function createFold({ paths, now = Date.now }) {
   function followControls(kind, data) {
     const agent = fold.agent;
     if (kind === "agent_info") {
+      agent.started = true;
       agent.prompt = isObject(data.promptCapabilities) ? data.promptCapabilities : {};
       agent.configOptions = Array.isArray(data.configOptions) ? data.configOptions.filter(isObject) : null;
       agent.modes = isObject(data.modes) ? data.modes : null;

@@ -62,10 +62,14 @@ const connection = createConnection({
       status.setRunning(frame.running);
       if (isObject(frame.sandbox)) status.setSandbox(frame.sandbox);
       connection.send({ type: "follow_sessions" }); // the sidebar's list follows every session
+      startAgentEarly();
       attention.looked();
     },
     notice(frame) { // pushed as it changes, never polled (docs/websocket-api.md)
-      if (frame.type === "sandbox") status.setSandbox(frame);
+      if (frame.type === "sandbox") {
+        status.setSandbox(frame);
+        startAgentEarly();
+      }
       else document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
     },
     event(frame) {
@@ -195,8 +199,17 @@ function loaded(body) {
   if (!view.loaded) requestAnimationFrame(firstLoadDone);
 }
 
+// A session whose agent never ran (a new one) has it started when the page has loaded, so
+// that its pickers and commands are there before the first message (once per page).
+let startAsked = false;
+function startAgentEarly() {
+  if (startAsked || !view.loaded || fold.agent.started || status.sandboxStatus !== "running") return;
+  startAsked = connection.send({ type: "start_agent" });
+}
+
 function firstLoadDone() {
   if (!view.firstLoadDone()) return;
+  startAgentEarly();
   if (!fold.lastSeq || document.activeElement === document.body) promptBox.focus({ preventScroll: true });
 }
 
