@@ -78,7 +78,6 @@ class Lifecycle:
         if closed:
             logger.warning("closed %d turn(s) left by a server that is gone", closed)
         await listener.start()
-        await self._resume_queues()
         loop = asyncio.get_running_loop()
         self._housekeeping = loop.create_task(self._keep_house())
         self._leases = loop.create_task(self._keep_leases())
@@ -89,16 +88,20 @@ class Lifecycle:
             await asyncio.sleep(workers.HEARTBEAT_SECONDS)
             try:
                 await db_calls.run(housekeeping_once)
-                await self._resume_queues()
                 await _release_idle_sessions()
             except Exception:
                 logger.exception("housekeeping failed")
+            try:  # on its own: a failure here never stops the heartbeat or the closing
+                await self._resume_queues()
+            except Exception:
+                logger.exception("starting queued prompts failed")
 
     async def _resume_queues(self) -> None:
         """Have each session whose queued prompts could run, and nothing runs, start them."""
         for session_id in await db_calls.run(queue.sessions_waiting):
             task = self._queues.get(session_id)
             if (task is None or task.done()) and not runners.get(session_id).busy:
+                logger.info("session %s: starting its queued prompts", session_id)
                 self._queues[session_id] = asyncio.get_running_loop().create_task(
                     _run_queue(session_id)
                 )

@@ -27,6 +27,9 @@
   // take the keyboard away).
   let stale = false;
   let soon = null;
+  // A change that comes while the list is being fetched may be newer than the answer, and
+  // htmx loses a trigger on an element that its own swap replaces: fetch once more after.
+  let again = false;
   function refreshList() {
     const list = document.getElementById("session-list");
     if (!list) return;
@@ -35,8 +38,29 @@
       return;
     }
     stale = false;
+    if (list.dataset.loading) {
+      again = true;
+      return;
+    }
     refresh("session-list");
   }
+  document.addEventListener("htmx:beforeRequest", (event) => {
+    if (event.target.id === "session-list") event.target.dataset.loading = "true";
+  });
+  document.addEventListener("htmx:afterRequest", (event) => {
+    // The list stays when its fetch failed; a new one (swapped in) has no mark.
+    if (event.target.id === "session-list") delete event.target.dataset.loading;
+    if (again) {
+      again = false;
+      refreshListSoon();
+    }
+  });
+  document.addEventListener("htmx:afterSettle", () => {
+    if (again) {
+      again = false;
+      refreshListSoon();
+    }
+  });
   // A turn's end comes with a title, a permission answer with the next step: one request.
   function refreshListSoon() {
     clearTimeout(soon);
