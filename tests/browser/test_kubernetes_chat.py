@@ -8,6 +8,7 @@ files and reverts a turn through pod exec, as the local backend does through its
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 
@@ -57,6 +58,16 @@ def craft_server(k8s_craft_server):
 async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_pod(
     page, craft_server, kube_server, owner
 ):
+    # The page's first load of the events is read at once but arrives late, after the socket
+    # said the pod is Pending: the older sandbox state in it must not come back.
+    pending = asyncio.Event()
+
+    async def late(route):
+        answer = await route.fetch()
+        await pending.wait()
+        await route.fulfill(response=answer)
+
+    await page.route(re.compile(r"/api/sessions/[^/]+/events/"), late, times=1)
     await page.goto(f"{craft_server.url}/")
     await page.get_by_role("button", name="+ New session").click()
     # The session's page comes at once; the pod is not Ready for seconds yet.
@@ -64,6 +75,10 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     status = page.locator("#sandbox-status")
     banner = page.locator("#sandbox-banner")
     await expect(status).to_have_attribute("data-status", "provisioning")
+    await expect(banner).to_contain_text("Your sandbox is starting… pod Pending")
+    pending.set()
+    await expect(page.locator("#load-error")).to_be_hidden()
+    await expect(page.locator("#empty-transcript")).to_be_visible()
     await expect(status.locator(".sandbox-detail")).to_contain_text("pod Pending")
     await expect(banner).to_contain_text("Your sandbox is starting… pod Pending")
     # A message sent while the pod starts waits, and runs once the sandbox is ready.

@@ -50,6 +50,10 @@ const fold = createFold({ paths });
 const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt });
 const scroll = followBottom({ session: root, transcript, composer: $("composer"), jumpButton: $("jump"), promptBox });
 const pin = createPermissionPin({ reveal: scroll.reveal });
+// Once the socket said how the sandbox is, its `sandbox` frames keep the page exact: an
+// events response read before the latest of them (they race) must not put an older state back.
+let sandboxFromSocket = false;
+
 const connection = createConnection({
   url: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/sessions/${sessionId}/`,
   serverLastSeq: Number(root.dataset.lastSeq || 0),
@@ -60,7 +64,10 @@ const connection = createConnection({
     announce: status.announce,
     hello(frame) {
       status.setRunning(frame.running);
-      if (isObject(frame.sandbox)) status.setSandbox(frame.sandbox);
+      if (isObject(frame.sandbox)) {
+        status.setSandbox(frame.sandbox);
+        sandboxFromSocket = true;
+      }
       connection.send({ type: "follow_sessions" }); // the sidebar's list follows every session
       startAgentEarly();
       attention.looked();
@@ -195,7 +202,7 @@ async function loadEvents({ controller, cache, serverLastSeq }) {
 function loaded(body) {
   status.hideLoadFailure();
   status.setRunning(body.running);
-  if (isObject(body.sandbox)) status.setSandbox(body.sandbox);
+  if (isObject(body.sandbox) && !sandboxFromSocket) status.setSandbox(body.sandbox);
   if (!view.loaded) requestAnimationFrame(firstLoadDone);
 }
 
