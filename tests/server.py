@@ -185,5 +185,17 @@ class Socket:
             if done(frames[-1]):
                 return frames
 
+    def until_kind(self, kind: str, count: int = 1) -> list[dict[str, Any]]:
+        """Receive until the `count`-th event of `kind` from now; an error frame fails."""
+        seen = 0
+
+        def done(frame: dict[str, Any]) -> bool:
+            nonlocal seen
+            assert frame.get("type") != "error", frame
+            seen += frame.get("kind") == kind
+            return seen == count
+
+        return self.until(done)
+
     def close(self) -> None:
         self.ws.close()

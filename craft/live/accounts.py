@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.utils import timezone
 
+from craft.live.loops import PerLoop
 from craft.storage.db import db_calls
 
 logger = logging.getLogger(__name__)
@@ -156,20 +156,12 @@ class AccountSockets:
                 logger.exception("re-checking the accounts of open sockets failed")
 
 
-_registries: dict[asyncio.AbstractEventLoop, AccountSockets] = {}
-_registries_lock = threading.Lock()
+_registries: PerLoop[AccountSockets] = PerLoop(lambda loop: AccountSockets())
 
 
 def account_sockets() -> AccountSockets:
     """Return the registry of the running event loop (created on first use)."""
-    loop = asyncio.get_running_loop()
-    found = _registries.get(loop)
-    if found is None:
-        with _registries_lock:
-            for closed in [other for other in _registries if other.is_closed()]:
-                del _registries[closed]
-            found = _registries.setdefault(loop, AccountSockets())
-    return found
+    return _registries.here()
 
 
 def account_state(user_ids: Iterable[Any], session_keys: Iterable[str]) -> tuple[dict, set[str]]:

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -25,6 +24,8 @@ from uuid import UUID
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+from craft.live.loops import Background, Listeners, PerLoop
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +52,12 @@ class LiveHub:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.followers: dict[UUID, set[Follower]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.followers: Listeners[Follower] = Listeners()
+        self._rings = Background()
 
     def deliver(self, notices: list[Notice]) -> None:
         for session_id, first, last, frames in notices:
-            for follower in tuple(self.followers.get(session_id, ())):
+            for follower in self.followers.of(session_id):
                 try:
                     follower.deliver(first, last, frames)
                 except Exception:
@@ -68,9 +69,7 @@ class LiveHub:
         if layer is None or isinstance(layer, InMemoryChannelLayer):
             return
         for session_id, first_seq, last_seq, frames in notices:
-            task = self.loop.create_task(_ring(layer, session_id, first_seq, last_seq, frames))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._rings.start(self.loop, _ring(layer, session_id, first_seq, last_seq, frames))
 
 
 async def _ring(
@@ -90,32 +89,20 @@ async def _ring(
         logger.exception("doorbell for session %s failed", session_id)
 
 
-_hubs: dict[asyncio.AbstractEventLoop, LiveHub] = {}
-_hubs_lock = threading.Lock()
+_hubs: PerLoop[LiveHub] = PerLoop(LiveHub)
 
 
 def hub() -> LiveHub:
     """Return the hub of the running event loop (created on first use)."""
-    loop = asyncio.get_running_loop()
-    found = _hubs.get(loop)
-    if found is None:
-        with _hubs_lock:
-            for closed in [other for other in _hubs if other.is_closed()]:
-                del _hubs[closed]
-            found = _hubs.setdefault(loop, LiveHub(loop))
-    return found
+    return _hubs.here()
 
 
 def follow(session_id: UUID, follower: Follower) -> None:
-    hub().followers.setdefault(session_id, set()).add(follower)
+    hub().followers.add(session_id, follower)
 
 
 def unfollow(session_id: UUID, follower: Follower) -> None:
-    followers = hub().followers.get(session_id)
-    if followers is not None:
-        followers.discard(follower)
-        if not followers:
-            del hub().followers[session_id]
+    hub().followers.discard(session_id, follower)
 
 
 def publish(
@@ -133,9 +120,7 @@ def publish(
     except RuntimeError:
         current = None
     rung = not notices
-    for loop, each in list(_hubs.items()):
-        if loop.is_closed():
-            continue
+    for loop, each in _hubs.items():
         after = settle.pop(loop, None)
         if loop is current:
             _on_loop(each, notices, not rung, after)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -32,6 +31,7 @@ from django.db import transaction
 
 from craft.live.accounts import user_group
 from craft.live.delivery import PROCESS_ID
+from craft.live.loops import Background, Listeners, PerLoop
 from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -51,11 +51,11 @@ class StatusHub:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.listeners: dict[Any, set[Listener]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.listeners: Listeners[Listener] = Listeners()
+        self._rings = Background()
 
     def hand(self, user_id: Any, message: dict[str, Any], ring: bool) -> None:
-        for listener in tuple(self.listeners.get(user_id, ())):
+        for listener in self.listeners.of(user_id):
             try:
                 listener.notice(message)
             except Exception:
@@ -63,9 +63,7 @@ class StatusHub:
         if ring:
             layer = get_channel_layer()
             if layer is not None and not isinstance(layer, InMemoryChannelLayer):
-                task = self.loop.create_task(_ring(layer, user_id, message))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._rings.start(self.loop, _ring(layer, user_id, message))
 
 
 async def _ring(layer: Any, user_id: Any, message: dict[str, Any]) -> None:
@@ -76,32 +74,16 @@ async def _ring(layer: Any, user_id: Any, message: dict[str, Any]) -> None:
         logger.exception("a status notice for user %s did not reach other processes", user_id)
 
 
-_hubs: dict[asyncio.AbstractEventLoop, StatusHub] = {}
-_hubs_lock = threading.Lock()
-
-
-def _hub() -> StatusHub:
-    loop = asyncio.get_running_loop()
-    found = _hubs.get(loop)
-    if found is None:
-        with _hubs_lock:
-            for closed in [other for other in _hubs if other.is_closed()]:
-                del _hubs[closed]
-            found = _hubs.setdefault(loop, StatusHub(loop))
-    return found
+_hubs: PerLoop[StatusHub] = PerLoop(StatusHub)
 
 
 def listen(user_id: Any, listener: Listener) -> None:
     """Have `listener` hear the notices for `user_id` (on the running loop)."""
-    _hub().listeners.setdefault(user_id, set()).add(listener)
+    _hubs.here().listeners.add(user_id, listener)
 
 
 def stop_listening(user_id: Any, listener: Listener) -> None:
-    listeners = _hub().listeners.get(user_id)
-    if listeners is not None:
-        listeners.discard(listener)
-        if not listeners:
-            del _hub().listeners[user_id]
+    _hubs.here().listeners.discard(user_id, listener)
 
 
 def tell_user(user_id: Any, kind: str, **fields: Any) -> None:
@@ -112,9 +94,7 @@ def tell_user(user_id: Any, kind: str, **fields: Any) -> None:
     except RuntimeError:
         current = None
     rung = False
-    for loop, each in list(_hubs.items()):
-        if loop.is_closed():
-            continue
+    for loop, each in _hubs.items():
         # One loop of this process rings the others, off the caller's thread (often the
         # event writer's, which must not wait on Redis).
         if loop is current:
@@ -128,9 +108,7 @@ def tell_user(user_id: Any, kind: str, **fields: Any) -> None:
     if layer is None or isinstance(layer, InMemoryChannelLayer):
         return
     if current is not None:
-        task = current.create_task(_ring(layer, user_id, message))
-        _unowned.add(task)
-        task.add_done_callback(_unowned.discard)
+        _unowned.start(current, _ring(layer, user_id, message))
         return
     try:
         async_to_sync(layer.group_send)(user_group(user_id), message)
@@ -138,7 +116,7 @@ def tell_user(user_id: Any, kind: str, **fields: Any) -> None:
         logger.exception("a status notice for user %s did not reach other processes", user_id)
 
 
-_unowned: set[asyncio.Task[None]] = set()
+_unowned = Background()  # rung from a loop that has no hub
 
 
 def sessions_changed(user_id: Any) -> None:

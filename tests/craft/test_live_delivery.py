@@ -55,7 +55,7 @@ async def following(session, owner, after_events: int):
     await comm.send_json_to({"type": "resume", "after": 0})
     if after_events:
         await receive_until(comm, lambda f: f.get("seq") == after_events)
-    (consumer,) = delivery.hub().followers[session.pk]
+    (consumer,) = delivery.hub().followers.of(session.pk)
     return comm, consumer
 
 
@@ -109,7 +109,7 @@ async def test_the_own_doorbell_is_ignored_because_memory_already_delivered(sess
 
 async def test_notices_before_resume_send_nothing(session, owner):
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
-    (consumer,) = delivery.hub().followers[session.pk]
+    (consumer,) = delivery.hub().followers.of(session.pk)
     await store_quietly(session.pk, 1, 1)
     consumer.deliver(1, 1, memory_frames(1, 1))
     await asyncio.sleep(0.05)

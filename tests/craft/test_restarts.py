@@ -194,13 +194,7 @@ def test_prompts_queued_on_a_killed_server_run_once_after_the_restart(servers, o
     sock.until(lambda f: f.get("kind") == "agent_message_chunk")
     sock.send({"type": "prompt", "id": "q1", "text": "after one"})
     sock.send({"type": "prompt", "id": "q2", "text": "after two"})
-    queued = [0]
-
-    def both_queued(frame):
-        queued[0] += frame.get("kind") == "prompt_queued"
-        return queued[0] == 2
-
-    sock.until(both_queued)
+    sock.until_kind("prompt_queued", 2)
     first.signal(signal.SIGKILL)
     first.wait(10)
     sock.close()
