@@ -80,8 +80,8 @@ format: dev-venv
 
 # Real third-party ACP agents for the opt-in realagent tests; `make test` runs those tests when
 # one is there. From npm, at the versions pinned in tests/realagent/package.json: opencode
-# (about 180 MB), Claude Code's ACP adapter (with the Claude Agent SDK, which carries Claude
-# Code; about 60 MB), Codex's ACP adapter (a native binary; about 225 MB) and Gemini CLI
+# (about 180 MB), Claude Code's ACP adapter (with the Claude Agent SDK and Claude Code, a native
+# binary; about 260 MB), Codex's ACP adapter (a native binary; about 225 MB) and Gemini CLI
 # (about 100 MB). fast-agent, pinned here, in a virtualenv of its own (about 340 MB) as its
 # releases with an ACP server do not install on this project's Python: Python 3.13 (the
 # version it was tried with), found on PATH or through pyenv; skipped without one.

@@ -109,6 +109,11 @@ def sees_the_person(text: str) -> bool:
     return bool(stripped) and not stripped.startswith("<")
 
 
+def without_interruptions(text: str) -> str:
+    """Return a user text without the notes Claude Code adds after a cancelled turn."""
+    return re.sub(r"^\[Request interrupted by user[^\]]*\]\n?", "", text, flags=re.M).strip()
+
+
 # --- Anthropic Messages ----------------------------------------------------------------------
 
 
@@ -121,9 +126,11 @@ def anthropic_move(request: dict[str, Any]) -> Move:
         if message.get("role") != "user":
             result = None
             continue
-        # Claude Code folds what the person said after a cancelled turn into one message,
-        # a block each: the last is what they said last.
-        texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
+        # After a cancelled turn Claude Code sends what the person said then with a note of
+        # the interruption, in one message: the last block, note removed, is what they said.
+        texts = [
+            without_interruptions(b.get("text", "")) for b in blocks if b.get("type") == "text"
+        ]
         users += [t for t in texts if sees_the_person(t)]
         results = [
             text_of_result(b.get("content")) for b in blocks if b.get("type") == "tool_result"

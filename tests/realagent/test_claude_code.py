@@ -2,8 +2,8 @@
 
 It answers, runs a shell command and writes a file once a person allowed it, is cancelled mid
 turn, and is killed and reattached with its memory. Opt in: `make realagent` installs the
-adapter pinned in tests/realagent/package.json (it brings the Claude Agent SDK, which carries
-Claude Code itself) and `make test` then runs these; by hand, `.venv/bin/pytest -m realagent`.
+adapter pinned in tests/realagent/package.json (it brings the Claude Agent SDK, and Claude Code
+itself as a native binary from the SDK's platform dependency) and `make test` then runs these; by hand, `.venv/bin/pytest -m realagent`.
 They are skipped when it is not installed. Nothing is downloaded while they run: Claude Code
 talks to a fake Anthropic Messages API on loopback (tests/agents/fake_vendors.py), which
 calls Claude Code's own `Bash` and `Write` tools as the real API would.
@@ -53,7 +53,7 @@ def claude_code(settings):
         settings.CRAFT_AGENT_COMMAND = [str(CLAUDE)]
         settings.CRAFT_AGENT_START_TIMEOUT = 120
         settings.CRAFT_AGENT_ENV = {
-            # Node for the adapter and for Claude Code, which it starts.
+            # Node for the adapter (Claude Code, which it starts, is a native binary).
             "PATH": f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/bin",
             "ANTHROPIC_BASE_URL": fake.url,
             "ANTHROPIC_API_KEY": "sk-ant-fake",
@@ -72,7 +72,7 @@ async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, 
     frames, reply = await turn(comm, "c1", "hello there")
     assert reply == "Echo: hello there"
     (info,) = [f["data"] for f in frames if f.get("kind") == "agent_info"]
-    assert info["agent"]["name"] == "@zed-industries/claude-agent-acp"
+    assert info["agent"]["name"] == "@agentclientprotocol/claude-agent-acp"
 
     # Claude Code runs read-only commands (echo, ls) without asking: this one writes.
     frames, reply = await turn_allowing(comm, "c2", "run: mkdir -p made && echo made-it")
@@ -93,7 +93,7 @@ async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, 
     (request,) = [f["data"] for f in frames if f.get("kind") == "permission_request"]
     (diff,) = request["toolCall"]["content"]
     assert diff["type"] == "diff" and diff["newText"] == "hello from claude\n"
-    assert diff["path"].endswith("notes.txt") and diff["oldText"] is None
+    assert diff["path"].endswith("/notes.txt") and diff["oldText"] is None
     assert (workspace_of(session) / "notes.txt").read_text() == "hello from claude\n"
     assert reply.startswith("The tool said: File created successfully")
     assert frames[-1]["data"] == {"stop_reason": "end_turn"}
@@ -106,16 +106,8 @@ async def test_claude_code_is_cancelled_mid_turn(owner, claude_code):
     assert frames[-1]["data"] == {"stop_reason": "cancelled"}
     # The cancel cut the fake model's stream short, and the agent still answers.
     assert "word80" not in reply_of(frames)
-    # The first prompt after a cancel ends at once, with end_turn and no answer: the adapter
-    # (0.23.1) takes the interrupted query's late result for this prompt's. The model did
-    # answer it; that answer arrives at the start of the next turn, before its own.
     frames, reply = await turn(comm, "c2", "hello again")
-    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
-    assert reply == ""
-    frames, reply = await turn(comm, "c3", "and again")
-    assert reply == "Echo: hello againEcho: and again"
-    frames, reply = await turn(comm, "c4", "in step")
-    assert reply == "Echo: in step"
+    assert reply == "Echo: hello again"
     assert frames[-1]["data"] == {"stop_reason": "end_turn"}
     await comm.disconnect()
 
