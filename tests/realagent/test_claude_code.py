@@ -3,10 +3,11 @@
 It answers, runs a shell command and writes a file once a person allowed it, is cancelled mid
 turn, and is killed and reattached with its memory. Opt in: `make realagent` installs the
 adapter pinned in tests/realagent/package.json (it brings the Claude Agent SDK, and Claude Code
-itself as a native binary from the SDK's platform dependency) and `make test` then runs these; by hand, `.venv/bin/pytest -m realagent`.
-They are skipped when it is not installed. Nothing is downloaded while they run: Claude Code
-talks to a fake Anthropic Messages API on loopback (tests/agents/fake_vendors.py), which
-calls Claude Code's own `Bash` and `Write` tools as the real API would.
+itself as a native binary from the SDK's platform dependency) and `make test` then runs these;
+by hand, `.venv/bin/pytest -m realagent`. They are skipped when it is not installed. Nothing is
+downloaded while they run: Claude Code talks to a fake Anthropic Messages API on loopback
+(tests/agents/fake_vendors.py), which calls Claude Code's own `Bash` and `Write` tools as the
+real API would.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,15 @@ def claude_code(settings):
             "DISABLE_ERROR_REPORTING": "1",
         }
         yield fake
+
+
+async def saved(session, agent_session_id: str, text: str, timeout: float = 15) -> None:
+    """Wait until Claude Code's transcript of the session (in the sandbox's home) holds `text`."""
+    projects = Path(session.sandbox.reference) / "home" / ".claude" / "projects"
+    deadline = time.monotonic() + timeout
+    while not any(text in t.read_text() for t in projects.glob(f"*/{agent_session_id}.jsonl")):
+        assert time.monotonic() < deadline, f"no transcript holding {text!r} in {projects}"
+        await asyncio.sleep(0.1)
 
 
 async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, claude_code):
@@ -120,6 +131,10 @@ async def test_claude_code_is_killed_and_reattached_with_its_memory(owner, claud
     connection = runners.get(session.pk).connection
     assert connection is not None
     assert (connection.can_resume, connection.can_load) == (True, True)
+    # Claude Code writes its transcript a moment after the turn: killed before that, it has
+    # no session to resume ("Resource not found", seen once in a dozen runs) and Craft
+    # starts it fresh. This test is about a kill once the turn is kept.
+    await saved(session, connection.agent_session_id, "I will remember mango.")
     os.kill(connection.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
     await asyncio.to_thread(connection.wait_closed, 10)
 
