@@ -102,7 +102,8 @@ async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, 
     (card,) = tool_cards(frames).values()
     assert card["kind"] == "edit" and card["status"] == "completed"
     (request,) = [f["data"] for f in frames if f.get("kind") == "permission_request"]
-    (diff,) = request["toolCall"]["content"]
+    (diff,) = card["content"]
+    assert request["toolCall"]["content"] == [diff]
     assert diff["type"] == "diff" and diff["newText"] == "hello from claude\n"
     assert diff["path"].endswith("/notes.txt") and diff["oldText"] is None
     assert (workspace_of(session) / "notes.txt").read_text() == "hello from claude\n"
