@@ -152,7 +152,8 @@ class Turn(models.Model):
 
     The event log keeps it up to date in the transactions that store the turn's events: a
     `user_message` with a client id starts it, `permission_request` and `permission_answer`
-    open and close entries of `pending`, `turn_end` ends it. A session has at most one running
+    (and `elicitation_request` and `elicitation_answer`) open and close entries of `pending`,
+    `turn_end` ends it. A session has at most one running
     turn (a constraint, so that two workers can never start two).
     """
 
@@ -165,7 +166,8 @@ class Turn(models.Model):
     worker = models.CharField(max_length=255)
     state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
     stop_reason = models.CharField(max_length=64, blank=True)
-    # Open permission requests: request id -> the option ids the agent offered.
+    # Open requests of the agent: request id -> the option ids a permission request offered,
+    # or {"kind": "elicitation"} for a request for information.
     pending = models.JSONField(default=dict)
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)

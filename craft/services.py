@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from craft.cluster import forwarding
 from craft.commands import (
+    AnswerElicitation,
     AnswerPermission,
     Cancel,
     EditQueued,
@@ -47,6 +48,7 @@ DEFAULT_TITLE = "New session"
 __all__ = [
     "SessionError",
     "SessionLimit",
+    "answer_elicitation",
     "answer_permission",
     "cancel_turn",
     "change_queue",
@@ -162,6 +164,12 @@ async def cancel_turn(session_id: uuid.UUID) -> None:
 
 async def answer_permission(session_id: uuid.UUID, answer: AnswerPermission) -> None:
     """Answer an open permission request of the session's running turn."""
+    await forwarding.route(session_id, answer)
+
+
+async def answer_elicitation(session_id: uuid.UUID, answer: AnswerElicitation) -> None:
+    """Answer an open elicitation request of the session's running turn: accept (a form's
+    values, checked against its fields), decline or cancel."""
     await forwarding.route(session_id, answer)
 
 

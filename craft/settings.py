@@ -404,6 +404,11 @@ CRAFT_MAX_SESSIONS_PER_USER = env_int("CRAFT_MAX_SESSIONS_PER_USER", 500)
 # The longest message (one line of ACP JSON) Craft takes from an agent; a longer one is skipped
 # without being held in memory, and the log records that it was (`message_too_large`).
 CRAFT_MAX_MESSAGE_BYTES = env_int("CRAFT_MAX_MESSAGE_BYTES", 16 * 1024 * 1024, minimum=65536)
+# Live command output (a tool call's `_meta.terminal_output`) Craft keeps per tool call of a
+# turn; what comes after is dropped as it arrives, and the log says so (`terminal_output_limited`).
+CRAFT_MAX_TERMINAL_OUTPUT_BYTES = env_int(
+    "CRAFT_MAX_TERMINAL_OUTPUT_BYTES", 1024 * 1024, minimum=1024
+)
 # An agent's stderr (see sandboxes/stderr_log.py): the longest line Craft keeps (a longer one is
 # cut, the rest skipped without being held in memory), and how many bytes of one agent's stderr
 # are logged per second (0: no limit); lines past the rate are counted, not logged.

@@ -343,10 +343,19 @@ class AgentConnection:
     """
 
     def __init__(
-        self, process: AgentProcess, *, cwd: str, max_message_bytes: int = 16 << 20
+        self,
+        process: AgentProcess,
+        *,
+        cwd: str,
+        max_message_bytes: int = 16 << 20,
+        max_terminal_bytes: int = 1 << 20,
     ) -> None:
         self.process = process
         self.max_message_bytes = max_message_bytes
+        # Live command output (`_meta.terminal_output`) kept per tool call of a turn; past it,
+        # output is dropped here, on the reader thread, before anyone holds or stores it.
+        self.max_terminal_bytes = max_terminal_bytes
+        self._terminal_bytes: dict[str, int] = {}  # tool call id -> bytes of output let through
         self.cwd = cwd
         self.agent_session_id: str | None = None
         self.agent_info: dict[str, Any] = {}
@@ -601,6 +610,7 @@ class AgentConnection:
             request_id, future = self._expect("session/prompt")
             turn = _Turn(sink=sink, prompt_id=request_id)
             self._turn = turn
+            self._terminal_bytes.clear()  # tool call ids may repeat in a later turn
         self.last_used_at = time.monotonic()
         try:
             self._write(
@@ -863,9 +873,50 @@ class AgentConnection:
         if self._restoring is not None:
             return  # a replay of what the client already has (session/load, some resumes)
         kind = str(update.get("sessionUpdate", "unknown"))
+        if kind in ("tool_call", "tool_call_update") and "_meta" in update:
+            limited = self._limit_terminal_output(update)
+            if limited is None:
+                return  # nothing left of it: live output past the limit
+            update = limited
         self._follow_controls(kind, update)
         # Unknown kinds are delivered as they are: the event log keeps everything.
         self._deliver(Update(kind=kind, data=update))
+
+    def _limit_terminal_output(self, update: dict[str, Any]) -> dict[str, Any] | None:
+        """Return a tool call update whose live output (`_meta.terminal_output.data`) keeps
+        the tool call within `max_terminal_bytes`, or None when nothing else is left of it.
+
+        The first cut is told to the turn as a `terminal_output_limited` update (the tool
+        call's id and the limit), so that the log says that output is missing.
+        """
+        meta = update.get("_meta")
+        output = meta.get("terminal_output") if isinstance(meta, dict) else None
+        if not isinstance(output, dict) or not isinstance(output.get("data"), str):
+            return update
+        assert isinstance(meta, dict)
+        tool_call_id = str(update.get("toolCallId"))[:200]
+        used = self._terminal_bytes.get(tool_call_id, 0)
+        data = output["data"]
+        size = len(data.encode("utf-8", "surrogatepass"))
+        if used + size <= self.max_terminal_bytes:
+            if tool_call_id in self._terminal_bytes or len(self._terminal_bytes) < 10_000:
+                self._terminal_bytes[tool_call_id] = used + size
+            return update
+        room = max(self.max_terminal_bytes - used, 0)
+        self._terminal_bytes[tool_call_id] = self.max_terminal_bytes + 1  # over: told once
+        if used <= self.max_terminal_bytes:
+            limited = {"sessionUpdate": "terminal_output_limited", "toolCallId": tool_call_id,
+                       "limit": self.max_terminal_bytes}  # fmt: skip
+            cut = data.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+            if cut:
+                meta = {**meta, "terminal_output": {**output, "data": cut}}
+                self._deliver(Update("tool_call_update", {**update, "_meta": meta}))
+            self._deliver(Update("terminal_output_limited", limited))
+        rest = {key: value for key, value in meta.items() if key != "terminal_output"}
+        others = {k for k in update if k not in ("sessionUpdate", "toolCallId", "_meta")}
+        if not rest and not others:
+            return None
+        return {**update, "_meta": rest}
 
     def _follow_controls(self, kind: str, update: dict[str, Any]) -> None:
         """Keep `config_options` and `modes` as the agent's own updates change them."""

@@ -437,6 +437,7 @@ def start_agent_connection(
             process,
             cwd=backend.workspace_path(sandbox, session_id),
             max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
+            max_terminal_bytes=settings.CRAFT_MAX_TERMINAL_OUTPUT_BYTES,
         )
         connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT, reattach=reattach)
     logger.info(

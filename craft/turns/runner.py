@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import IntegrityError
 
 from craft.commands import (
+    AnswerElicitation,
     AnswerPermission,
     Cancel,
     EditQueued,
@@ -123,6 +124,8 @@ class SessionRunner:
                 await self.cancel()
             case AnswerPermission(request=request, option=option):
                 await self.answer_permission(request, option)
+            case AnswerElicitation(request=request, action=action, content=content):
+                await self.answer_elicitation(request, action, content)
             case SetConfigOption(config=config, value=value):
                 await self.set_config_option(config, value)
             case SetMode(mode=mode):
@@ -333,6 +336,14 @@ class SessionRunner:
         if self.turn is None:
             raise Refused("unknown_request", "that permission request is not open")
         await self.turn.answer_permission(request_id, option_id)
+
+    async def answer_elicitation(
+        self, request_id: str, action: str, content: dict[str, Any] | None
+    ) -> None:
+        """Answer the running turn's elicitation request (accept, decline or cancel)."""
+        if self.turn is None:
+            raise Refused("unknown_request", "that request for information is not open")
+        await self.turn.answer_elicitation(request_id, action, content)
 
     async def revert(self, seq: int, path: str, hunk: int | None) -> None:
         """Put the workspace back as it was before change `seq` (see `SessionCheckpoints`);
