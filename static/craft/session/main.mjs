@@ -174,7 +174,7 @@ function followLive(kind, block) {
       if (block.answer !== "") break; // refused: nothing to answer
       scroll.toBottom();
       status.announce(`The agent asks for information: ${block.message}`);
-      attention.needsApproval(block.message || "information");
+      attention.needsApproval(block.message || "a question", "asks for information");
       break;
     case "turn_changes":
     case "workspace_reverted":
