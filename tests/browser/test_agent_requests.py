@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from playwright.async_api import expect
 
+from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
-from .conftest import snap
+from .conftest import assert_accessible, serve, signed_in_page, snap
 from .test_chat_page import TURN_END, open_page, send_prompt
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -35,6 +36,7 @@ async def test_a_form_is_filled_in_sent_and_stays_answered_after_a_reload(
     await card.get_by_label("Sample ratio").fill("0.5")
     await card.get_by_label("Public").check()
     await snap(page, "elicitation-form")
+    await assert_accessible(page, "a form the agent asks to fill in")
     # Colour is required: the browser holds the form back until it is chosen.
     await card.get_by_role("button", name="Send").click()
     await expect(card).to_have_attribute("data-answer", "")
@@ -110,6 +112,7 @@ async def test_a_link_shows_its_host_and_whole_url_and_is_accepted(page, craft_s
     await expect(link).to_have_attribute("target", "_blank")
     await expect(link).to_have_attribute("rel", "noopener noreferrer")
     await snap(page, "elicitation-url")
+    await assert_accessible(page, "a link the agent asks to open")
     await card.get_by_role("button", name="I opened it: accept").click()
     await expect(page.locator(REPLY)).to_contain_text("You accepted.")
     await expect(card.locator(".elicitation-answer")).to_have_text("You agreed to open the link.")
@@ -155,3 +158,28 @@ async def test_command_output_streams_live_into_the_card(page, craft_server, ses
     await expect(page.locator("#transcript .tool .terminal-output")).to_contain_text(
         "step 1 of 6: ok\nstep 2 of 6: ok"
     )
+
+
+async def test_an_agent_that_wants_authentication_lists_its_ways_to_sign_in(
+    browser, owner, tmp_path
+):
+    session = await db_sync_to_async(open_ready_session)(owner, "Sign in")
+    env = {"CRAFT_AGENT_COMMAND": "craft-demo-agent --auth"}
+    with serve(env, tmp_path / "sandboxes") as server:
+        page = await signed_in_page(browser, server, owner)
+        try:
+            await open_page(page, server, session)
+            await send_prompt(page, "hello")
+            error = page.locator("#transcript .agent-error")
+            await expect(error.locator("p").first).to_have_text(
+                "The agent needs you to sign in first."
+            )
+            await expect(error.locator(".auth-methods li")).to_have_text(
+                [
+                    "Demo login: Sign in with a demo account",
+                    "Demo API key: Set DEMO_API_KEY in the sandbox",
+                ]
+            )
+            await snap(page, "agent-wants-authentication")
+        finally:
+            await page.context.close()
