@@ -72,8 +72,8 @@ class Turn:
         self.session_id = runner.session_id
         self.used_tools = False  # a tool call or a permission request: files may have changed
         self.pending: dict[str, set[str]] = {}  # open permission requests: their option ids
-        # Open elicitation requests: their form fields (none for a URL).
-        self.elicitations: dict[str, list[dict[str, Any]]] = {}
+        # Open elicitation requests: their form fields (None for a URL, which takes no values).
+        self.elicitations: dict[str, list[dict[str, Any]] | None] = {}
         self.cancel_requested = False
         self.interrupted: str | None = None  # why Craft cut the turn short
         self.interrupted_reason: str | None = None  # the same as a code (its agent_error's)
@@ -133,12 +133,12 @@ class Turn:
     ) -> None:
         """Answer the agent's elicitation request: `accept` (a form's values, checked against
         its fields), `decline` or `cancel`."""
-        fields = self.elicitations.get(request_id)
         connection = self.runner.connection
-        if fields is None or connection is None:
+        if request_id not in self.elicitations or connection is None:
             raise Refused("unknown_request", "that request for information is not open")
+        fields = self.elicitations[request_id]
         checked: dict[str, Any] | None = None
-        if action == "accept" and (fields or content is not None):
+        if action == "accept" and fields is not None:
             try:
                 checked = elicitation.check_content(fields, content if content is not None else {})
             except ValueError as exc:
@@ -371,7 +371,8 @@ class Turn:
             elif isinstance(item, ElicitationRequest):
                 events.append(("elicitation_request", elicitation_event(item)))
                 if not item.refused:
-                    self.elicitations[item.request_id] = item.fields
+                    fields = item.fields if item.mode == "form" else None
+                    self.elicitations[item.request_id] = fields
             elif isinstance(item, RequestWithdrawn):
                 events += self._withdrawn(item)
             elif isinstance(item, TurnEnd):
@@ -384,7 +385,8 @@ class Turn:
     def _withdrawn(self, item: RequestWithdrawn) -> Events:
         """Return the answer that closes a request the agent withdrew (`$/cancel_request`)."""
         request = item.request_id
-        if item.kind == "elicitation" and self.elicitations.pop(request, None) is not None:
+        if item.kind == "elicitation" and request in self.elicitations:
+            del self.elicitations[request]
             data = {"request": request, "action": "cancel", "reason": "withdrawn"}
             return [("elicitation_answer", data)]
         if item.kind == "permission" and self.pending.pop(request, None) is not None:

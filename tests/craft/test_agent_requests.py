@@ -101,6 +101,16 @@ def test_a_url_request_shows_its_url_and_can_be_declined(socket):
     assert turn_end(socket)[1] == "You declined."
 
 
+def test_a_url_request_accepted_takes_no_values(socket):
+    request = ask(socket, "elicit url")
+    rid = request["request"]
+    socket.send({"type": "elicitation", "request": rid, "action": "accept", "content": {"x": 1}})
+    frames, said = turn_end(socket)
+    answer = next(f["data"] for f in frames if f.get("kind") == "elicitation_answer")
+    assert answer == {"request": rid, "action": "accept"}
+    assert said == "You accepted."
+
+
 def test_a_form_of_1000_fields_is_refused_with_a_clear_message_and_stored(socket):
     request = ask(socket, "elicit many")
     assert request["refused"] == "the form has 1000 fields; Craft shows forms of at most 100"
