@@ -46,7 +46,8 @@ def read_form(schema: Any) -> list[dict[str, Any]]:
     show or is too big."""
     if not isinstance(schema, dict):
         raise BadRequest("requestedSchema must be an object")
-    properties = schema.get("properties") or {}
+    properties = schema.get("properties")
+    properties = {} if properties is None else properties
     if not isinstance(properties, dict):
         raise BadRequest("requestedSchema.properties must be an object")
     if len(properties) > MAX_FIELDS:
@@ -154,7 +155,7 @@ def check_content(fields: list[dict[str, Any]], content: Any) -> dict[str, Any]:
     by_name = {f["name"]: f for f in fields}
     for name in content:
         field = by_name.get(name)
-        if field is None or field["type"] == "unsupported":
+        if field is None or (field["type"] == "unsupported" and content[name] is not None):
             raise ValueError(f"the form has no field {name!r}")
     checked: dict[str, Any] = {}
     for field in fields:
