@@ -119,6 +119,10 @@ class Cancelled(Exception):
 class PromptFailed(Exception):
     """Raised by a scenario to answer session/prompt with a JSON-RPC error."""
 
+    def __init__(self, message: str, code: int = -32603) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 class UsageError(Exception):
     """Raised when a scenario's arguments cannot be parsed; carries the usage text."""
@@ -740,7 +744,7 @@ class Agent:
         except Cancelled:
             result = {"stopReason": "cancelled"}
         except PromptFailed as exc:
-            error = (INTERNAL_ERROR, str(exc))
+            error = (exc.code, str(exc))
         except Exception as exc:  # a bug in a scenario must not take the agent down
             log("scenario crashed:\n" + traceback.format_exc())
             error = (INTERNAL_ERROR, f"Internal error: {exc}")
@@ -1353,6 +1357,11 @@ def scenario_fail(turn: Turn) -> None:
     raise PromptFailed("demo failure requested")
 
 
+def scenario_signin(turn: Turn) -> None:
+    """Answer session/prompt with ACP's "authentication required" error (-32000)."""
+    raise PromptFailed("Authentication required", AUTH_REQUIRED)
+
+
 def scenario_fs(turn: Turn) -> None:
     """Ask the client for fs/read_text_file and report how it answered.
 
@@ -1663,6 +1672,9 @@ SCENARIOS: dict[str, Scenario] = {
     "unknown": Scenario(scenario_unknown, "unknown", "send an update of an unknown kind"),
     "pid": Scenario(scenario_pid, "pid", "answer with the agent's process id"),
     "fail": Scenario(scenario_fail, "fail", "answer the prompt with a JSON-RPC error"),
+    "signin": Scenario(
+        scenario_signin, "signin", "answer the prompt with -32000 (authentication required)"
+    ),
     "fs": Scenario(scenario_fs, "fs [path=hello.txt]", "send fs/read_text_file, report answer"),
     "remember": Scenario(scenario_remember, "remember <word...>", "remember words (on disk)"),
     "recall": Scenario(scenario_recall, "recall", "say what it was asked to remember"),

@@ -234,3 +234,12 @@ def test_an_agent_that_can_close_hears_session_close_when_its_session_is_deleted
     wait_for(lambda: f"closed session {agent_session}" in log.read_text(),
              what="session/close in the agent's stderr")  # fmt: skip
     sock.ws.close()
+
+
+def test_a_prompt_answered_with_auth_required_says_so(socket):
+    socket.send({"type": "prompt", "id": "s", "text": "signin"})
+    frames, _ = turn_end(socket)
+    (failure,) = [f["data"] for f in frames if f.get("kind") == "agent_error"]
+    assert failure["reason"] == "auth_required" and failure["authMethods"] == []
+    assert failure["message"].endswith("It names no way to authenticate.")
+    assert frames[-1]["data"] == {"stop_reason": "error"}

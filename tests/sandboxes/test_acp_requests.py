@@ -19,6 +19,7 @@ from sandboxes.acp import (
     PermissionRequest,
     RequestWithdrawn,
     TurnEnd,
+    TurnFailed,
     Update,
 )
 
@@ -180,3 +181,14 @@ def test_an_agent_that_wants_authentication_says_how(tmp_path):
     assert "Authentication required (code -32000)" in message
     assert "Demo login (Sign in with a demo account)" in message
     assert "Demo API key (Set DEMO_API_KEY in the sandbox)" in message
+
+
+def test_a_prompt_answered_with_auth_required_names_the_agent_s_methods(agent):
+    items = list(agent.iter_prompt("signin", timeout=20))
+    failed = items[-1]
+    assert isinstance(failed, TurnFailed)
+    assert failed.details == {"reason": "auth_required", "authMethods": []}
+    assert failed.message == (
+        "The agent needs authentication first (Authentication required (code -32000)). "
+        "It names no way to authenticate."
+    )
