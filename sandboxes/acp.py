@@ -356,6 +356,9 @@ class AgentConnection:
         # output is dropped here, on the reader thread, before anyone holds or stores it.
         self.max_terminal_bytes = max_terminal_bytes
         self._terminal_bytes: dict[str, int] = {}  # tool call id -> bytes of output let through
+        # The elicitationId of each URL elicitation asked on this connection (the last 100),
+        # and whether the agent said it completed: `elicitation/complete` of others is ignored.
+        self._url_elicitations: dict[str, bool] = {}
         self.cwd = cwd
         self.agent_session_id: str | None = None
         self.agent_info: dict[str, Any] = {}
@@ -862,6 +865,9 @@ class AgentConnection:
         if message.get("method") == "$/cancel_request":
             self._handle_cancel_request(message.get("params"))
             return
+        if message.get("method") == "elicitation/complete":
+            self._handle_elicitation_complete(message.get("params"))
+            return
         if message.get("method") != "session/update":
             logger.debug("agent %s sent %.100r", self.process.ident, message.get("method"))
             return
@@ -957,6 +963,18 @@ class AgentConnection:
         )
         self._deliver(RequestWithdrawn(request_id=request_id, kind=pending.kind))
 
+    def _handle_elicitation_complete(self, params: Any) -> None:
+        """The agent says the out-of-band part of a URL elicitation is done: tell the turn (or
+        the idle sink) once, as an `elicitation_complete` update; unknown or already completed
+        ids are ignored, as ACP asks."""
+        wanted = params.get("elicitationId") if isinstance(params, dict) else None
+        with self._lock:
+            if not isinstance(wanted, str) or self._url_elicitations.get(wanted) is not False:
+                return
+            self._url_elicitations[wanted] = True
+        update = {"sessionUpdate": "elicitation_complete", "elicitationId": wanted}
+        self._deliver(Update("elicitation_complete", update))
+
     def _handle_agent_request(self, message: dict[str, Any]) -> None:
         method = message["method"]
         if method == "session/request_permission":
@@ -1046,6 +1064,11 @@ class AgentConnection:
                     url=url,
                     elicitation_id=str(elicitation_id)[:200] if elicitation_id is not None else "",
                 )
+                if request.elicitation_id:
+                    with self._lock:
+                        self._url_elicitations[request.elicitation_id] = False
+                        while len(self._url_elicitations) > 100:
+                            del self._url_elicitations[next(iter(self._url_elicitations))]
             else:
                 raise elicitation.BadRequest(f"Craft knows no elicitation mode {mode!r:.40}")
         except elicitation.BadRequest as bad:

@@ -1587,7 +1587,13 @@ def scenario_elicit(turn: Turn) -> None:
     if not isinstance(offered, dict) or offered.get(mode) is None:
         turn.chunk(f"The client does not take {mode} elicitations.")
         return
-    response = turn.request("elicitation/create", elicit_params(turn, kind))
+    params = elicit_params(turn, kind)
+    response = turn.request("elicitation/create", params)
+    result = response.get("result")
+    if kind == "url" and isinstance(result, dict) and result.get("action") == "accept":
+        # The pretend authorization is done at once: say so, as ACP lets URL mode agents.
+        complete = {"elicitationId": params["elicitationId"]}
+        turn.agent.send({"jsonrpc": "2.0", "method": "elicitation/complete", "params": complete})
     turn.chunk(describe_elicitation_answer(response))
 
 

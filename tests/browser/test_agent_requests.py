@@ -115,7 +115,9 @@ async def test_a_link_shows_its_host_and_whole_url_and_is_accepted(page, craft_s
     await assert_accessible(page, "a link the agent asks to open")
     await card.get_by_role("button", name="I opened it: accept").click()
     await expect(page.locator(REPLY)).to_contain_text("You accepted.")
-    await expect(card.locator(".elicitation-answer")).to_have_text("You agreed to open the link.")
+    await expect(card.locator(".elicitation-answer")).to_have_text(
+        "You agreed to open the link. The agent says it is done."
+    )
 
 
 async def test_a_question_the_agent_withdraws_closes_its_card(page, craft_server, session):

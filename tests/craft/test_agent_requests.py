@@ -109,6 +109,8 @@ def test_a_url_request_accepted_takes_no_values(socket):
     answer = next(f["data"] for f in frames if f.get("kind") == "elicitation_answer")
     assert answer == {"request": rid, "action": "accept"}
     assert said == "You accepted."
+    (complete,) = [f["data"] for f in frames if f.get("kind") == "elicitation_complete"]
+    assert complete["elicitationId"] == request["elicitationId"]
 
 
 def test_a_form_of_1000_fields_is_refused_with_a_clear_message_and_stored(socket):

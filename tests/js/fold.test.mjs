@@ -628,6 +628,18 @@ describe("elicitation", () => {
     assert.equal(bad.url, "");
   });
 
+  test("the agent's word that a link's work is done is shown once, for known ids only", () => {
+    const fold = session();
+    const block = fold("elicitation_request", { request: "u", mode: "url", message: "m",
+      url: "https://example.com/", elicitationId: "e1" }).block;
+    fold("elicitation_answer", { request: "u", action: "accept" });
+    assert.equal(fold("elicitation_complete", { elicitationId: "other" }).block.kind, "quiet");
+    const step = fold("elicitation_complete", { sessionUpdate: "elicitation_complete", elicitationId: "e1" });
+    assert.equal(step.block, block);
+    assert.equal(block.answerText, "You agreed to open the link. The agent says it is done.");
+    assert.equal(fold("elicitation_complete", { elicitationId: "e1" }).block.kind, "quiet");
+  });
+
   test("refused, withdrawn, cancelled, interrupted and left-open requests say so", () => {
     const fold = session();
     fold("user_message", { id: "p", text: "t" });

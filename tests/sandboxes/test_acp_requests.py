@@ -104,6 +104,17 @@ def test_a_url_request_is_declined(agent):
     assert reply_text(items) == "You declined."
 
 
+def test_an_accepted_url_request_is_completed_once(agent):
+    items = run(agent, "elicit url", lambda r: agent.answer_elicitation(r.request_id, "accept"))
+    request = only(items, ElicitationRequest)
+    completed = [
+        i.data for i in items if isinstance(i, Update) and i.kind == "elicitation_complete"
+    ]
+    assert completed == [{"sessionUpdate": "elicitation_complete",
+                          "elicitationId": request.elicitation_id}]  # fmt: skip
+    assert reply_text(items) == "You accepted."
+
+
 def test_a_form_of_1000_fields_is_refused_with_a_clear_message(agent):
     items = run(agent, "elicit many")
     request = only(items, ElicitationRequest)

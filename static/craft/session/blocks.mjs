@@ -303,7 +303,8 @@ export function blockDrawing({ paths, staff }) {
 
   function updateElicitation(block, { element, answer }) {
     element.dataset.answer = block.answer;
-    element.querySelectorAll("input, select, button").forEach((c) => (c.disabled = true));
+    element.dataset.completed = String(block.completed);
+    if (block.answer) element.querySelectorAll("input, select, button").forEach((c) => (c.disabled = true));
     answer.textContent = block.answerText;
   }
 

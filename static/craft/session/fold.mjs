@@ -106,6 +106,7 @@ export function createFold({ paths, now = Date.now }) {
       case "permission_answer": return permissionAnswer(data);
       case "elicitation_request": return elicitationRequest(event, data);
       case "elicitation_answer": return elicitationAnswer(data);
+      case "elicitation_complete": return elicitationComplete(data);
       case "terminal_output_limited": return terminalLimited(data);
       case "turn_end": return turnEnd(event, data);
       case "agent_error": return agentError(data);
@@ -427,6 +428,7 @@ export function createFold({ paths, now = Date.now }) {
       mode: data.mode === "url" ? "url" : data.mode === "form" ? "form" : "other",
       message: str(data.message), fields, url: host && /^https?:$/.test(new URL(url).protocol) ? url : "",
       host, refused, answerable: !refused && data.answerable !== false,
+      elicitationId: str(data.elicitationId), completed: false,
       answer: refused ? "refused" : "", answerText: refused ? `Craft could not show this request: ${refused}.` : "",
     };
     if (request && !refused) elicitations.set(request, block);
@@ -455,6 +457,17 @@ export function createFold({ paths, now = Date.now }) {
     } else {
       closePermission(block, "cancel", "You dismissed it.");
     }
+    return block;
+  }
+
+  // The agent says the out-of-band part of a link it asked to open is done.
+  function elicitationComplete(data) {
+    const id = str(data.elicitationId);
+    const block = [...elicitations.values()].find((b) => b.mode === "url" && id && b.elicitationId === id);
+    if (!block || block.completed) return quietBlock();
+    block.completed = true;
+    block.answerText = `${block.answerText || ""} The agent says it is done.`.trim();
+    step.updated.push(block);
     return block;
   }
 
