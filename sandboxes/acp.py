@@ -14,7 +14,10 @@ normal), parses them in wire order and routes them:
   no such capability;
 * `$/cancel_request` from the agent withdraws one of those requests: it is answered with
   error -32800 and the turn hears a `RequestWithdrawn`. Craft sends `$/cancel_request` itself
-  for a request of its own whose answer it stopped waiting for.
+  for a request of its own whose answer it stopped waiting for;
+* `elicitation/complete` for a URL elicitation it asked becomes an `elicitation_complete`
+  update; tool call updates carrying live command output (`_meta.terminal_output`) are cut to
+  `max_terminal_bytes` per tool call here, before anything holds them.
 
 A message of an unforeseen shape (list params, odd ids, JSON nested too deep to parse) is
 logged and skipped: it costs itself, never the reader thread, and an agent's request is always

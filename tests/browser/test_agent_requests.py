@@ -35,6 +35,11 @@ async def test_a_form_is_filled_in_sent_and_stays_answered_after_a_reload(
     await card.get_by_label("Replicas").fill("3")
     await card.get_by_label("Sample ratio").fill("0.5")
     await card.get_by_label("Public").check()
+    pin = page.locator("#permission-pin")
+    await expect(pin).to_be_visible()
+    await expect(pin.locator("#permission-pin-title")).to_have_text("Configure the demo project")
+    await pin.click()
+    await expect(card.get_by_label("Project name")).to_be_focused()
     await snap(page, "elicitation-form")
     await assert_accessible(page, "a form the agent asks to fill in")
     # Colour is required: the browser holds the form back until it is chosen.
@@ -48,6 +53,7 @@ async def test_a_form_is_filled_in_sent_and_stays_answered_after_a_reload(
         '"replicas": 3}.'
     )
     await expect(card.locator(".elicitation-answer")).to_have_text("You sent your answers.")
+    await expect(pin).to_be_hidden()
     await page.reload()
     await expect(page.locator(TURN_END)).to_have_count(1)
     await expect(card).to_have_attribute("data-answer", "accept")
