@@ -27,6 +27,7 @@ from uuid import UUID
 from django.conf import settings
 
 from ..acp import LineTooLong
+from ..catalog import Launch, default_agent
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
 from . import containment, firewall, jail
@@ -224,7 +225,7 @@ def resolve_command(argv: list[str], path: str | None = None) -> list[str]:
     """Find argv[0] on `path`, by default this process's PATH and the folder of this Python
     (a virtualenv's bin is often not on PATH)."""
     if not argv:
-        raise SandboxError("CRAFT_AGENT_COMMAND is empty")
+        raise SandboxError("the agent's command is empty")
     program = argv[0]
     if os.sep in program:
         return argv
@@ -374,7 +375,10 @@ class LocalBackend:
         containment.remove_private_folder(self._root(sandbox), parts)
         containment.remove_private_folder(self._stores_of(sandbox), (parts[1],))
 
-    def start_agent(self, sandbox: Sandbox, session_id: UUID) -> LocalAgentProcess:
+    def start_agent(
+        self, sandbox: Sandbox, session_id: UUID, launch: Launch | None = None
+    ) -> LocalAgentProcess:
+        launch = launch or Launch(default_agent())
         self._refuse_unisolated()
         root = self._root(sandbox)
         workspace = self._workspace(sandbox, session_id)
@@ -395,8 +399,11 @@ class LocalBackend:
         except OSError as exc:
             raise SandboxError(f"cannot create the session's workspace: {exc}") from exc
         self._install_tools()
-        env = containment.agent_environment(root, tools, user)
-        argv = resolve_command(list(settings.CRAFT_AGENT_COMMAND), env["PATH"])
+        env = containment.agent_environment(root, tools, user, launch.agent.env)
+        argv = resolve_command(list(launch.agent.command), env["PATH"])
+        # Its owner's credentials, in its environment only (never argv: /proc/<pid>/cmdline
+        # is readable by every process of the machine).
+        env.update(launch.secrets)
         if user is not None and not containment.others_can_run(argv[0]):
             raise SandboxError(
                 f"the agent command {argv[0]} cannot be run by sandbox users: install it where "
