@@ -35,6 +35,9 @@ urlpatterns = [
         name="api_turn_revert",
     ),
     path("api/sandbox/", api.sandbox, name="api_sandbox"),
+    path("api/agents/", api.agents, name="api_agents"),
+    path("api/credentials/", api.credential_list, name="api_credentials"),
+    path("api/credentials/<str:name>/", api.credential_detail, name="api_credential"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]
