@@ -34,7 +34,7 @@ class Resource:
     """Something a backend holds for a sandbox, found by its own marks (see `inventory`)."""
 
     sandbox_id: UUID
-    kind: str  # "folder", "checkpoints" (local), "pod", "service" (kubernetes)
+    kind: str  # "folder", "checkpoints" (local), "pod", "service", "secret" (kubernetes)
     name: str
 
     def __str__(self) -> str:
