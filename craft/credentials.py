@@ -47,17 +47,21 @@ class CredentialsMissing(SessionError):
         self.agent = agent
         self.missing = missing
         self.unreadable = unreadable
+        labels = {c.name: c.label for c in agent.credentials}
+
+        def named(names: list[str]) -> str:
+            return " and ".join(f"{labels[n]} ({n})" if labels.get(n, n) != n else n for n in names)
+
         parts = []
         if missing:
-            parts.append(f"{_names(missing)} {'is' if len(missing) == 1 else 'are'} not stored")
+            parts.append(f"{named(missing)}, which you have not stored")
         if unreadable:
             parts.append(
-                f"{_names(unreadable)} can no longer be read (the server's credentials key "
-                "changed): enter it again"
+                f"{named(unreadable)}, which can no longer be read (the server's "
+                "credentials key changed): enter it again"
             )
         super().__init__(
-            f"{agent.title} needs your {' and '.join(missing + unreadable)}: "
-            f"{'; '.join(parts)}. Store it on the Keys page."
+            f"{agent.title} needs your {'; and '.join(parts)}. Store it on the Keys page."
         )
 
 

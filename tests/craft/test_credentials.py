@@ -151,7 +151,7 @@ def test_a_wrong_key_makes_stored_values_unreadable_and_says_which(api, owner, s
     with pytest.raises(credentials.CredentialsMissing) as refused:
         credentials.launch_for(session_id)
     assert refused.value.unreadable == [KEY]
-    assert f"{KEY} can no longer be read" in str(refused.value)
+    assert f"Provider API key ({KEY}), which can no longer be read" in str(refused.value)
     # Nothing else breaks: the other agent's sessions, and storing the key again.
     assert agents["demo"]["ready"] is True
     assert put_key(api, SECRET).status_code == 200
@@ -190,3 +190,22 @@ def test_an_unknown_agent_is_refused_clearly(api):
     assert "no agent 'gpt-9'" in refused.json()["error"]["message"]
     assert "demo, keyed" in refused.json()["error"]["message"]
     assert not Session.objects.exists()
+
+
+def test_the_keys_page_shows_only_the_persons_own_keys_and_never_a_value(api, stranger):
+    put_key(api, SECRET)
+    mine = api.get("/keys/").content.decode()
+    assert "cdef" in mine and SECRET not in mine
+    theirs = signed_in(stranger)
+    page = theirs.get("/keys/").content.decode()
+    assert "Not stored." in page and "cdef" not in page
+    theirs.post(f"/keys/{KEY}/delete/", HTTP_X_CSRFTOKEN=theirs.csrf)
+    assert Credential.objects.filter(name=KEY).count() == 1
+
+
+def test_a_refused_value_on_the_keys_page_is_said_and_not_echoed(api):
+    answer = api.post(f"/keys/{KEY}/", {"value": "y" * 100_000}, HTTP_X_CSRFTOKEN=api.csrf)
+    assert answer.status_code == 422
+    assert "longer than 8 KiB" in answer.content.decode()
+    assert "y" * 50 not in answer.content.decode()
+    assert not Credential.objects.exists()
