@@ -246,7 +246,9 @@ def credential_detail(request: SignedInRequest, name: str) -> HttpResponse:
             return error(404, "not_found", f"you have no credential {name[:100]!r}")
         return HttpResponse(status=204)
     body = json_body(request)
-    if body is None or "value" not in body:
+    if body is None:
+        return error(400, "bad_json", "the body must be a JSON object")
+    if "value" not in body:
         return error(400, "invalid", "send a JSON object with a 'value' string")
     try:
         stored = credentials.store_credential(request.user, name, body["value"])
