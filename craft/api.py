@@ -10,6 +10,7 @@ from uuid import UUID
 
 from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
+from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_http_methods
 
 from craft import credentials, services, workspace_paths
@@ -237,6 +238,7 @@ def credential_list(request: SignedInRequest) -> HttpResponse:
     return JsonResponse({"credentials": [credential_json(c) for c in stored]})
 
 
+@sensitive_variables("body")
 @require_http_methods(["PUT", "DELETE"])
 @api_login_required
 def credential_detail(request: SignedInRequest, name: str) -> HttpResponse:

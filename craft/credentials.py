@@ -23,6 +23,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from craft.errors import SessionError
 from craft.models import Credential, Session
@@ -86,6 +87,8 @@ def _fernet(keys: tuple[str, ...]) -> MultiFernet:
     return MultiFernet([Fernet(key) for key in keys])
 
 
+# Error reports (Django's debug page, mail to admins) leave these functions' values out.
+@sensitive_variables("value")
 def encrypt(value: str) -> str:
     return _fernet(tuple(settings.CRAFT_SECRETS_KEYS)).encrypt(value.encode()).decode()
 
@@ -107,6 +110,7 @@ def check_name(name: str) -> None:
         )
 
 
+@sensitive_variables("value")
 def check_value(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise CredentialError("'value' must be a non-empty string")
@@ -121,6 +125,7 @@ def hint_of(value: str) -> str:
     return value[-4:] if len(value) >= HINT_FROM_LENGTH else ""
 
 
+@sensitive_variables("value", "clean")
 def store_credential(user: User, name: str, value: object) -> Stored:
     """Store (or replace) the user's credential `name`, encrypted; return what may be shown.
 
@@ -153,6 +158,7 @@ def credentials_of(user: User | int) -> list[Stored]:
     return [Stored(c.name, c.hint, c.updated_at, decrypt(c.ciphertext) is not None) for c in rows]
 
 
+@sensitive_variables("values", "value")
 def _values(owner_id: int, names: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
     """Return the readable values of `names`, and the names missing and unreadable."""
     rows = dict(

@@ -18,6 +18,7 @@ from django.contrib.auth.models import User
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -215,6 +216,7 @@ def keys(request: SignedInRequest) -> HttpResponse:
     return _keys_page(request)
 
 
+@sensitive_post_parameters("value")
 @require_POST
 @login_required
 def store_key(request: SignedInRequest, name: str) -> HttpResponse:
