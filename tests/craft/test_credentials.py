@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from io import StringIO
 
 import pytest
 from cryptography.fernet import Fernet
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client
+from django.urls import reverse
 
 from craft import credentials
 from craft.models import Credential, Session
@@ -209,3 +212,28 @@ def test_a_refused_value_on_the_keys_page_is_said_and_not_echoed(api):
     assert "longer than 8 KiB" in answer.content.decode()
     assert "y" * 50 not in answer.content.decode()
     assert not Credential.objects.exists()
+
+
+def test_rotating_encrypts_every_value_with_the_new_key_so_the_old_can_go(api, owner, settings):
+    put_key(api, SECRET)
+    old = settings.CRAFT_SECRETS_KEYS[0]
+    new = Fernet.generate_key().decode()
+    settings.CRAFT_SECRETS_KEYS = [new, old]
+    out = StringIO()
+    call_command("rotate_credentials", stdout=out)
+    assert "Encrypted 1 credential(s) with the newest key." in out.getvalue()
+    settings.CRAFT_SECRETS_KEYS = [new]
+    assert credentials.launch_for(open_keyed_session(api)).secrets == {KEY: SECRET}
+
+
+def test_the_admin_shows_each_sessions_agent_and_never_credentials(api, staff):
+    put_key(api, SECRET)
+    session_id = open_keyed_session(api)
+    admin = Client()
+    admin.force_login(staff)
+    page = admin.get(reverse("admin:craft_session_change", args=[session_id])).content.decode()
+    assert "keyed" in page
+    listing = admin.get(reverse("admin:craft_session_changelist")).content.decode()
+    assert "keyed" in listing
+    assert admin.get("/admin/craft/credential/").status_code == 404
+    assert SECRET not in page + listing
