@@ -415,7 +415,8 @@ class KubernetesBackend:
                     self.core.create_namespaced_secret(self.namespace, manifest)
                 else:
                     # Conditional on what was read: a concurrent start's write is never lost.
-                    manifest["metadata"]["resourceVersion"] = secret.metadata.resource_version
+                    if secret.metadata.resource_version:
+                        manifest["metadata"]["resourceVersion"] = secret.metadata.resource_version
                     self.core.replace_namespaced_secret(name, self.namespace, manifest)
             except ApiException as exc:
                 if _is_status(exc, 409):
