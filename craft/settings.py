@@ -218,6 +218,9 @@ def _catalog_entry(name: str, number: int, entry: Any, taken: set[str]) -> dict[
         label, help_text = credential.get("label", variable), credential.get("help", "")
         if not isinstance(label, str) or not isinstance(help_text, str):
             raise ImproperlyConfigured(f"{where}: credential label and help must be strings")
+        if help_text and not re.match(r"https?://", help_text):
+            # The Keys page links to it: never a javascript: or data: link.
+            raise ImproperlyConfigured(f"{where}: credential help must be an http(s) address")
         needed.append({"name": variable, "label": label or variable, "help": help_text})
     return {
         "id": agent_id,

@@ -183,6 +183,10 @@ GOOD_AGENT = 'id = "claude"\ntitle = "Claude Code"\ncommand = "claude-agent-acp"
             f'[[agents]]\n{GOOD_AGENT}env = ["DJANGO_SECRET_KEY"]\n',
             "CRAFT_AGENTS_FILE: agent 'claude': env must not pass DJANGO_SECRET_KEY",
         ),
+        (
+            f'[[agents]]\n{GOOD_AGENT}credentials = [{{ name = "K", help = "javascript:x" }}]\n',
+            "CRAFT_AGENTS_FILE: agent 'claude': credential help must be an http(s) address",
+        ),
         ('agents = "claude"\n', "CRAFT_AGENTS_FILE: "),
         ("[[agents]\n", "is not valid TOML"),
     ],
