@@ -27,7 +27,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -375,7 +375,8 @@ class KubernetesBackend:
         wait = str(max(1, int(settings.CRAFT_AGENT_START_TIMEOUT) - 5))
         wanted = [f"{name}={revisions[name]}" for name in sorted(launch.secrets)]
         argv = ["sh", "-c", CREDENTIALS_AND_EXEC, "sh", workspace, CREDENTIALS, wait]
-        return self.exec(sandbox, [*argv, *wanted, "--", *command])
+        redact = list(launch.secrets.values())
+        return self.exec(sandbox, [*argv, *wanted, "--", *command], redact=redact)
 
     def _ensure_credentials_secret(self, sandbox: Sandbox) -> None:
         """Create the sandbox's (empty) credentials Secret unless it exists."""
@@ -446,8 +447,9 @@ class KubernetesBackend:
         # its agents could write them (a sandbox can only mislead its own user's review).
         return Workspace(run, run, f"{WORKSPACE}/.craft-checkpoints/{UUID(str(session_id))}")
 
-    def exec(self, sandbox: Sandbox, argv: list[str]) -> ExecProcess:
-        """Start `argv` in the sandbox's pod on a websocket of its own."""
+    def exec(self, sandbox: Sandbox, argv: list[str], redact: Iterable[str] = ()) -> ExecProcess:
+        """Start `argv` in the sandbox's pod on a websocket of its own; `redact`: values its
+        stderr must not show (its owner's credentials)."""
         return ExecProcess(
             self._exec_api_client(),
             namespace=self.namespace,
@@ -456,6 +458,7 @@ class KubernetesBackend:
             argv=argv,
             handshake_timeout=settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT,
             idle_timeout=settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT,
+            redact=redact,
         )
 
     def _run(self, sandbox: Sandbox, argv: list[str]) -> ExecResult:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -60,7 +61,13 @@ class LocalAgentProcess:
     """
 
     def __init__(
-        self, argv: list[str], cwd: Path, *, env: dict[str, str] | None = None, umask: int = -1
+        self,
+        argv: list[str],
+        cwd: Path,
+        *,
+        env: dict[str, str] | None = None,
+        umask: int = -1,
+        redact: Iterable[str] = (),
     ) -> None:
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
@@ -82,7 +89,7 @@ class LocalAgentProcess:
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
         self.ident = str(self._popen.pid)
         self.pid = self._popen.pid
-        self._stderr = StderrLog(self.ident)
+        self._stderr = StderrLog(self.ident, redact=redact)
         self._stderr_thread = threading.Thread(
             target=self._pump_stderr, name=f"agent-stderr-{self.pid}", daemon=True
         )
@@ -409,8 +416,9 @@ class LocalBackend:
                 f"the agent command {argv[0]} cannot be run by sandbox users: install it where "
                 "every user can run it (e.g. /usr/local/bin), or set CRAFT_SANDBOX_UIDS=off"
             )
+        redact = list(launch.secrets.values())
         if user is None:
-            return LocalAgentProcess(argv, workspace, env=env)
+            return LocalAgentProcess(argv, workspace, env=env, redact=redact)
         argv = jail.jailed(
             argv,
             sandbox=root,
@@ -419,7 +427,7 @@ class LocalBackend:
             sandbox_root=self.sandbox_root,
             tools=tools,
         )
-        return LocalAgentProcess(argv, workspace, env=env, umask=0o077)
+        return LocalAgentProcess(argv, workspace, env=env, umask=0o077, redact=redact)
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user

@@ -1,5 +1,6 @@
 """An ACP agent that tells what it was started with: a prompt `env` is answered with its
-whole environment as JSON, `pid` with its process id; anything else is echoed.
+whole environment as JSON, `pid` with its process id, `leak` by writing its environment to
+stderr (as a careless agent might); anything else is echoed.
 
 Standard library only. The credential tests use it to see what reached a real agent process.
 """
@@ -35,6 +36,11 @@ for raw in sys.stdin:
             say(json.dumps(dict(os.environ)))
         elif text == "pid":
             say(str(os.getpid()))
+        elif text == "leak":
+            for name, value in sorted(os.environ.items()):
+                sys.stderr.write(f"debug: {name}={value}\n")
+            sys.stderr.flush()
+            say("written to stderr")
         else:
             say(text)
         send({"jsonrpc": "2.0", "id": request_id, "result": {"stopReason": "end_turn"}})

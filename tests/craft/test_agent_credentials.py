@@ -83,11 +83,16 @@ def test_each_agent_gets_its_owners_key_in_its_environment_only(server, owner, s
     assert OLIVIA_KEY.encode() not in cmdline
     assert OLIVIA_KEY.encode() in Path(f"/proc/{pid}/environ").read_bytes()
 
+    # An agent that writes its key to stderr does not put it in Craft's log.
+    assert ask(sockets[owner.pk], "leak") == "written to stderr"
+
     # Nor in the server's log, nor anywhere in what the database keeps but the ciphertext.
     for socket in sockets.values():
         socket.close()
     server.stop()
-    assert OLIVIA_KEY not in server.log.read_text()
+    log = server.log.read_text()
+    assert OLIVIA_KEY not in log
+    assert "debug: PROVIDER_API_KEY=[redacted]" in log
     events = json.dumps(list(Event.objects.exclude(kind="agent_message_chunk").values("data")))
     assert OLIVIA_KEY not in events
 

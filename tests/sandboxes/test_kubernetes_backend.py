@@ -375,12 +375,23 @@ def test_the_pod_mounts_the_sandboxs_credentials_secret(sandbox, kube):
     assert "env" not in pod.to_dict()["spec"]["containers"][0] or not pod.spec.containers[0].env
 
 
-def test_an_agent_reads_its_key_from_the_secret_and_the_exec_never_carries_it(sandbox, kube):
+def test_an_agent_reads_its_key_from_the_secret_and_the_exec_never_carries_it(
+    sandbox, kube, caplog
+):
     key = "sk-pod-0123456789-secret"
     launch = keyed_launch({"PROVIDER_API_KEY": key})
     connection = services.connect_agent(sandbox, new_session(sandbox), launch=launch)
     env = json.loads(reply_text(run_turn(connection, "env")))
     assert env["PROVIDER_API_KEY"] == key
+
+    # Written to stderr by the agent, it reaches Craft's log redacted.
+    caplog.set_level("INFO", logger="craft.agent.stderr")
+    run_turn(connection, "leak")
+    deadline = time.monotonic() + 10
+    while "PROVIDER_API_KEY=[redacted]" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text[-2000:]
+        time.sleep(0.05)
+    assert key not in caplog.text
 
     api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
     secret = api.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
