@@ -86,6 +86,8 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         # path (craft.workspace_paths).
         workspace=workspace_paths.shown_workspace(request.user, session.sandbox, session.pk),
         page_size=MAX_EVENTS_PAGE,
+        # Which of the catalog's agents it talks to (shown when there is a choice).
+        session_agent=getattr(catalog.agent(session.agent), "title", session.agent),
         history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],
     )
     return render(request, "craft/session.html", context)

@@ -62,6 +62,7 @@ async def test_new_session_offers_the_catalog_and_keeps_the_chosen_agent(page, k
     session_id = page.url.rstrip("/").rsplit("/", 1)[1]
     agent = await db_sync_to_async(lambda: Session.objects.get(pk=session_id).agent)()
     assert agent == "keyed"
+    await expect(page.locator("#session-agent")).to_have_text("Keyed agent")
 
 
 async def test_a_missing_key_is_named_with_a_link_and_storing_it_lets_the_prompt_through(
