@@ -66,10 +66,6 @@ class CredentialsMissing(SessionError):
         )
 
 
-def _names(names: list[str]) -> str:
-    return ", ".join(names)
-
-
 @dataclass(frozen=True)
 class Stored:
     """What may be shown of a stored credential."""
