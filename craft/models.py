@@ -52,6 +52,8 @@ class Session(models.Model):
     )
     sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="sessions")
     title = models.CharField(max_length=200, default="New session")
+    # The catalog's agent it talks to (sandboxes.catalog), chosen when it was opened, for life.
+    agent = models.CharField(max_length=64, default="default")
     # The id the agent gave this session in `session/new` (one per agent process).
     agent_session_id = models.CharField(max_length=200, blank=True)
     # Highest `Event.seq` handed out; bumped in the transaction that stores events.
@@ -264,3 +266,28 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} owned by {self.owner} (token {self.token})"
+
+
+class Credential(models.Model):
+    """One of a person's own credentials for their agents (an API key), encrypted at rest.
+
+    `ciphertext` is a Fernet token under CRAFT_SECRETS_KEY (craft.credentials); the value
+    itself is never stored, shown or logged, and `hint` holds at most its last four
+    characters. Only its owner's agents get it, in their environment.
+    """
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="credentials"
+    )
+    name = models.CharField(max_length=64)  # the environment variable, e.g. ANTHROPIC_API_KEY
+    ciphertext = models.TextField()
+    hint = models.CharField(max_length=4, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="one_credential_per_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id} {self.name}"

@@ -235,6 +235,12 @@ function firstLoadDone() {
 
 function refused(frame) {
   if (frame.code === "not_running") return; // Stop raced with the end of the turn
+  if (frame.code === "credentials_missing") {
+    // The message names the keys (never their values); the prompt stays in the box.
+    const message = typeof frame.message === "string" ? frame.message : FRAME_ERRORS.credentials_missing;
+    status.showFrameErrorWithLink(`${message} Your message is kept.`, root.dataset.keysUrl, "Open Keys");
+    return;
+  }
   if (frame.code === "not_queued" && queue.notQueued()) {
     status.showFrameError(`${FRAME_ERRORS.not_queued} Your edit is in the box.`);
     return;
