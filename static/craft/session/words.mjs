@@ -44,6 +44,7 @@ export const FRAME_ERRORS = {
   agent_refused: "The agent did not accept that change.",
   agent_starting: "The agent is starting. Try again in a moment.",
   agent_unavailable: "The agent could not start, so the change was not made.",
+  credentials_missing: "This session's agent needs a key you have not stored.",
   session_deleted: "This session was deleted (in another tab or window), with its conversation and files. Start a new session to carry on.",
   shutting_down: "The server is restarting. Your message is kept: send it again once the page has reconnected.",
   unavailable: "The server running this session does not answer. Your message is kept: send it again in a moment.",
@@ -100,7 +101,7 @@ export function agentErrorWording(message, reason) {
   if (reason === "auth_required") {
     return {
       summary: "The agent needs you to sign in first.", agentSaid: false,
-      next: "Set up one of the ways it offers in your sandbox (an API key through the agent's environment, say), then send your message again.",
+      next: "Set up one of the ways it offers (an API key on the Keys page, say), then send your message again.",
     };
   }
   const cause = INTERRUPTIONS[reason] ? reason : INTERRUPTION_MESSAGES[said];
