@@ -10,8 +10,13 @@ PORT ?= 8000
 DAPHNE_OPTIONS := --websocket-max-message-size 4194304 --websocket-max-frame-size 4194304
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# The key that encrypts the credentials people store for their agents (docs/agents.md): one
+# is generated under var/ on first use, as the admin password is, unless one is given.
+ifeq ($(origin CRAFT_SECRETS_KEY)$(origin CRAFT_SECRETS_KEY_FILE),undefinedundefined)
+export CRAFT_SECRETS_KEY_FILE := $(CURDIR)/var/secrets-key
+endif
 
-.PHONY: run run-cluster test bench lint format venv dev-venv browser node haproxy isolation realagent migrate clean
+.PHONY: secrets-key run run-cluster test bench lint format venv dev-venv browser node haproxy isolation realagent migrate clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +31,14 @@ $(BIN)/.installed-dev: $(BIN)/.installed
 venv: $(BIN)/.installed
 dev-venv: $(BIN)/.installed-dev
 
-migrate: venv
+secrets-key: venv
+	@if [ -n "$$CRAFT_SECRETS_KEY_FILE" ] && [ ! -e "$$CRAFT_SECRETS_KEY_FILE" ]; then \
+	  mkdir -p "$$(dirname "$$CRAFT_SECRETS_KEY_FILE")"; \
+	  (umask 077; $(BIN)/python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())' > "$$CRAFT_SECRETS_KEY_FILE"); \
+	  echo "Generated the credentials key in $$CRAFT_SECRETS_KEY_FILE (keep it: stored keys need it)"; \
+	fi
+
+migrate: venv secrets-key
 	mkdir -p var
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py collectstatic --noinput -v 0
@@ -39,7 +51,7 @@ run: migrate isolation
 # Several daphne workers behind HAProxy on PostgreSQL and Redis (docs/deployment.md):
 # WORKERS=3 by default; DATABASE_URL and REDIS_URL may point elsewhere.
 WORKERS ?= 3
-run-cluster: venv haproxy isolation
+run-cluster: venv secrets-key haproxy isolation
 	$(BIN)/python deploy/cluster/run.py --workers $(WORKERS) --port $(PORT)
 
 haproxy:

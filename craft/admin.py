@@ -30,12 +30,13 @@ class SessionAdmin(admin.ModelAdmin):
     """A session's record; its transcript is linked, not drawn inline (a long session has
     tens of thousands of events: megabytes of HTML and seconds to render)."""
 
-    list_display = ["title", "owner", "sandbox", "last_seq", "updated_at", "worker"]
+    list_display = ["title", "owner", "agent", "sandbox", "last_seq", "updated_at", "worker"]
     list_select_related = ["owner", "sandbox", "lease"]
+    list_filter = ["agent"]
     search_fields = ["title", "owner__username", "id"]
     readonly_fields = [
-        "id", "owner", "sandbox", "agent_session_id", "last_seq", "transcript", "created_at",
-        "updated_at", "worker",
+        "id", "owner", "agent", "sandbox", "agent_session_id", "last_seq", "transcript",
+        "created_at", "updated_at", "worker",
     ]  # fmt: skip
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -84,7 +85,7 @@ class SessionAdmin(admin.ModelAdmin):
 class SessionInline(admin.TabularInline):
     # The inventory shows a sandbox's sessions; editing them belongs to the session admin.
     model = Session
-    fields = ("title", "owner", "created_at", "updated_at", "last_seq")
+    fields = ("title", "owner", "agent", "created_at", "updated_at", "last_seq")
     readonly_fields = fields
     extra = 0
     can_delete = False

@@ -10,9 +10,10 @@ from uuid import UUID
 
 from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
+from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_http_methods
 
-from craft import services, workspace_paths
+from craft import credentials, services, workspace_paths
 from craft.http import SignedInRequest
 from craft.models import Event, Session, Turn
 from craft.storage.eventlog import events_json_after
@@ -83,6 +84,7 @@ def session_json(session: Session) -> dict[str, Any]:
         "last_seq": session.last_seq,
         "running": _running(session),
         "sandbox": str(session.sandbox_id),
+        "agent": session.agent,
     }
 
 
@@ -102,8 +104,13 @@ def sessions(request: SignedInRequest) -> HttpResponse:
     title = body.get("title", "")
     if not isinstance(title, str):
         return error(400, "invalid", "'title' must be a string")
+    agent = body.get("agent", "")
+    if not isinstance(agent, str):
+        return error(400, "invalid", "'agent' must be a string, the id of an agent")
     try:
-        session = services.open_session(request.user, title)
+        session = services.open_session(request.user, title, agent=agent)
+    except services.UnknownAgent as exc:
+        return error(400, "unknown_agent", str(exc))
     except services.SessionLimit as exc:
         return error(409, "too_many_sessions", str(exc))
     except services.SessionError as exc:
@@ -201,3 +208,52 @@ def sandbox(request: SignedInRequest) -> HttpResponse:
     if request.method == "DELETE":
         current = sandbox_services.terminate_sandbox(current)
     return JsonResponse(sandbox_json(current))
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def agents(request: SignedInRequest) -> HttpResponse:
+    """Return the agents a new session can pick, and whether the caller can use each."""
+    listed = [
+        {"id": agent.id, "title": agent.title, "ready": not missing, "missing": missing}
+        for agent, missing in credentials.agents_for(request.user)
+    ]
+    return JsonResponse({"agents": listed})
+
+
+def credential_json(stored: credentials.Stored) -> dict[str, Any]:
+    return {
+        "name": stored.name,
+        "hint": stored.hint,
+        "updated_at": stored.updated_at.isoformat(),
+        "readable": stored.readable,
+    }
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def credential_list(request: SignedInRequest) -> HttpResponse:
+    """Return the caller's stored credentials: names and hints, never values."""
+    stored = credentials.credentials_of(request.user)
+    return JsonResponse({"credentials": [credential_json(c) for c in stored]})
+
+
+@sensitive_variables("body")
+@require_http_methods(["PUT", "DELETE"])
+@api_login_required
+def credential_detail(request: SignedInRequest, name: str) -> HttpResponse:
+    """Store or replace (`PUT {"value": ...}`) or delete one of the caller's credentials."""
+    if request.method == "DELETE":
+        if not credentials.delete_credential(request.user, name):
+            return error(404, "not_found", f"you have no credential {name[:100]!r}")
+        return HttpResponse(status=204)
+    body = json_body(request)
+    if body is None:
+        return error(400, "bad_json", "the body must be a JSON object")
+    if "value" not in body:
+        return error(400, "invalid", "send a JSON object with a 'value' string")
+    try:
+        stored = credentials.store_credential(request.user, name, body["value"])
+    except credentials.CredentialError as exc:
+        return error(400, "invalid_credential", str(exc))
+    return JsonResponse(credential_json(stored))

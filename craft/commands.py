@@ -76,6 +76,16 @@ class AnswerPermission:
 
 
 @dataclass(frozen=True)
+class AnswerElicitation:
+    """Answer an open elicitation request: `accept` (with a form's `content`), `decline` or
+    `cancel`."""
+
+    request: str
+    action: str
+    content: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class SetConfigOption:
     """Change one of the agent's session config options."""
 
@@ -154,7 +164,7 @@ class FollowSessions:
 
 # What the session's owner carries out; the others stay with the socket that received them.
 SessionCommand = (
-    Prompt | Cancel | AnswerPermission | SetConfigOption | SetMode | Revert
+    Prompt | Cancel | AnswerPermission | AnswerElicitation | SetConfigOption | SetMode | Revert
     | EditQueued | RemoveQueued | SendNow | RunQueue | StartAgent
 )  # fmt: skip
 Command = SessionCommand | Resume | Seen | FollowSessions
@@ -164,6 +174,7 @@ FRAME_TYPES: dict[type, str] = {
     Prompt: "prompt",
     Cancel: "cancel",
     AnswerPermission: "permission",
+    AnswerElicitation: "elicitation",
     SetConfigOption: "set_config_option",
     SetMode: "set_mode",
     Revert: "revert",  # over HTTP (POST .../turns/<seq>/revert/), not the socket
@@ -193,6 +204,8 @@ def parse(frame: dict[str, Any]) -> Command:
         if not isinstance(request, str) or not isinstance(option, str):
             raise Refused("bad_frame", "permission needs 'request' and 'option' strings")
         return AnswerPermission(request, option)
+    if kind == "elicitation":
+        return _elicitation_answer(frame)
     if kind in ("edit_queued", "remove_queued", "send_now"):
         return _queue_change(kind, frame)
     if kind == "resume":
@@ -251,6 +264,26 @@ def _prompt_text(text: Any, frame_type: str) -> str:
         raise Refused("prompt_too_long", f"prompts are limited to {MAX_PROMPT_CHARS} characters")
     # The agent gets the prompt as it is stored: text no one could encode is cleaned.
     return clean_text(text)
+
+
+ELICITATION_ACTIONS = ("accept", "decline", "cancel")
+MAX_ELICITATION_VALUES = 100  # as many as a form has fields (sandboxes.elicitation)
+
+
+def _elicitation_answer(frame: dict[str, Any]) -> AnswerElicitation:
+    request, action, content = frame.get("request"), frame.get("action"), frame.get("content")
+    if not isinstance(request, str) or action not in ELICITATION_ACTIONS:
+        raise Refused(
+            "bad_frame", "elicitation needs a 'request' string and an 'action': accept, decline "
+            "or cancel",
+        )  # fmt: skip
+    if content is not None and (
+        not isinstance(content, dict) or len(content) > MAX_ELICITATION_VALUES
+    ):
+        raise Refused(
+            "bad_frame", f"'content' must be an object of at most {MAX_ELICITATION_VALUES} values"
+        )
+    return AnswerElicitation(request, str(action), content if action == "accept" else None)
 
 
 def _queue_change(kind: str, frame: dict[str, Any]) -> EditQueued | RemoveQueued | SendNow:

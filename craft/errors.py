@@ -19,3 +19,7 @@ class SessionError(Exception):
 
 class SessionLimit(SessionError):
     """The user has as many sessions as one person may have."""
+
+
+class UnknownAgent(SessionError):
+    """A session was asked for with an agent the catalog does not offer."""

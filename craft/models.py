@@ -52,6 +52,8 @@ class Session(models.Model):
     )
     sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="sessions")
     title = models.CharField(max_length=200, default="New session")
+    # The catalog's agent it talks to (sandboxes.catalog), chosen when it was opened, for life.
+    agent = models.CharField(max_length=64, default="default")
     # The id the agent gave this session in `session/new` (one per agent process).
     agent_session_id = models.CharField(max_length=200, blank=True)
     # Highest `Event.seq` handed out; bumped in the transaction that stores events.
@@ -152,7 +154,8 @@ class Turn(models.Model):
 
     The event log keeps it up to date in the transactions that store the turn's events: a
     `user_message` with a client id starts it, `permission_request` and `permission_answer`
-    open and close entries of `pending`, `turn_end` ends it. A session has at most one running
+    (and `elicitation_request` and `elicitation_answer`) open and close entries of `pending`,
+    `turn_end` ends it. A session has at most one running
     turn (a constraint, so that two workers can never start two).
     """
 
@@ -165,7 +168,8 @@ class Turn(models.Model):
     worker = models.CharField(max_length=255)
     state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
     stop_reason = models.CharField(max_length=64, blank=True)
-    # Open permission requests: request id -> the option ids the agent offered.
+    # Open requests of the agent: request id -> the option ids a permission request offered,
+    # or {"kind": "elicitation"} for a request for information.
     pending = models.JSONField(default=dict)
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -262,3 +266,28 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} owned by {self.owner} (token {self.token})"
+
+
+class Credential(models.Model):
+    """One of a person's own credentials for their agents (an API key), encrypted at rest.
+
+    `ciphertext` is a Fernet token under CRAFT_SECRETS_KEY (craft.credentials); the value
+    itself is never stored, shown or logged, and `hint` holds at most its last four
+    characters. Only its owner's agents get it, in their environment.
+    """
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="credentials"
+    )
+    name = models.CharField(max_length=64)  # the environment variable, e.g. ANTHROPIC_API_KEY
+    ciphertext = models.TextField()
+    hint = models.CharField(max_length=4, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="one_credential_per_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id} {self.name}"

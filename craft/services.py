@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from craft.cluster import forwarding
 from craft.commands import (
+    AnswerElicitation,
     AnswerPermission,
     Cancel,
     EditQueued,
@@ -29,12 +30,13 @@ from craft.commands import (
     SetMode,
     StartAgent,
 )
-from craft.errors import SessionError, SessionLimit
+from craft.errors import SessionError, SessionLimit, UnknownAgent
 from craft.live import delivery, status
 from craft.models import Session, Turn
 from craft.storage.normalise import clean_title
 from craft.storage.titles import set_session_title
 from craft.turns.registry import runners
+from sandboxes import catalog
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
@@ -47,6 +49,8 @@ DEFAULT_TITLE = "New session"
 __all__ = [
     "SessionError",
     "SessionLimit",
+    "UnknownAgent",
+    "answer_elicitation",
     "answer_permission",
     "cancel_turn",
     "change_queue",
@@ -62,8 +66,11 @@ __all__ = [
 ]
 
 
-def open_session(user: User, title: str = "", *, reuse_untouched: bool = False) -> Session:
-    """Create a session in the user's sandbox, at once.
+def open_session(
+    user: User, title: str = "", *, reuse_untouched: bool = False, agent: str = ""
+) -> Session:
+    """Create a session in the user's sandbox, at once, talking to the catalog's `agent`
+    (default: the catalog's first) for its whole life.
 
     A sandbox that is not running yet is provisioned in the background (see
     `sandbox_services.request_sandbox`): the session's page follows its progress, and its
@@ -71,15 +78,20 @@ def open_session(user: User, title: str = "", *, reuse_untouched: bool = False) 
     With `reuse_untouched` (the page's "New session") and no title, the user's newest session
     that nothing happened in yet (no event, the default title, in that sandbox) is returned
     instead of a new one, so that pressing the button again piles up no empty sessions.
-    Raises SessionLimit when the user has CRAFT_MAX_SESSIONS_PER_USER sessions (concurrent
-    requests can pass it by a few), SessionError when the sandbox is being stopped.
+    Raises UnknownAgent for an agent the catalog does not offer, SessionLimit when the user
+    has CRAFT_MAX_SESSIONS_PER_USER sessions (concurrent requests can pass it by a few),
+    SessionError when the sandbox is being stopped.
     """
+    chosen = catalog.agent(agent) if agent else catalog.default_agent()
+    if chosen is None:
+        offered = ", ".join(a.id for a in catalog.agents())
+        raise UnknownAgent(f"there is no agent {agent[:64]!r} here (offered: {offered})")
     sandbox = None
     if reuse_untouched and not clean_title(title):
         sandbox = sandbox_services.request_sandbox(user)
         untouched = (
             Session.objects.owned_by(user)
-            .filter(sandbox=sandbox, last_seq=0, title=DEFAULT_TITLE)
+            .filter(sandbox=sandbox, last_seq=0, title=DEFAULT_TITLE, agent=chosen.id)
             .order_by("-created_at")
             .first()
         )
@@ -95,7 +107,7 @@ def open_session(user: User, title: str = "", *, reuse_untouched: bool = False) 
         # Terminating (a failed one was claimed for provisioning above).
         raise SessionError("your sandbox is being stopped: open a session again in a moment")
     session = Session.objects.create(
-        owner=user, sandbox=sandbox, title=clean_title(title) or DEFAULT_TITLE
+        owner=user, sandbox=sandbox, title=clean_title(title) or DEFAULT_TITLE, agent=chosen.id
     )
     status.sessions_changed(user.pk)
     return session
@@ -162,6 +174,12 @@ async def cancel_turn(session_id: uuid.UUID) -> None:
 
 async def answer_permission(session_id: uuid.UUID, answer: AnswerPermission) -> None:
     """Answer an open permission request of the session's running turn."""
+    await forwarding.route(session_id, answer)
+
+
+async def answer_elicitation(session_id: uuid.UUID, answer: AnswerElicitation) -> None:
+    """Answer an open elicitation request of the session's running turn: accept (a form's
+    values, checked against its fields), decline or cancel."""
     await forwarding.route(session_id, answer)
 
 

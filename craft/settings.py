@@ -13,10 +13,12 @@ import ipaddress
 import os
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -100,21 +102,149 @@ def env_agent_env(name: str) -> dict[str, str | None]:
     refused, loudly, so that a typo cannot leak a secret to agents, and so are the variables
     that Craft points inside the sandbox.
     """
-    server_only = re.compile(r"DJANGO_.*|CRAFT_.*|DATABASE_URL(_FILE)?|REDIS_URL(_FILE)?")
+    return agent_env_entries(name, os.environ.get(name, "").split(","))
+
+
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def agent_env_entries(where: str, items: list[str]) -> dict[str, str | None]:
+    """Return the `NAME` / `NAME=value` entries of `items` (see `env_agent_env`); `where`
+    names the setting in the error."""
     entries: dict[str, str | None] = {}
-    for item in os.environ.get(name, "").split(","):
+    for item in items:
         key, has_value, value = item.strip().partition("=")
         key = key.strip()
         if not key and not has_value:
             continue
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ImproperlyConfigured(f"{name}: {key!r} is not a variable name")
-        if server_only.fullmatch(key):
-            raise ImproperlyConfigured(f"{name} must not pass {key}: it belongs to the server")
-        if key in ("HOME", "TMPDIR", "USER", "LOGNAME"):
-            raise ImproperlyConfigured(f"{name} cannot set {key}: Craft points it into the sandbox")
+        if not VARIABLE_NAME.fullmatch(key):
+            raise ImproperlyConfigured(f"{where}: {key!r} is not a variable name")
+        check_agent_variable(where, key)
         entries[key] = value if has_value else None
     return entries
+
+
+def check_agent_variable(where: str, key: str) -> None:
+    """Refuse a variable an agent must never be given (the server's) or set (the sandbox's)."""
+    if re.fullmatch(r"DJANGO_.*|CRAFT_.*|DATABASE_URL(_FILE)?|REDIS_URL(_FILE)?", key):
+        raise ImproperlyConfigured(f"{where} must not pass {key}: it belongs to the server")
+    if key in ("HOME", "TMPDIR", "USER", "LOGNAME"):
+        raise ImproperlyConfigured(f"{where} cannot set {key}: Craft points it into the sandbox")
+
+
+AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+AGENT_KEYS = {"id", "title", "command", "env", "credentials"}
+CREDENTIAL_KEYS = {"name", "label", "help"}
+
+
+def env_agents_file(name: str) -> list[dict[str, Any]]:
+    """Return the agent catalog of the TOML file named by `name` (see docs/agents.md), or []
+    when unset (then the one agent of CRAFT_AGENT_COMMAND and CRAFT_AGENT_ENV is offered).
+
+    Each entry becomes `{"id", "title", "command": argv, "env": {NAME: value or None},
+    "credentials": [{"name", "label", "help"}]}`; anything unexpected stops the process with
+    the entry's place and id.
+    """
+    path = os.environ.get(name, "").strip()
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{name}: cannot read {path!r}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ImproperlyConfigured(f"{name}: {path!r} is not valid TOML: {exc}") from exc
+    unknown = set(document) - {"agents"}
+    if unknown:
+        raise ImproperlyConfigured(f"{name}: unknown key {sorted(unknown)[0]!r} (only [[agents]])")
+    entries = document.get("agents")
+    if not isinstance(entries, list) or not entries:
+        raise ImproperlyConfigured(f"{name}: {path!r} lists no [[agents]]")
+    agents: list[dict[str, Any]] = []
+    for number, entry in enumerate(entries, start=1):
+        agents.append(_catalog_entry(name, number, entry, {a["id"] for a in agents}))
+    return agents
+
+
+def _catalog_entry(name: str, number: int, entry: Any, taken: set[str]) -> dict[str, Any]:
+    where = f"{name}: agent {number}"
+    if not isinstance(entry, dict):
+        raise ImproperlyConfigured(f"{where} is not a table")
+    agent_id = entry.get("id")
+    if not isinstance(agent_id, str) or not AGENT_ID.fullmatch(agent_id):
+        raise ImproperlyConfigured(
+            f"{where}: id {agent_id!r} must be 1 to 64 letters, digits, '-' or '_'"
+        )
+    where = f"{name}: agent {agent_id!r}"
+    unknown = set(entry) - AGENT_KEYS
+    if unknown:
+        raise ImproperlyConfigured(f"{where}: unknown key {sorted(unknown)[0]!r}")
+    if agent_id in taken:
+        raise ImproperlyConfigured(f"{where}: the id is used by an earlier agent too")
+    title = entry.get("title", agent_id)
+    if not isinstance(title, str) or not title.strip():
+        raise ImproperlyConfigured(f"{where}: title must be a non-empty string")
+    command = entry.get("command")
+    if not isinstance(command, str):
+        raise ImproperlyConfigured(f"{where}: command must be a string (a command line)")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{where}: command is not a valid command line: {exc}") from None
+    if not argv:
+        raise ImproperlyConfigured(f"{where}: command is empty")
+    env = entry.get("env", [])
+    if not isinstance(env, list) or not all(isinstance(item, str) for item in env):
+        raise ImproperlyConfigured(f"{where}: env must be a list of strings")
+    credentials = entry.get("credentials", [])
+    if not isinstance(credentials, list):
+        raise ImproperlyConfigured(f"{where}: credentials must be a list of tables")
+    needed: list[dict[str, str]] = []
+    for credential in credentials:
+        if not isinstance(credential, dict):
+            raise ImproperlyConfigured(f"{where}: credentials must be a list of tables")
+        unknown = set(credential) - CREDENTIAL_KEYS
+        if unknown:
+            raise ImproperlyConfigured(f"{where}: unknown credential key {sorted(unknown)[0]!r}")
+        variable = credential.get("name")
+        if not isinstance(variable, str) or not VARIABLE_NAME.fullmatch(variable):
+            raise ImproperlyConfigured(
+                f"{where}: credential name {variable!r} is not an environment variable name"
+            )
+        check_agent_variable(f"{where}: credential", variable)
+        if variable in {c["name"] for c in needed}:
+            raise ImproperlyConfigured(f"{where}: credential {variable} is listed twice")
+        label, help_text = credential.get("label", variable), credential.get("help", "")
+        if not isinstance(label, str) or not isinstance(help_text, str):
+            raise ImproperlyConfigured(f"{where}: credential label and help must be strings")
+        if help_text and not re.match(r"https?://", help_text):
+            # The Keys page links to it: never a javascript: or data: link.
+            raise ImproperlyConfigured(f"{where}: credential help must be an http(s) address")
+        needed.append({"name": variable, "label": label or variable, "help": help_text})
+    return {
+        "id": agent_id,
+        "title": title.strip(),
+        "command": argv,
+        "env": agent_env_entries(f"{where}: env", env),
+        "credentials": needed,
+    }
+
+
+def env_fernet_keys(name: str) -> list[str]:
+    """Return the Fernet keys of `name` (or `NAME_FILE`), newest first: comma- or
+    line-separated, each 32 url-safe base64-encoded bytes (`Fernet.generate_key()`)."""
+    keys = [key.strip() for key in re.split(r"[,\n]", env_str(name)) if key.strip()]
+    for position, key in enumerate(keys, start=1):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise ImproperlyConfigured(
+                f"{name}: key {position} is not a Fernet key (32 url-safe base64-encoded "
+                "bytes; make one with: python -c 'from cryptography.fernet import Fernet; "
+                "print(Fernet.generate_key().decode())')"
+            ) from None
+    return keys
 
 
 def env_proxy_header(name: str) -> tuple[str, str] | None:
@@ -369,6 +499,16 @@ CRAFT_AGENT_COMMAND = env_argv("CRAFT_AGENT_COMMAND", ["craft-demo-agent"])
 CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes")))
 # What agents get besides Craft's minimal environment (see sandboxes/backends/containment.py).
 CRAFT_AGENT_ENV = env_agent_env("CRAFT_AGENT_ENV")
+# The agents a new session can pick (docs/agents.md); empty: the one agent above, id "default".
+CRAFT_AGENTS = env_agents_file("CRAFT_AGENTS_FILE")
+# The keys that encrypt the credentials people store for their agents, newest first (an old
+# key listed after the new one still reads what it wrote). Needed once an agent asks for any.
+CRAFT_SECRETS_KEYS = env_fernet_keys("CRAFT_SECRETS_KEY")
+if not CRAFT_SECRETS_KEYS and any(agent["credentials"] for agent in CRAFT_AGENTS):
+    raise ImproperlyConfigured(
+        "CRAFT_SECRETS_KEY (or CRAFT_SECRETS_KEY_FILE) must be set: agents of CRAFT_AGENTS_FILE "
+        "ask for credentials, which are stored encrypted with it"
+    )
 # Local sandboxes run as users of their own: "auto" when the server is root, "on", "off".
 CRAFT_SANDBOX_UIDS = env_choice("CRAFT_SANDBOX_UIDS", "auto", {"auto", "on", "off"})
 CRAFT_SANDBOX_UID_BASE = env_int("CRAFT_SANDBOX_UID_BASE", 1_000_000_000, minimum=1000)
@@ -404,6 +544,11 @@ CRAFT_MAX_SESSIONS_PER_USER = env_int("CRAFT_MAX_SESSIONS_PER_USER", 500)
 # The longest message (one line of ACP JSON) Craft takes from an agent; a longer one is skipped
 # without being held in memory, and the log records that it was (`message_too_large`).
 CRAFT_MAX_MESSAGE_BYTES = env_int("CRAFT_MAX_MESSAGE_BYTES", 16 * 1024 * 1024, minimum=65536)
+# Live command output (a tool call's `_meta.terminal_output`) Craft keeps per tool call of a
+# turn; what comes after is dropped as it arrives, and the log says so (`terminal_output_limited`).
+CRAFT_MAX_TERMINAL_OUTPUT_BYTES = env_int(
+    "CRAFT_MAX_TERMINAL_OUTPUT_BYTES", 1024 * 1024, minimum=1024
+)
 # An agent's stderr (see sandboxes/stderr_log.py): the longest line Craft keeps (a longer one is
 # cut, the rest skipped without being held in memory), and how many bytes of one agent's stderr
 # are logged per second (0: no limit); lines past the rate are counted, not logged.

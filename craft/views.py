@@ -7,6 +7,7 @@ log, the same data every API client reads: see "One renderer" in docs/architectu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from uuid import UUID
 
 from django.conf import settings
@@ -17,13 +18,15 @@ from django.contrib.auth.models import User
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from craft import services, workspace_paths
+from craft import credentials, services, workspace_paths
 from craft.api import MAX_EVENTS_PAGE
 from craft.http import SignedInRequest
 from craft.models import Session
+from sandboxes import catalog
 from sandboxes.models import Sandbox
 
 
@@ -51,6 +54,8 @@ def _page_context(request: SignedInRequest, session: Session | None) -> dict[str
         **_list_context(request, session),
         "sandbox": _current_sandbox(request.user),
         "session": session,
+        # What "New session" offers: (agent, the keys the person still has to store).
+        "agents": credentials.agents_for(request.user),
     }
 
 
@@ -81,6 +86,8 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         # path (craft.workspace_paths).
         workspace=workspace_paths.shown_workspace(request.user, session.sandbox, session.pk),
         page_size=MAX_EVENTS_PAGE,
+        # Which of the catalog's agents it talks to (shown when there is a choice).
+        session_agent=getattr(catalog.agent(session.agent), "title", session.agent),
         history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],
     )
     return render(request, "craft/session.html", context)
@@ -115,7 +122,10 @@ def new_session(request: SignedInRequest) -> HttpResponse:
     try:
         # An untouched session (no message yet) is opened again rather than another made.
         session = services.open_session(
-            request.user, request.POST.get("title", ""), reuse_untouched=True
+            request.user,
+            request.POST.get("title", ""),
+            reuse_untouched=True,
+            agent=request.POST.get("agent", ""),
         )
     except services.SessionError as exc:
         # Too many sessions, or a sandbox being stopped; one that cannot start is shown on
@@ -157,6 +167,76 @@ def delete_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
             return HttpResponseClientRedirect(reverse("home"))
         return HttpResponse("")  # the list item swaps itself out
     return redirect("home")
+
+
+@dataclass
+class KeyRow:
+    """One credential on the keys page: what it is, who needs it, what is stored."""
+
+    name: str
+    label: str
+    help: str
+    agents: list[str]
+    stored: credentials.Stored | None
+    error: str = ""
+
+
+def _key_rows(user: User, errors: dict[str, str] | None = None) -> list[KeyRow]:
+    """Return every credential some catalog agent needs, plus the ones stored for agents no
+    longer offered (so that they can be deleted), by name."""
+    stored = {c.name: c for c in credentials.credentials_of(user)}
+    rows: dict[str, KeyRow] = {}
+    for agent in catalog.agents():
+        for needed in agent.credentials:
+            row = rows.setdefault(
+                needed.name,
+                KeyRow(needed.name, needed.label, needed.help, [], stored.get(needed.name)),
+            )
+            row.agents.append(agent.title)
+    for name, kept in stored.items():
+        rows.setdefault(name, KeyRow(name, name, "", [], kept))
+    for name, message in (errors or {}).items():
+        if name in rows:
+            rows[name].error = message
+    return sorted(rows.values(), key=lambda row: row.name)
+
+
+def _keys_page(
+    request: SignedInRequest, errors: dict[str, str] | None = None, status: int = 200
+) -> HttpResponse:
+    context = {
+        "rows": _key_rows(request.user, errors),
+        "agents": credentials.agents_for(request.user),
+    }
+    return render(request, "craft/keys.html", context, status=status)
+
+
+@require_GET
+@login_required
+def keys(request: SignedInRequest) -> HttpResponse:
+    """Render the person's keys: what each agent needs, what is stored (never the values)."""
+    return _keys_page(request)
+
+
+@sensitive_post_parameters("value")
+@require_POST
+@login_required
+def store_key(request: SignedInRequest, name: str) -> HttpResponse:
+    """Store or replace one of the person's keys; a refused value is not shown again."""
+    try:
+        credentials.store_credential(request.user, name, request.POST.get("value", ""))
+    except credentials.CredentialError as exc:
+        return _keys_page(request, {name: str(exc)}, status=422)
+    messages.success(request, f"{name} is stored. Agents started from now on get it.")
+    return redirect("keys")
+
+
+@require_POST
+@login_required
+def delete_key(request: SignedInRequest, name: str) -> HttpResponse:
+    if credentials.delete_credential(request.user, name):
+        messages.success(request, f"{name} is deleted.")
+    return redirect("keys")
 
 
 def signin_locked(request: HttpRequest, *args: object) -> HttpResponse:

@@ -8,8 +8,16 @@ normal), parses them in wire order and routes them:
 * `session/update` notifications go to the running turn's sink, in the order they arrived;
 * agent-to-client requests: `session/request_permission` is surfaced to the turn as a
   `PermissionRequest` (its options normalised, see `normalise_options`) and answered through
-  `answer_permission()`; everything else (`fs/*`, `terminal/*`, ...) gets a JSON-RPC "method
-  not found" error, because we advertise no such capability.
+  `answer_permission()`; `elicitation/create` as an `ElicitationRequest` (its form checked,
+  see `sandboxes.elicitation`) answered through `answer_elicitation()`; everything else
+  (`fs/*`, `terminal/*`, ...) gets a JSON-RPC "method not found" error, because we advertise
+  no such capability;
+* `$/cancel_request` from the agent withdraws one of those requests: it is answered with
+  error -32800 and the turn hears a `RequestWithdrawn`. Craft sends `$/cancel_request` itself
+  for a request of its own whose answer it stopped waiting for;
+* `elicitation/complete` for a URL elicitation it asked becomes an `elicitation_complete`
+  update; tool call updates carrying live command output (`_meta.terminal_output`) are cut to
+  `max_terminal_bytes` per tool call here, before anything holds them.
 
 A message of an unforeseen shape (list params, odd ids, JSON nested too deep to parse) is
 logged and skipped: it costs itself, never the reader thread, and an agent's request is always
@@ -23,6 +31,7 @@ thread and must not block; an event loop takes items with `loop.call_soon_thread
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -36,6 +45,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from sandboxes import elicitation
+
 logger = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
@@ -44,6 +55,21 @@ CLIENT_INFO = {"name": "craft", "title": "Craft", "version": "0.1.0"}
 # JSON-RPC error codes used when we answer the agent.
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
+REQUEST_CANCELLED = -32800  # ACP: the answer to a request withdrawn with $/cancel_request
+# ACP's error code for "authenticate first" (the agent's `authMethods` say how).
+AUTH_REQUIRED = -32000
+# How long `stop()` waits for the agent's answer to `session/close` before ending it anyway.
+CLOSE_SECONDS = 2.0
+
+# What Craft tells the agent it can do. `_meta.terminal_output`: tool calls may carry live
+# command output in their `_meta` (`terminal_info`, `terminal_output`, `terminal_exit`), as
+# Zed's agents send it; `elicitation`: forms and URLs for the person (both modes).
+CLIENT_CAPABILITIES: dict[str, Any] = {
+    "fs": {"readTextFile": False, "writeTextFile": False},
+    "terminal": False,
+    "elicitation": {"form": {}, "url": {}},
+    "_meta": {"terminal_output": True},
+}
 
 
 class AgentProcess(Protocol):
@@ -95,6 +121,18 @@ class PromptNotSent(AgentError):
 
 class MalformedAnswer(AgentError):
     """The agent answered a request with something JSON-RPC or ACP does not allow."""
+
+
+class AuthRequired(AgentError):
+    """The agent answered that someone must authenticate first (ACP error -32000).
+
+    `methods` are the agent's `authMethods` (from `initialize`) as `{"id", "name",
+    "description"}`, once the connection has added them.
+    """
+
+    def __init__(self, message: str, methods: list[dict[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.methods = methods or []
 
 
 # How a connection opened its ACP session: a reattach to the stored session (`resume`, or
@@ -154,6 +192,8 @@ def answer_of(method: str, message: dict[str, Any]) -> Any:
             raise MalformedAnswer(
                 f"{said} with an error whose message is {json_kind(text)}, not a string"
             )
+        if code == AUTH_REQUIRED and type(code) is int:
+            raise AuthRequired(f"{text} (code {code})")
         raise AgentError(f"{text} (code {code})" if type(code) is int else text)
     result = message.get("result")
     if method not in ANSWER_SHAPES:
@@ -197,6 +237,31 @@ class PermissionRequest:
 
 
 @dataclass(frozen=True)
+class ElicitationRequest:
+    """The agent asks the person for information (`elicitation/create`): a form (`fields`,
+    see `sandboxes.elicitation`) or a URL to open. Answer with
+    `AgentConnection.answer_elicitation`; `refused` says why Craft answered it already."""
+
+    request_id: str
+    mode: str  # "form" or "url"
+    message: str
+    fields: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+    elicitation_id: str = ""
+    tool_call_id: str = ""
+    refused: str = ""
+
+
+@dataclass(frozen=True)
+class RequestWithdrawn:
+    """The agent withdrew its own open request (`$/cancel_request`): `kind` is
+    "permission" or "elicitation"."""
+
+    request_id: str
+    kind: str
+
+
+@dataclass(frozen=True)
 class TurnEnd:
     """The prompt's response arrived; `stop_reason` is ACP's stopReason."""
 
@@ -205,12 +270,16 @@ class TurnEnd:
 
 @dataclass(frozen=True)
 class TurnFailed:
-    """The turn ended without a stopReason: an error response, or the agent went away."""
+    """The turn ended without a stopReason: an error response, or the agent went away.
+
+    `details` go into the stored `agent_error` beside the message (the agent's `authMethods`
+    when it asks for authentication)."""
 
     message: str
+    details: dict[str, Any] = field(default_factory=dict)
 
 
-TurnItem = Update | PermissionRequest | TurnEnd | TurnFailed
+TurnItem = Update | PermissionRequest | ElicitationRequest | RequestWithdrawn | TurnEnd | TurnFailed
 Sink = Callable[[TurnItem], None]
 
 
@@ -235,6 +304,8 @@ class _PendingPermission:
     turn: _Turn
     # Each offered option id as Craft shows it (a string) -> the id exactly as the agent sent it.
     option_ids: dict[str, Any] = field(default_factory=dict)
+    # "elicitation" for an elicitation/create request (answered with an action, not an option).
+    kind: str = "permission"
 
 
 def normalise_options(raw: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -275,14 +346,29 @@ class AgentConnection:
     """
 
     def __init__(
-        self, process: AgentProcess, *, cwd: str, max_message_bytes: int = 16 << 20
+        self,
+        process: AgentProcess,
+        *,
+        cwd: str,
+        max_message_bytes: int = 16 << 20,
+        max_terminal_bytes: int = 1 << 20,
     ) -> None:
         self.process = process
         self.max_message_bytes = max_message_bytes
+        # Live command output (`_meta.terminal_output`) kept per tool call of a turn; past it,
+        # output is dropped here, on the reader thread, before anyone holds or stores it.
+        self.max_terminal_bytes = max_terminal_bytes
+        self._terminal_bytes: dict[str, int] = {}  # tool call id -> bytes of output let through
+        # The elicitationId of each URL elicitation asked on this connection (the last 100),
+        # and whether the agent said it completed: `elicitation/complete` of others is ignored.
+        self._url_elicitations: dict[str, bool] = {}
         self.cwd = cwd
         self.agent_session_id: str | None = None
         self.agent_info: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
+        # How the agent says one authenticates (`authMethods` of `initialize`), as
+        # {"id", "name", "description"}: shown when it answers that authentication is required.
+        self.auth_methods: list[dict[str, str]] = []
         # None when start() was not asked to reattach; else one of RESTORED.
         self.restored: str | None = None
         # The session's controls as the agent last described them (see `controls`).
@@ -325,16 +411,14 @@ class AgentConnection:
                 "initialize",
                 {
                     "protocolVersion": PROTOCOL_VERSION,
-                    "clientCapabilities": {
-                        "fs": {"readTextFile": False, "writeTextFile": False},
-                        "terminal": False,
-                    },
+                    "clientCapabilities": CLIENT_CAPABILITIES,
                     "clientInfo": CLIENT_INFO,
                 },
                 timeout=timeout,
             )
             self.agent_info = dict(init.get("agentInfo") or {})
             self.capabilities = dict(init.get("agentCapabilities") or {})
+            self.auth_methods = read_auth_methods(init.get("authMethods"))
             opened = None
             if reattach:
                 opened = self._reattach(reattach, timeout)
@@ -348,12 +432,30 @@ class AgentConnection:
         except Exception as exc:
             # Whatever went wrong, no agent process outlives a start that failed.
             self.stop()
+            if isinstance(exc, AuthRequired):
+                raise AuthRequired(self.auth_message(exc), self.auth_methods) from exc
             raise AgentError(f"agent did not start: {exc}") from exc
+
+    def auth_message(self, exc: AuthRequired) -> str:
+        """Return what a person reads when the agent wants authentication: its methods."""
+        said = f"The agent needs authentication first ({exc})."
+        if not self.auth_methods:
+            return f"{said} It names no way to authenticate."
+        ways = "; ".join(
+            m["name"] + (f" ({m['description']})" if m["description"] else "")
+            for m in self.auth_methods
+        )
+        return f"{said} It offers: {ways}. Set it up in the sandbox (CRAFT_AGENT_ENV)."
 
     @property
     def can_resume(self) -> bool:
         sessions = self.capabilities.get("sessionCapabilities")
         return isinstance(sessions, dict) and isinstance(sessions.get("resume"), dict)
+
+    @property
+    def can_close(self) -> bool:
+        sessions = self.capabilities.get("sessionCapabilities")
+        return isinstance(sessions, dict) and isinstance(sessions.get("close"), dict)
 
     @property
     def can_load(self) -> bool:
@@ -382,6 +484,7 @@ class AgentConnection:
             self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
             result = future.result(timeout=timeout)
         except FutureTimeout:
+            self._give_up(request_id)
             raise AgentError(f"{method}: no answer within {timeout} s") from None
         except MalformedAnswer:
             raise  # a broken agent, not one that forgot the session
@@ -441,7 +544,20 @@ class AgentConnection:
         return self._turn is not None
 
     def stop(self) -> None:
-        """End the agent process and release everyone waiting on it. Safe to call twice."""
+        """End the agent process and release everyone waiting on it. Safe to call twice.
+
+        An agent that advertises `sessionCapabilities.close` is first asked to close its
+        session (`session/close`, at most CLOSE_SECONDS), so it can free what it holds.
+        """
+        if self._stopped.is_set():
+            return
+        if self.can_close and self.agent_session_id is not None and self.is_running:
+            try:
+                self.request(
+                    "session/close", {"sessionId": self.agent_session_id}, timeout=CLOSE_SECONDS
+                )
+            except AgentError as exc:
+                logger.info("agent %s: session/close: %s", self.process.ident, exc)
         if self._stopped.is_set():
             return
         self._stopped.set()
@@ -466,10 +582,19 @@ class AgentConnection:
             self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
             return future.result(timeout=timeout)
         except FutureTimeout:
+            self._give_up(request_id)
             raise AgentError(f"{method}: no answer within {timeout} s") from None
         finally:
             with self._lock:  # a late answer then goes to "unknown id"
                 self._pending.pop(request_id, None)
+
+    def _give_up(self, request_id: int) -> None:
+        """Tell the agent that Craft no longer waits for the answer to a request of its own
+        (`$/cancel_request`), so that it can stop the work; a late answer is then skipped."""
+        try:
+            self.notify("$/cancel_request", {"requestId": request_id})
+        except AgentError:
+            pass
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
         self._write({"jsonrpc": "2.0", "method": method, "params": params})
@@ -491,6 +616,7 @@ class AgentConnection:
             request_id, future = self._expect("session/prompt")
             turn = _Turn(sink=sink, prompt_id=request_id)
             self._turn = turn
+            self._terminal_bytes.clear()  # tool call ids may repeat in a later turn
         self.last_used_at = time.monotonic()
         try:
             self._write(
@@ -562,14 +688,17 @@ class AgentConnection:
             if turn is None:
                 return
             turn.cancelled = True
-            waiting = [rid for rid, p in self._permissions.items() if p.turn is turn]
+            waiting = [(rid, p.kind) for rid, p in self._permissions.items() if p.turn is turn]
         if self.agent_session_id is not None:
             try:
                 self.notify("session/cancel", {"sessionId": self.agent_session_id})
             except AgentError:
                 pass
-        for request_id in waiting:
-            self.answer_permission(request_id, None)
+        for request_id, kind in waiting:
+            if kind == "elicitation":
+                self.answer_elicitation(request_id, "cancel")
+            else:
+                self.answer_permission(request_id, None)
 
     def answer_permission(self, request_id: str, option_id: str | None) -> bool:
         """Answer a permission request with an option id, or None for cancelled.
@@ -577,9 +706,10 @@ class AgentConnection:
         Return False when the request is unknown or already answered.
         """
         with self._lock:
-            pending = self._permissions.pop(request_id, None)
-        if pending is None:
-            return False
+            pending = self._permissions.get(request_id)
+            if pending is None or pending.kind != "permission":
+                return False
+            del self._permissions[request_id]
         if option_id is not None and option_id not in pending.option_ids:
             with self._lock:
                 self._permissions[request_id] = pending
@@ -593,6 +723,25 @@ class AgentConnection:
             self._write(
                 {"jsonrpc": "2.0", "id": pending.jsonrpc_id, "result": {"outcome": outcome}}
             )
+        except AgentError:
+            return False
+        return True
+
+    def answer_elicitation(
+        self, request_id: str, action: str, content: dict[str, Any] | None = None
+    ) -> bool:
+        """Answer an elicitation request: `accept` (with a form's checked content), `decline`
+        or `cancel`. Return False when the request is unknown or already answered."""
+        with self._lock:
+            pending = self._permissions.get(request_id)
+            if pending is None or pending.kind != "elicitation":
+                return False
+            del self._permissions[request_id]
+        result: dict[str, Any] = {"action": action}
+        if action == "accept" and content is not None:
+            result["content"] = content
+        try:
+            self._write({"jsonrpc": "2.0", "id": pending.jsonrpc_id, "result": result})
         except AgentError:
             return False
         return True
@@ -716,6 +865,12 @@ class AgentConnection:
             self._finish_turn(turn, waiting.future)
 
     def _handle_notification(self, message: dict[str, Any]) -> None:
+        if message.get("method") == "$/cancel_request":
+            self._handle_cancel_request(message.get("params"))
+            return
+        if message.get("method") == "elicitation/complete":
+            self._handle_elicitation_complete(message.get("params"))
+            return
         if message.get("method") != "session/update":
             logger.debug("agent %s sent %.100r", self.process.ident, message.get("method"))
             return
@@ -727,9 +882,50 @@ class AgentConnection:
         if self._restoring is not None:
             return  # a replay of what the client already has (session/load, some resumes)
         kind = str(update.get("sessionUpdate", "unknown"))
+        if kind in ("tool_call", "tool_call_update") and "_meta" in update:
+            limited = self._limit_terminal_output(update)
+            if limited is None:
+                return  # nothing left of it: live output past the limit
+            update = limited
         self._follow_controls(kind, update)
         # Unknown kinds are delivered as they are: the event log keeps everything.
         self._deliver(Update(kind=kind, data=update))
+
+    def _limit_terminal_output(self, update: dict[str, Any]) -> dict[str, Any] | None:
+        """Return a tool call update whose live output (`_meta.terminal_output.data`) keeps
+        the tool call within `max_terminal_bytes`, or None when nothing else is left of it.
+
+        The first cut is told to the turn as a `terminal_output_limited` update (the tool
+        call's id and the limit), so that the log says that output is missing.
+        """
+        meta = update.get("_meta")
+        output = meta.get("terminal_output") if isinstance(meta, dict) else None
+        if not isinstance(output, dict) or not isinstance(output.get("data"), str):
+            return update
+        assert isinstance(meta, dict)
+        tool_call_id = str(update.get("toolCallId"))[:200]
+        used = self._terminal_bytes.get(tool_call_id, 0)
+        data = output["data"]
+        size = len(data.encode("utf-8", "surrogatepass"))
+        if used + size <= self.max_terminal_bytes:
+            if tool_call_id in self._terminal_bytes or len(self._terminal_bytes) < 10_000:
+                self._terminal_bytes[tool_call_id] = used + size
+            return update
+        room = max(self.max_terminal_bytes - used, 0)
+        self._terminal_bytes[tool_call_id] = self.max_terminal_bytes + 1  # over: told once
+        if used <= self.max_terminal_bytes:
+            limited = {"sessionUpdate": "terminal_output_limited", "toolCallId": tool_call_id,
+                       "limit": self.max_terminal_bytes}  # fmt: skip
+            cut = data.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+            if cut:
+                meta = {**meta, "terminal_output": {**output, "data": cut}}
+                self._deliver(Update("tool_call_update", {**update, "_meta": meta}))
+            self._deliver(Update("terminal_output_limited", limited))
+        rest = {key: value for key, value in meta.items() if key != "terminal_output"}
+        others = {k for k in update if k not in ("sessionUpdate", "toolCallId", "_meta")}
+        if not rest and not others:
+            return None
+        return {**update, "_meta": rest}
 
     def _follow_controls(self, kind: str, update: dict[str, Any]) -> None:
         """Keep `config_options` and `modes` as the agent's own updates change them."""
@@ -740,10 +936,55 @@ class AgentConnection:
             if isinstance(mode, str):
                 self.modes = {**self.modes, "currentModeId": mode}
 
+    def _handle_cancel_request(self, params: Any) -> None:
+        """The agent withdraws a request of its own: answer it with error -32800 (ACP wants
+        an answer either way) and tell the turn, whose card then closes."""
+        if not isinstance(params, dict) or "requestId" not in params:
+            logger.warning("agent %s sent $/cancel_request without requestId", self.process.ident)
+            return
+        wanted = params["requestId"]
+        with self._lock:
+            found = next(
+                (
+                    (rid, p)
+                    for rid, p in self._permissions.items()
+                    if type(p.jsonrpc_id) is type(wanted) and p.jsonrpc_id == wanted
+                ),
+                None,
+            )
+            if found is not None:
+                del self._permissions[found[0]]
+        if found is None:
+            return  # answered already, or never asked: nothing to withdraw
+        request_id, pending = found
+        self._write(
+            {
+                "jsonrpc": "2.0",
+                "id": pending.jsonrpc_id,
+                "error": {"code": REQUEST_CANCELLED, "message": "request cancelled"},
+            }
+        )
+        self._deliver(RequestWithdrawn(request_id=request_id, kind=pending.kind))
+
+    def _handle_elicitation_complete(self, params: Any) -> None:
+        """The agent says the out-of-band part of a URL elicitation is done: tell the turn (or
+        the idle sink) once, as an `elicitation_complete` update; unknown or already completed
+        ids are ignored, as ACP asks."""
+        wanted = params.get("elicitationId") if isinstance(params, dict) else None
+        with self._lock:
+            if not isinstance(wanted, str) or self._url_elicitations.get(wanted) is not False:
+                return
+            self._url_elicitations[wanted] = True
+        update = {"sessionUpdate": "elicitation_complete", "elicitationId": wanted}
+        self._deliver(Update("elicitation_complete", update))
+
     def _handle_agent_request(self, message: dict[str, Any]) -> None:
         method = message["method"]
         if method == "session/request_permission":
             self._handle_permission_request(message)
+            return
+        if method == "elicitation/create":
+            self._handle_elicitation(message)
             return
         self._write(
             {
@@ -797,6 +1038,63 @@ class AgentConnection:
             )
         )
 
+    def _handle_elicitation(self, message: dict[str, Any]) -> None:
+        """Surface an elicitation to the turn; one Craft cannot show is refused (error -32602,
+        saying why) and still shown, closed, so that the person sees what was asked."""
+        params = message.get("params")
+        if not isinstance(params, dict):
+            self._answer_error(message["id"], INVALID_PARAMS, "params must be an object")
+            return
+        mode = params.get("mode")
+        text = params.get("message")
+        text = text[: elicitation.MAX_TEXT] if isinstance(text, str) else ""
+        tool_call_id = params.get("toolCallId")
+        request = ElicitationRequest(
+            request_id=uuid.uuid4().hex,
+            mode=mode if mode in ("form", "url") else str(mode)[:40],
+            message=text,
+            tool_call_id=tool_call_id[:200] if isinstance(tool_call_id, str) else "",
+        )
+        try:
+            if mode == "form":
+                fields = elicitation.read_form(params.get("requestedSchema"))
+                request = _replace(request, fields=fields)
+            elif mode == "url":
+                url = elicitation.read_url(params.get("url"))
+                elicitation_id = params.get("elicitationId")
+                request = _replace(
+                    request,
+                    url=url,
+                    elicitation_id=str(elicitation_id)[:200] if elicitation_id is not None else "",
+                )
+                if request.elicitation_id:
+                    with self._lock:
+                        self._url_elicitations[request.elicitation_id] = False
+                        while len(self._url_elicitations) > 100:
+                            del self._url_elicitations[next(iter(self._url_elicitations))]
+            else:
+                raise elicitation.BadRequest(f"Craft knows no elicitation mode {mode!r:.40}")
+        except elicitation.BadRequest as bad:
+            self._answer_error(message["id"], INVALID_PARAMS, str(bad))
+            self._deliver(_replace(request, refused=str(bad)))
+            return
+        with self._lock:
+            turn = self._turn
+            answerable = turn is not None and not turn.cancelled
+            if answerable:
+                assert turn is not None
+                self._permissions[request.request_id] = _PendingPermission(
+                    jsonrpc_id=message["id"], turn=turn, kind="elicitation"
+                )
+        if not answerable:
+            # Nobody can answer outside a turn; a cancelled turn's requests are cancelled.
+            self._write({"jsonrpc": "2.0", "id": message["id"], "result": {"action": "cancel"}})
+            return
+        self._deliver(request)
+
+    def _answer_error(self, jsonrpc_id: Any, code: int, text: str) -> None:
+        self._write({"jsonrpc": "2.0", "id": jsonrpc_id, "error": {"code": code, "message": text}})
+
     def _deliver(self, item: TurnItem) -> None:
         turn = self._turn
         sink = turn.sink if turn is not None else self._idle_sink
@@ -838,14 +1136,18 @@ class AgentConnection:
         except Exception:
             logger.exception("turn sink failed on %r", item)
 
-    @staticmethod
-    def _last_item(turn: _Turn, future: Future[Any]) -> TurnEnd | TurnFailed:
+    def _last_item(self, turn: _Turn, future: Future[Any]) -> TurnEnd | TurnFailed:
         """Return how the turn ended, from its prompt's answer (or failure)."""
         if turn.cancelled:
             # Whatever ended it (the agent's answer, an error, or stop() after the agent
             # ignored the cancel), the person asked for the turn to stop, and it stopped.
             return TurnEnd("cancelled")
         exc = future.exception()
+        if isinstance(exc, AuthRequired):
+            return TurnFailed(
+                self.auth_message(exc),
+                {"reason": "auth_required", "authMethods": self.auth_methods},
+            )
         if exc is not None:
             return TurnFailed(str(exc))
         result = future.result() or {}  # a dict or None: answer_of checked it
@@ -859,3 +1161,25 @@ class AgentConnection:
         for waiting in pending:
             if not waiting.future.done():
                 waiting.future.set_exception(AgentError(reason))
+
+
+def _replace(request: ElicitationRequest, **changes: Any) -> ElicitationRequest:
+    return dataclasses.replace(request, **changes)
+
+
+def read_auth_methods(raw: Any) -> list[dict[str, str]]:
+    """Return the agent's `authMethods` as `{"id", "name", "description"}` strings (at most
+    20; those without a name are named by their id, those without either dropped)."""
+    methods: list[dict[str, str]] = []
+    for method in raw[:20] if isinstance(raw, list) else []:
+        if not isinstance(method, dict):
+            continue
+        ident, name, description = (method.get(k) for k in ("id", "name", "description"))
+        ident = ident if isinstance(ident, str) else ""
+        name = name if isinstance(name, str) and name else ident
+        if name:
+            description = description if isinstance(description, str) else ""
+            methods.append(
+                {"id": ident[:200], "name": name[:200], "description": description[:500]}
+            )
+    return methods

@@ -60,6 +60,13 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 RESOURCE_NOT_FOUND = -32002
+AUTH_REQUIRED = -32000
+REQUEST_CANCELLED = -32800
+# The sign-in ways `--auth` advertises (and then insists on: every session is refused).
+AUTH_METHODS = [
+    {"id": "demo-login", "name": "Demo login", "description": "Sign in with a demo account"},
+    {"id": "demo-key", "name": "Demo API key", "description": "Set DEMO_API_KEY in the sandbox"},
+]
 
 PERMISSION_OPTIONS = [
     {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
@@ -111,6 +118,10 @@ class Cancelled(Exception):
 
 class PromptFailed(Exception):
     """Raised by a scenario to answer session/prompt with a JSON-RPC error."""
+
+    def __init__(self, message: str, code: int = -32603) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class UsageError(Exception):
@@ -191,6 +202,8 @@ class Options:
     images: bool = True
     embedded_context: bool = True
     replay_on_resume: bool = False  # replay history on session/resume too, as some agents do
+    close: bool = False  # advertise and answer session/close
+    auth: bool = False  # advertise AUTH_METHODS and refuse every session: authenticate first
 
 
 @dataclass
@@ -278,6 +291,13 @@ class Turn:
         """Send a request to the client and return its response (result or error)."""
         return self.agent.request(method, params, self)
 
+    def request_and_withdraw(
+        self, method: str, params: dict[str, Any], after: float
+    ) -> dict[str, Any]:
+        """Send a request; if the client has not answered within `after` seconds, withdraw
+        it with `$/cancel_request` and return the answer the client then owes."""
+        return self.agent.request(method, params, self, withdraw_after=after)
+
     def ask_permission(self, tool_call: dict[str, Any]) -> bool:
         """Ask the client whether a tool call may run; return True only for "allow".
 
@@ -330,6 +350,10 @@ class Agent:
         self._pending: dict[int | str, PendingRequest] = {}
         self._request_ids = itertools.count()
         self._workers: list[threading.Thread] = []
+        # What the client said it can do at initialize (terminal output, elicitation).
+        self.client_capabilities: dict[str, Any] = {}
+        # Client requests of `_demo/wait` still waiting: request id -> its wake-up event.
+        self._waits: dict[Any, threading.Event] = {}
 
     # -- writing ---------------------------------------------------------------------
 
@@ -421,10 +445,15 @@ class Agent:
             "session/set_config_option": self.set_config_option,
             "session/set_mode": self.set_mode,
         }
+        if self.options.close:
+            handlers["session/close"] = self.close_session
         if self.options.restore in ("both", "resume"):
             handlers["session/resume"] = lambda params: self.open_session(params, replay=False)
         if self.options.restore in ("both", "load"):
             handlers["session/load"] = lambda params: self.open_session(params, replay=True)
+        if method == "_demo/wait" and isinstance(params, dict):
+            self.start_wait(request_id, params)
+            return
         handler = handlers.get(method) if isinstance(method, str) else None
         if handler is None:
             self.respond_error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -447,6 +476,8 @@ class Agent:
         params = message.get("params")
         if message["method"] == "session/cancel" and isinstance(params, dict):
             self.cancel(params.get("sessionId"))
+        elif message["method"] == "$/cancel_request" and isinstance(params, dict):
+            self.cancel_wait(params.get("requestId"))
         else:
             log(f"ignoring notification {message['method']!r}")
 
@@ -471,26 +502,32 @@ class Agent:
         """Answer initialize: protocol version 1 and the capabilities the options give."""
         client = params.get("clientInfo") or {}
         log(f"initialize from {client.get('name', 'unknown client')}")
+        capabilities = params.get("clientCapabilities")
+        self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
         options = self.options
+        sessions: dict[str, Any] = {}
+        if options.restore in ("both", "resume"):
+            sessions["resume"] = {}
+        if options.close:
+            sessions["close"] = {}
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": options.restore in ("both", "load"),
-                "sessionCapabilities": (
-                    {"resume": {}} if options.restore in ("both", "resume") else {}
-                ),
+                "sessionCapabilities": sessions,
                 "promptCapabilities": {
                     "image": options.images,
                     "audio": False,
                     "embeddedContext": options.embedded_context,
                 },
             },
-            "authMethods": [],
+            "authMethods": AUTH_METHODS if options.auth else [],
             "agentInfo": {"name": NAME, "title": "Craft demo agent", "version": VERSION},
         }
 
     def new_session(self, params: dict[str, Any]) -> dict[str, Any]:
         """Create a session rooted at params["cwd"], which must be an existing directory."""
+        self.check_authenticated()
         cwd = params.get("cwd")
         if not isinstance(cwd, str) or not os.path.isabs(cwd):
             raise RpcError(INVALID_PARAMS, f"Invalid params: cwd must be an absolute path: {cwd!r}")
@@ -510,6 +547,7 @@ class Agent:
         A load replays the conversation as updates before it answers; a resume does not
         (unless `--replay-on-resume` asks it to misbehave that way).
         """
+        self.check_authenticated()
         session_id, cwd = params.get("sessionId"), params.get("cwd")
         if not isinstance(session_id, str):
             raise RpcError(INVALID_PARAMS, "Invalid params: sessionId must be a string")
@@ -539,6 +577,49 @@ class Agent:
                 )
         self._after_answer.append(lambda: self.send_commands(session))
         return self.controls(session)
+
+    def start_wait(self, request_id: Any, params: dict[str, Any]) -> None:
+        """Answer `_demo/wait` (an extension method) after `seconds`, or at once with error
+        -32800 if the client withdraws it with `$/cancel_request` first."""
+        seconds = params.get("seconds")
+        seconds = float(seconds) if isinstance(seconds, int | float) else 1.0
+        wake = threading.Event()
+        with self._state_lock:
+            self._waits[request_id] = wake
+
+        def wait() -> None:
+            cancelled = wake.wait(min(max(seconds, 0.0), 60.0))
+            with self._state_lock:
+                self._waits.pop(request_id, None)
+            if cancelled:
+                self.respond_error(request_id, REQUEST_CANCELLED, "Request cancelled")
+            else:
+                self.respond(request_id, {"waited": seconds})
+
+        threading.Thread(target=wait, name="wait", daemon=True).start()
+
+    def cancel_wait(self, request_id: Any) -> None:
+        """Honour the client's `$/cancel_request`: stop a `_demo/wait` early (every other
+        request of the client is answered at once, so nothing else is left to stop)."""
+        with self._state_lock:
+            wake = self._waits.get(request_id) if isinstance(request_id, int | str) else None
+        log(f"client withdrew request {request_id!r}" + ("" if wake else " (already answered)"))
+        if wake is not None:
+            wake.set()
+
+    def check_authenticated(self) -> None:
+        """With `--auth`, refuse to open sessions: someone must authenticate first."""
+        if self.options.auth:
+            raise RpcError(AUTH_REQUIRED, "Authentication required")
+
+    def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Close a session (session/close, with `--close`): cancel its prompt, forget it."""
+        session = self.session_of(params)
+        self.cancel(session.session_id)
+        with self._state_lock:
+            self._sessions.pop(session.session_id, None)
+        log(f"closed session {session.session_id}")
+        return {}
 
     def save(self, session: Session) -> None:
         """Save the session's state; a failure is logged (the session goes on in memory)."""
@@ -663,7 +744,7 @@ class Agent:
         except Cancelled:
             result = {"stopReason": "cancelled"}
         except PromptFailed as exc:
-            error = (INTERNAL_ERROR, str(exc))
+            error = (exc.code, str(exc))
         except Exception as exc:  # a bug in a scenario must not take the agent down
             log("scenario crashed:\n" + traceback.format_exc())
             error = (INTERNAL_ERROR, f"Internal error: {exc}")
@@ -709,8 +790,18 @@ class Agent:
                     pending.done.set()
         log(f"cancelled the running prompt of session {session_id}")
 
-    def request(self, method: str, params: dict[str, Any], turn: Turn) -> dict[str, Any]:
-        """Send a request to the client and block until it answers or the turn is cancelled."""
+    def request(
+        self,
+        method: str,
+        params: dict[str, Any],
+        turn: Turn,
+        withdraw_after: float | None = None,
+    ) -> dict[str, Any]:
+        """Send a request to the client and block until it answers or the turn is cancelled.
+
+        With `withdraw_after`, a request still unanswered after that many seconds is withdrawn
+        (`$/cancel_request`); the client's answer to it (error -32800) is returned.
+        """
         with self._state_lock:
             # Checked under the lock that cancel() takes, so a cancel cannot slip in
             # between this check and registering the request and leave us waiting forever.
@@ -720,6 +811,10 @@ class Agent:
             self._pending[request_id] = pending
         self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
         try:
+            if withdraw_after is not None and not pending.done.wait(withdraw_after):
+                log(f"withdrawing request {request_id} ({method})")
+                cancel = {"requestId": request_id}
+                self.send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": cancel})
             pending.done.wait()
         finally:
             with self._state_lock:
@@ -1262,6 +1357,11 @@ def scenario_fail(turn: Turn) -> None:
     raise PromptFailed("demo failure requested")
 
 
+def scenario_signin(turn: Turn) -> None:
+    """Answer session/prompt with ACP's "authentication required" error (-32000)."""
+    raise PromptFailed("Authentication required", AUTH_REQUIRED)
+
+
 def scenario_fs(turn: Turn) -> None:
     """Ask the client for fs/read_text_file and report how it answered.
 
@@ -1346,6 +1446,204 @@ def scenario_ask(turn: Turn) -> None:
         turn.chunk(f"You chose {option['name']} ({option['kind']}).")
 
 
+TERMINAL_CHUNK_BYTES = 64 * 1024
+TERMINAL_MAX_MEGABYTES = 200
+
+
+def scenario_terminal(turn: Turn) -> None:
+    """Run a pretend command whose output streams live, the way Zed's agents send it: the
+    tool call's `_meta.terminal_info`, then `terminal_output` chunks, then `terminal_exit`.
+
+    Only for a client that advertised `_meta.terminal_output`; others get the output as
+    text content when the command ends, as ACP without the extension allows.
+    """
+    usage = (
+        f"terminal [lines=5] [delay seconds=0.05] [megabytes=0, at most {TERMINAL_MAX_MEGABYTES}]"
+    )
+    lines, delay, megabytes = parse_numbers(turn.args, [5, 0.05, 0], usage)
+    if megabytes > TERMINAL_MAX_MEGABYTES or lines < 0:
+        raise UsageError(usage)
+    meta = turn.agent.client_capabilities.get("_meta")
+    live = isinstance(meta, dict) and meta.get("terminal_output") is True
+    tool_call_id = turn.new_tool_call_id()
+    command = f"demo-build --lines {int(lines)}"
+    start: dict[str, Any] = {
+        "sessionUpdate": "tool_call",
+        "toolCallId": tool_call_id,
+        "title": command,
+        "kind": "execute",
+        "status": "in_progress",
+        "rawInput": {"command": command},
+    }
+    if live:
+        start["content"] = [{"type": "terminal", "terminalId": tool_call_id}]
+        start["_meta"] = {"terminal_info": {"terminal_id": tool_call_id, "cwd": str(turn.cwd)}}
+    turn.update(start)
+    said: list[str] = []
+
+    def output(data: str) -> None:
+        if live:
+            meta = {"terminal_output": {"terminal_id": tool_call_id, "data": data}}
+            turn.tool_call_update(tool_call_id, _meta=meta)
+        elif len(said) < 1000:
+            said.append(data)
+
+    for number in range(1, int(lines) + 1):
+        turn.sleep(delay)
+        output(f"step {number} of {int(lines)}: ok\n")
+    if megabytes:
+        line = "0123456789abcdef" * 4 + "\n"
+        chunk = line * (TERMINAL_CHUNK_BYTES // len(line))
+        for _ in range(max(1, round(megabytes * 1024 * 1024 / len(chunk)))):
+            turn.check_cancelled()
+            output(chunk)
+    if live:
+        exit_meta = {"terminal_exit": {"terminal_id": tool_call_id, "exit_code": 0, "signal": None}}
+        turn.tool_call_update(tool_call_id, status="completed", _meta=exit_meta)
+    else:
+        turn.tool_call_update(
+            tool_call_id, status="completed", content=[text_content("".join(said))]
+        )
+    turn.chunk(f"The command finished ({'live output' if live else 'output at the end'}).")
+
+
+# The form of `elicit`: one field of each kind ACP's forms have.
+ELICIT_FORM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "title": "Project name", "minLength": 1, "default": "demo"},
+        "replicas": {"type": "integer", "title": "Replicas", "minimum": 1, "maximum": 9},
+        "ratio": {"type": "number", "title": "Sample ratio", "minimum": 0, "maximum": 1},
+        "public": {"type": "boolean", "title": "Public", "default": False},
+        "colour": {
+            "type": "string",
+            "title": "Colour",
+            "oneOf": [
+                {"const": "red", "title": "Red"},
+                {"const": "green", "title": "Green"},
+            ],
+        },
+    },
+    "required": ["name", "colour"],
+}
+ELICIT_URL = "https://example.com/demo/authorize?step=1"
+
+
+def elicit_params(turn: Turn, kind: str) -> dict[str, Any]:
+    """Return the `elicitation/create` params of one `elicit` case."""
+    base = {"sessionId": turn.session.session_id}
+    if kind == "url":
+        return {**base, "mode": "url", "elicitationId": f"demo-{uuid.uuid4().hex[:8]}",
+                "url": ELICIT_URL, "message": "Authorize the demo service"}  # fmt: skip
+    schema: dict[str, Any] = ELICIT_FORM
+    message = "Configure the demo project"
+    if kind == "unknown":
+        schema = {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "title": "Name"},
+                "shade": {"type": "color", "title": "Shade"},
+            },
+            "required": ["name"],
+        }
+        message = "A form with a field of a type no client knows"
+    elif kind == "unknown-required":
+        schema = {"type": "object", "properties": {"shade": {"type": "color"}},
+                  "required": ["shade"]}  # fmt: skip
+        message = "A form whose only, required field is of an unknown type"
+    elif kind == "many":
+        schema = {
+            "type": "object",
+            "properties": {f"field{n}": {"type": "string"} for n in range(1000)},
+        }
+        message = "A form of 1,000 fields"
+    elif kind == "html":
+        schema = {
+            "type": "object",
+            "properties": {
+                "note": {
+                    "type": "string",
+                    "title": "<b>Bold</b><img src=x onerror=alert(1)>",
+                    "description": "<script>alert(2)</script>",
+                },
+            },
+        }
+        message = "<i>HTML</i> in a message <a href='https://example.com'>link</a>"
+    return {**base, "mode": "form", "message": message, "requestedSchema": schema}
+
+
+def scenario_elicit(turn: Turn) -> None:
+    """Ask the person for information with `elicitation/create` and say what came back.
+
+    Cases: `form` (default: one field of each kind), `url`, `unknown` (a field of an unknown
+    type), `unknown-required`, `many` (1,000 fields), `html` (HTML in labels). Only modes the
+    client advertised are asked for.
+    """
+    kind = turn.args.strip() or "form"
+    if kind not in ("form", "url", "unknown", "unknown-required", "many", "html"):
+        raise UsageError("elicit [form|url|unknown|unknown-required|many|html]")
+    mode = "url" if kind == "url" else "form"
+    offered = turn.agent.client_capabilities.get("elicitation")
+    if not isinstance(offered, dict) or offered.get(mode) is None:
+        turn.chunk(f"The client does not take {mode} elicitations.")
+        return
+    params = elicit_params(turn, kind)
+    response = turn.request("elicitation/create", params)
+    result = response.get("result")
+    if kind == "url" and isinstance(result, dict) and result.get("action") == "accept":
+        # The pretend authorization is done at once: say so, as ACP lets URL mode agents.
+        complete = {"elicitationId": params["elicitationId"]}
+        turn.agent.send({"jsonrpc": "2.0", "method": "elicitation/complete", "params": complete})
+    turn.chunk(describe_elicitation_answer(response))
+
+
+def describe_elicitation_answer(response: dict[str, Any]) -> str:
+    """Return what the agent says of a client's answer to `elicitation/create`."""
+    error = response.get("error")
+    if isinstance(error, dict):
+        return f"The client refused: {error.get('message')} (code {error.get('code')})."
+    result = response.get("result")
+    action = result.get("action") if isinstance(result, dict) else None
+    if action == "accept":
+        content = result.get("content") if isinstance(result, dict) else None
+        if content:
+            return f"You accepted: {json.dumps(content, sort_keys=True)}."
+        return "You accepted."
+    if action == "decline":
+        return "You declined."
+    if action == "cancel":
+        return "You cancelled."
+    return f"The client answered {json.dumps(result)}."
+
+
+def scenario_withdraw(turn: Turn) -> None:
+    """Ask for permission (or, with `elicit`, for a form), then withdraw the request with
+    `$/cancel_request` after a moment, as an agent does when it no longer needs the answer."""
+    parts = turn.args.split()
+    usage = "withdraw [permission|elicit] [seconds=1]"
+    kind = parts[0] if parts else "permission"
+    if kind not in ("permission", "elicit") or len(parts) > 2:
+        raise UsageError(usage)
+    (after,) = parse_numbers(" ".join(parts[1:]), [1.0], usage)
+    if kind == "elicit":
+        params = elicit_params(turn, "form")
+        method = "elicitation/create"
+    else:
+        tool_call_id = turn.new_tool_call_id()
+        tool_call = {"toolCallId": tool_call_id, "title": "Tidy the workspace",
+                     "kind": "other", "status": "pending"}  # fmt: skip
+        turn.update({"sessionUpdate": "tool_call", **tool_call})
+        params = {"sessionId": turn.session.session_id, "toolCall": tool_call,
+                  "options": PERMISSION_OPTIONS}  # fmt: skip
+        method = "session/request_permission"
+    response = turn.request_and_withdraw(method, params, after)
+    error = response.get("error")
+    if isinstance(error, dict) and error.get("code") == REQUEST_CANCELLED:
+        turn.chunk("I withdrew my request; the client confirmed.")
+    else:
+        turn.chunk(f"The client answered before I withdrew: {json.dumps(response.get('result'))}.")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A prompt's first word mapped to what the agent does."""
@@ -1380,12 +1678,30 @@ SCENARIOS: dict[str, Scenario] = {
     "unknown": Scenario(scenario_unknown, "unknown", "send an update of an unknown kind"),
     "pid": Scenario(scenario_pid, "pid", "answer with the agent's process id"),
     "fail": Scenario(scenario_fail, "fail", "answer the prompt with a JSON-RPC error"),
+    "signin": Scenario(
+        scenario_signin, "signin", "answer the prompt with -32000 (authentication required)"
+    ),
     "fs": Scenario(scenario_fs, "fs [path=hello.txt]", "send fs/read_text_file, report answer"),
     "remember": Scenario(scenario_remember, "remember <word...>", "remember words (on disk)"),
     "recall": Scenario(scenario_recall, "recall", "say what it was asked to remember"),
     "config": Scenario(scenario_config, "config", "say which model and mode are in use"),
     "title": Scenario(scenario_title, "title <text...>", "name the session"),
     "ask": Scenario(scenario_ask, "ask", "a permission request with all four kinds of option"),
+    "terminal": Scenario(
+        scenario_terminal,
+        "terminal [lines=5] [delay=0.05] [megabytes=0]",
+        "a command whose output streams live (terminal _meta)",
+    ),
+    "elicit": Scenario(
+        scenario_elicit,
+        "elicit [form|url|unknown|unknown-required|many|html]",
+        "ask for information with elicitation/create",
+    ),
+    "withdraw": Scenario(
+        scenario_withdraw,
+        "withdraw [permission|elicit] [seconds=1]",
+        "ask, then withdraw the request with $/cancel_request",
+    ),
 }
 
 
@@ -1437,6 +1753,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="misbehave: replay the conversation on session/resume too, as some agents do",
     )
+    parser.add_argument(
+        "--close",
+        action="store_true",
+        help="advertise and answer session/close (sessionCapabilities.close)",
+    )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="advertise two auth methods and refuse every session until authenticated",
+    )
     args = parser.parse_args(argv)
     options = Options(
         restore=args.restore,
@@ -1444,6 +1770,8 @@ def main(argv: list[str] | None = None) -> int:
         images=args.images,
         embedded_context=args.embedded_context,
         replay_on_resume=args.replay_on_resume,
+        close=args.close,
+        auth=args.auth,
     )
     log(f"version {VERSION} ready (pid {os.getpid()}, {options})")
     return Agent(sys.stdout.buffer, options).serve(sys.stdin.buffer)

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from .acp import AgentConnection, AgentError
 from .backends import Health, SandboxError, get_backend
+from .catalog import Launch
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
 from .signals import announce_change
@@ -379,23 +380,31 @@ def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
 
 
 def connect_agent(
-    sandbox: Sandbox, session_id: UUID, reattach: str | None = None
+    sandbox: Sandbox,
+    session_id: UUID,
+    reattach: str | None = None,
+    launch: Launch | None = None,
 ) -> AgentConnection:
     """Return the session's cached agent connection, starting the agent if there is none.
 
     The first call starts the agent in the session's workspace and opens its ACP session;
     later calls return the same connection while its process lives, or a new one if it died.
     A new agent is asked to continue the agent session `reattach` if given (see
-    `AgentConnection.start`). Raises SandboxUnavailable unless the sandbox is running.
+    `AgentConnection.start`). `launch` is the session's agent with its owner's credentials
+    (default: the catalog's first agent, without any). Raises SandboxUnavailable unless the
+    sandbox is running.
     """
     require_running(sandbox)
-    connection = agent_connection(sandbox, session_id, reattach)
+    connection = agent_connection(sandbox, session_id, reattach, launch)
     touch_sandbox(sandbox.pk)
     return connection
 
 
 def agent_connection(
-    sandbox: Sandbox, session_id: UUID, reattach: str | None = None
+    sandbox: Sandbox,
+    session_id: UUID,
+    reattach: str | None = None,
+    launch: Launch | None = None,
 ) -> AgentConnection:
     """Like `connect_agent`, for a sandbox the caller has just seen running.
 
@@ -406,7 +415,9 @@ def agent_connection(
     """
     try:
         return agent_connections.get_or_start(
-            sandbox.pk, session_id, lambda: start_agent_connection(sandbox, session_id, reattach)
+            sandbox.pk,
+            session_id,
+            lambda: start_agent_connection(sandbox, session_id, reattach, launch),
         )
     except TooManyAgents:
         raise  # the server is full, the sandbox is fine
@@ -422,7 +433,10 @@ def agent_connection(
 
 
 def start_agent_connection(
-    sandbox: Sandbox, session_id: UUID, reattach: str | None = None
+    sandbox: Sandbox,
+    session_id: UUID,
+    reattach: str | None = None,
+    launch: Launch | None = None,
 ) -> AgentConnection:
     """Start the agent in the session's workspace and open its ACP session (uncached).
 
@@ -432,11 +446,12 @@ def start_agent_connection(
     """
     backend = get_backend(sandbox.backend)
     with backend.start_slots or contextlib.nullcontext():
-        process = backend.start_agent(sandbox, session_id)
+        process = backend.start_agent(sandbox, session_id, launch)
         connection = AgentConnection(
             process,
             cwd=backend.workspace_path(sandbox, session_id),
             max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
+            max_terminal_bytes=settings.CRAFT_MAX_TERMINAL_OUTPUT_BYTES,
         )
         connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT, reattach=reattach)
     logger.info(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from django.conf import settings
 
@@ -39,8 +39,13 @@ class StderrLog:
         max_line: int | None = None,
         rate: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        redact: Iterable[str] = (),
     ) -> None:
         self.ident = ident
+        # Its owner's credentials (docs/agents.md): an agent that prints one to stderr does
+        # not put it in Craft's log or an error message. Too short a value would blank out
+        # ordinary words, and values are one line, so whole lines are enough to look in.
+        self._secrets = sorted({v for v in redact if len(v) >= 4}, key=len, reverse=True)
         self.max_line = settings.CRAFT_MAX_STDERR_BYTES if max_line is None else max_line
         self.rate = settings.CRAFT_STDERR_LOG_BYTES_PER_SECOND if rate is None else rate
         self._clock = clock
@@ -76,7 +81,7 @@ class StderrLog:
 
     def tail(self) -> str:
         """Return the last lines, as cut, for an error message."""
-        return "\n".join(_text(raw, size) for raw, size in list(self._tail))
+        return "\n".join(self._text(raw, size) for raw, size in list(self._tail))
 
     def close(self) -> None:
         """End the stream: log its last line if it had no newline, and what was not logged."""
@@ -94,7 +99,13 @@ class StderrLog:
             self._dropped_bytes += len(raw)
             return
         self._report_dropped()
-        agent_stderr.info("[%s] %s", self.ident, _text(raw, size))
+        agent_stderr.info("[%s] %s", self.ident, self._text(raw, size))
+
+    def _text(self, raw: bytes, size: int) -> str:
+        text = _text(raw, size)
+        for secret in self._secrets:
+            text = text.replace(secret, "[redacted]")
+        return text
 
     def _take(self, size: int) -> bool:
         """Spend `size` bytes of the rate; False when the bucket is empty.

@@ -47,6 +47,35 @@ def django_db_setup(django_db_setup, django_db_blocker):
 LEFT_BY_THIS_PROCESS: list[str] = []
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flush_again_after_a_deadlock():
+    """Empty the tables after a test again when PostgreSQL chose the flush as a deadlock's
+    victim.
+
+    A server a test started (a module's, for its browser tests) keeps working while the
+    tables are emptied after each test: its event writer or housekeeping can hold one table
+    and wait for another that the TRUNCATE holds. PostgreSQL then cancels one of them; when
+    it is the flush, every later test would find the last one's rows (a duplicate user).
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+    from django.db.utils import OperationalError
+
+    flush = DatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self, sql_list):
+        for attempt in range(5):
+            try:
+                return flush(self, sql_list)
+            except OperationalError as error:
+                if "deadlock detected" not in str(error) or attempt == 4:
+                    raise
+                time.sleep(0.2)
+
+    DatabaseOperations.execute_sql_flush = execute_sql_flush
+    yield
+    DatabaseOperations.execute_sql_flush = flush
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if LEFT_BY_THIS_PROCESS:
         terminalreporter.section("connections of this process left to the test database (ended)")

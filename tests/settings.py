@@ -11,6 +11,8 @@ os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
 # Test agents run from the checkout with the virtualenv's Python, which sandbox users may not be
 # able to run (pyenv under /root, say): the containment tests turn sandbox users on themselves.
 os.environ.setdefault("CRAFT_SANDBOX_UIDS", "off")
+# A fixed key for the credentials people store (docs/agents.md), used by tests only.
+os.environ.setdefault("CRAFT_SECRETS_KEY", "6Ijl_GdANX76rs7fpuqxpj0MAJSXQd_PfPTn58A-i4c=")
 # The suite runs on PostgreSQL: several tests are about concurrent writers and a second
 # process (daphne) sharing the database. CRAFT_TEST_DATABASE_URL points it elsewhere.
 os.environ.setdefault(

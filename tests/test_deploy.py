@@ -61,6 +61,12 @@ def test_the_role_grants_exactly_what_the_kubernetes_backend_calls():
         ("services", "delete"),
         ("events", "list"),
         ("networkpolicies", "create"),
+        # Each sandbox's credentials (docs/agents.md): written before an agent starts.
+        ("secrets", "create"),
+        ("secrets", "get"),
+        ("secrets", "update"),
+        ("secrets", "list"),  # the reaper's inventory
+        ("secrets", "delete"),
     }
     assert role["metadata"]["namespace"] == settings.CRAFT_K8S_NAMESPACE
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,3 +150,107 @@ def test_the_redis_channel_layer_is_signed_with_keys_derived_from_the_secret_key
     new, old = keys.split()
     assert len(new) == len(old) == 64 and new != old
     assert "new-key" not in keys and "old-key" not in keys  # derived, never the secret itself
+
+
+GOOD_AGENT = 'id = "claude"\ntitle = "Claude Code"\ncommand = "claude-agent-acp"\n'
+
+
+@pytest.mark.parametrize(
+    ("catalog", "message"),
+    [
+        (
+            f'[[agents]]\n{GOOD_AGENT}model = "opus"\n',
+            "CRAFT_AGENTS_FILE: agent 'claude': unknown key 'model'",
+        ),
+        (
+            f"[[agents]]\n{GOOD_AGENT}\n[[agents]]\n{GOOD_AGENT}",
+            "CRAFT_AGENTS_FILE: agent 'claude': the id is used by an earlier agent too",
+        ),
+        (
+            '[[agents]]\nid = "claude"\ncommand = "  "\n',
+            "CRAFT_AGENTS_FILE: agent 'claude': command is empty",
+        ),
+        (
+            f'[[agents]]\n{GOOD_AGENT}credentials = [{{ name = "ANTHROPIC-KEY", label = "x" }}]\n',
+            "CRAFT_AGENTS_FILE: agent 'claude': credential name 'ANTHROPIC-KEY' is not an "
+            "environment variable name",
+        ),
+        (
+            '[[agents]]\nid = "claude code"\ncommand = "claude-agent-acp"\n',
+            "CRAFT_AGENTS_FILE: agent 1: id 'claude code' must be 1 to 64 letters, digits",
+        ),
+        (
+            f'[[agents]]\n{GOOD_AGENT}env = ["DJANGO_SECRET_KEY"]\n',
+            "CRAFT_AGENTS_FILE: agent 'claude': env must not pass DJANGO_SECRET_KEY",
+        ),
+        (
+            f'[[agents]]\n{GOOD_AGENT}credentials = [{{ name = "K", help = "javascript:x" }}]\n',
+            "CRAFT_AGENTS_FILE: agent 'claude': credential help must be an http(s) address",
+        ),
+        ('agents = "claude"\n', "CRAFT_AGENTS_FILE: "),
+        ("[[agents]\n", "is not valid TOML"),
+    ],
+)
+def test_a_bad_agent_catalog_fails_at_start_naming_the_entry(tmp_path, catalog, message):
+    path = tmp_path / "agents.toml"
+    path.write_text(catalog)
+    result = load_settings(DJANGO_DEBUG="1", CRAFT_AGENTS_FILE=str(path))
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert message in result.stderr
+
+
+def test_agents_that_ask_for_credentials_need_a_secrets_key(tmp_path):
+    path = tmp_path / "agents.toml"
+    path.write_text(f'[[agents]]\n{GOOD_AGENT}credentials = [{{ name = "ANTHROPIC_API_KEY" }}]\n')
+    result = load_settings(DJANGO_DEBUG="1", CRAFT_AGENTS_FILE=str(path))
+    assert "CRAFT_SECRETS_KEY (or CRAFT_SECRETS_KEY_FILE) must be set" in result.stderr
+    key = "6Ijl_GdANX76rs7fpuqxpj0MAJSXQd_PfPTn58A-i4c="
+    result = load_settings(DJANGO_DEBUG="1", CRAFT_AGENTS_FILE=str(path), CRAFT_SECRETS_KEY=key)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_bad_secrets_key_fails_at_start_naming_the_variable(tmp_path):
+    result = load_settings(DJANGO_DEBUG="1", CRAFT_SECRETS_KEY="not-a-key")
+    assert "CRAFT_SECRETS_KEY: key 1 is not a Fernet key" in result.stderr
+    keys = tmp_path / "keys"
+    keys.write_text("6Ijl_GdANX76rs7fpuqxpj0MAJSXQd_PfPTn58A-i4c=\nshort\n")
+    result = load_settings(DJANGO_DEBUG="1", CRAFT_SECRETS_KEY_FILE=str(keys))
+    assert "CRAFT_SECRETS_KEY: key 2 is not a Fernet key" in result.stderr
+
+
+def test_the_catalog_file_is_read_into_agents(tmp_path):
+    path = tmp_path / "agents.toml"
+    path.write_text(
+        f'[[agents]]\n{GOOD_AGENT}env = ["ANTHROPIC_BASE_URL", "MODE=fast"]\n'
+        'credentials = [{ name = "ANTHROPIC_API_KEY", label = "Anthropic API key" }]\n'
+        '[[agents]]\nid = "demo"\ncommand = "craft-demo-agent --controls \'modes\'"\n'
+    )
+    script = "import craft.settings as s; import json; print(json.dumps(s.CRAFT_AGENTS))"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRAFT_"))}
+    env = {**clean, "DJANGO_DEBUG": "1", "CRAFT_AGENTS_FILE": str(path),
+           "CRAFT_SECRETS_KEY": "6Ijl_GdANX76rs7fpuqxpj0MAJSXQd_PfPTn58A-i4c="}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=settings.BASE_DIR,
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    agents = json.loads(result.stdout)
+    assert agents == [
+        {
+            "id": "claude",
+            "title": "Claude Code",
+            "command": ["claude-agent-acp"],
+            "env": {"ANTHROPIC_BASE_URL": None, "MODE": "fast"},
+            "credentials": [
+                {"name": "ANTHROPIC_API_KEY", "label": "Anthropic API key", "help": ""}
+            ],
+        },
+        {
+            "id": "demo",
+            "title": "demo",
+            "command": ["craft-demo-agent", "--controls", "modes"],
+            "env": {},
+            "credentials": [],
+        },
+    ]

@@ -246,6 +246,9 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     async def handle_permission(self, answer: commands.AnswerPermission) -> None:
         await services.answer_permission(self.session_id, answer)
 
+    async def handle_elicitation(self, answer: commands.AnswerElicitation) -> None:
+        await services.answer_elicitation(self.session_id, answer)
+
     async def handle_set_config_option(self, change: commands.SetConfigOption) -> None:
         await services.set_config_option(self.session_id, change)
 
@@ -280,6 +283,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         commands.Prompt: handle_prompt,
         commands.Cancel: handle_cancel,
         commands.AnswerPermission: handle_permission,
+        commands.AnswerElicitation: handle_elicitation,
         commands.SetConfigOption: handle_set_config_option,
         commands.SetMode: handle_set_mode,
         commands.StartAgent: handle_start_agent,

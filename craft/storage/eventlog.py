@@ -144,7 +144,10 @@ def _insert(
     return Stored(first, last, frames, sum(len(text) for _, text in encoded))
 
 
-_TURN_KINDS = {"user_message", "permission_request", "permission_answer", "turn_end"}
+_TURN_KINDS = {
+    "user_message", "permission_request", "permission_answer", "elicitation_request",
+    "elicitation_answer", "turn_end",
+}  # fmt: skip
 # What changes a session's line in its owner's list of sessions (craft.live.status).
 _LISTED_KINDS = _TURN_KINDS | {"session_title"}
 
@@ -159,8 +162,8 @@ def _follow_turn(
     """Keep the session's running `Turn` in step with the events stored in this transaction.
 
     A prompt (a `user_message` with a client id) starts a turn: the constraint of one running
-    turn per session refuses a second (IntegrityError). Permission requests and answers open
-    and close entries of `pending`; `turn_end` ends the turn.
+    turn per session refuses a second (IntegrityError). Permission and elicitation requests and
+    their answers open and close entries of `pending`; `turn_end` ends the turn.
     """
     kinds = {kind for kind, _ in events} & _TURN_KINDS
     if not kinds or (kinds == {"user_message"} and client_id is None):
@@ -193,7 +196,9 @@ def _follow_turn(
             options = [str(o.get("optionId")) for o in data.get("options") or []
                        if isinstance(o, dict)]  # fmt: skip
             turn.pending[str(data.get("request"))] = options
-        elif kind == "permission_answer":
+        elif kind == "elicitation_request" and not data.get("refused"):
+            turn.pending[str(data.get("request"))] = {"kind": "elicitation"}
+        elif kind in ("permission_answer", "elicitation_answer"):
             turn.pending.pop(str(data.get("request")), None)
         elif kind == "turn_end":
             turn.state = Turn.State.ENDED

@@ -8,6 +8,7 @@ from craft.models import Event, Session
 from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
+from sandboxes.signals import announce_change
 
 
 @db_sync_to_async
@@ -42,6 +43,9 @@ def sandbox_for_prompt(session_id: UUID) -> tuple[str | None, bool]:
     if sandbox.status == Sandbox.Status.TERMINATING:
         return sandbox.status, False  # its other sandbox is being stopped: not now
     Session.objects.filter(pk=session_id, sandbox=session.sandbox).update(sandbox=sandbox)
+    # The new sandbox's own changes may have been announced while the session was still in
+    # the old one: its pages read it again now that the session is there.
+    announce_change(sandbox.pk, session.owner_id)
     return sandbox.status, True
 
 

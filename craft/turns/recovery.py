@@ -4,8 +4,9 @@ A turn belongs to the worker (server process) that started it. If that worker di
 SIGKILL, a lost host), its turns would stay open for good: no `turn_end`, live permission
 buttons. Any worker closes them, on its start, every few seconds while it runs, and when a
 prompt finds one in its way: for each open permission request a `permission_answer` with
-outcome `cancelled` and reason `interrupted`, then an `agent_error` that says why (with a
-`reason` a client can tell apart: `server_restarted`, `server_lost`), then exactly one
+outcome `cancelled` and reason `interrupted` (for each open elicitation an
+`elicitation_answer` with action `cancel` and that reason), then an `agent_error` that says
+why (with a `reason` a client can tell apart: `server_restarted`, `server_lost`), then exactly one
 `turn_end` with stop reason `interrupted`. Events stored before never change. The row lock
 (and the turn's state, checked again under it) makes two workers closing one turn at once
 store it once.
@@ -35,6 +36,11 @@ def interrupted_answer(request: str) -> tuple[str, dict[str, Any]]:
     """Return the `permission_answer` of a request left open by a turn Craft cut short."""
     data = {"request": request, "option": None, "outcome": "cancelled", "reason": "interrupted"}
     return ("permission_answer", data)
+
+
+def interrupted_elicitation(request: str) -> tuple[str, dict[str, Any]]:
+    """Return the `elicitation_answer` of a request left open by a turn Craft cut short."""
+    return ("elicitation_answer", {"request": request, "action": "cancel", "reason": "interrupted"})
 
 
 def interruption(why: str, reason: str | None = None) -> tuple[str, dict[str, Any]]:
@@ -75,7 +81,12 @@ def close_turn(turn_id: int, worker_id: str, why: str) -> bool:
         )
         if turn is None:
             return False
-        events = [interrupted_answer(request) for request in turn.pending]
+        events = [
+            interrupted_elicitation(request)
+            if isinstance(asked, dict) and asked.get("kind") == "elicitation"
+            else interrupted_answer(request)
+            for request, asked in turn.pending.items()
+        ]
         events += [interruption(why), ("turn_end", {"stop_reason": "interrupted"})]
         append_events(turn.session_id, events)
     logger.warning("closed turn %s of session %s: %s", turn_id, turn.session_id, why)

@@ -33,7 +33,9 @@ from uuid import UUID
 from django.conf import settings
 from django.db import IntegrityError
 
+from craft import credentials
 from craft.commands import (
+    AnswerElicitation,
     AnswerPermission,
     Cancel,
     EditQueued,
@@ -123,6 +125,8 @@ class SessionRunner:
                 await self.cancel()
             case AnswerPermission(request=request, option=option):
                 await self.answer_permission(request, option)
+            case AnswerElicitation(request=request, action=action, content=content):
+                await self.answer_elicitation(request, action, content)
             case SetConfigOption(config=config, value=value):
                 await self.set_config_option(config, value)
             case SetMode(mode=mode):
@@ -176,6 +180,11 @@ class SessionRunner:
                 raise Refused("shutting_down", "the server is restarting; send it again soon")
             starting = False
             if self.connection is None or not self.connection.is_running:
+                # An agent that would not start for want of its owner's keys: nothing is
+                # stored, and the client keeps the prompt (docs/agents.md).
+                missing = await db_calls.run(credentials.missing_for, self.session_id)
+                if missing is not None:
+                    raise Refused("credentials_missing", str(missing))
                 # A session whose sandbox was terminated moves to a new one here.
                 status, moved = await records.sandbox_for_prompt(self.session_id)
                 starting = status == Sandbox.Status.PROVISIONING
@@ -334,6 +343,14 @@ class SessionRunner:
             raise Refused("unknown_request", "that permission request is not open")
         await self.turn.answer_permission(request_id, option_id)
 
+    async def answer_elicitation(
+        self, request_id: str, action: str, content: dict[str, Any] | None
+    ) -> None:
+        """Answer the running turn's elicitation request (accept, decline or cancel)."""
+        if self.turn is None:
+            raise Refused("unknown_request", "that request for information is not open")
+        await self.turn.answer_elicitation(request_id, action, content)
+
     async def revert(self, seq: int, path: str, hunk: int | None) -> None:
         """Put the workspace back as it was before change `seq` (see `SessionCheckpoints`);
         refused while a turn runs, which would change the files meanwhile."""
@@ -387,8 +404,11 @@ class SessionRunner:
         queued before anything the agent sends outside a turn.
         """
         sandbox, reattach = await self._sandbox_to_start_in(wait_for_sandbox)
+        # The session's own agent, with its owner's credentials (CredentialsMissing says
+        # which are missing); they go to the agent's environment and nowhere else.
+        launch = await db_calls.run(credentials.launch_for, self.session_id)
         connection = await call_agent(
-            sandbox_services.agent_connection, sandbox, self.session_id, reattach or None
+            sandbox_services.agent_connection, sandbox, self.session_id, reattach or None, launch
         )
         self._sandbox_id = sandbox.pk
         await records.record_start(self.session_id, sandbox.pk, connection.agent_session_id)

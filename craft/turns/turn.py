@@ -23,11 +23,15 @@ from craft.models import Session
 from craft.storage.eventlog import Fenced
 from craft.turns import controls, records
 from craft.turns.agent_calls import call_agent
-from craft.turns.recovery import interrupted_answer, interruption
+from craft.turns.recovery import interrupted_answer, interrupted_elicitation, interruption
+from sandboxes import elicitation
 from sandboxes.acp import (
     AgentConnection,
+    AuthRequired,
+    ElicitationRequest,
     PermissionRequest,
     PromptNotSent,
+    RequestWithdrawn,
     TurnEnd,
     TurnFailed,
     TurnItem,
@@ -68,6 +72,8 @@ class Turn:
         self.session_id = runner.session_id
         self.used_tools = False  # a tool call or a permission request: files may have changed
         self.pending: dict[str, set[str]] = {}  # open permission requests: their option ids
+        # Open elicitation requests: their form fields (None for a URL, which takes no values).
+        self.elicitations: dict[str, list[dict[str, Any]] | None] = {}
         self.cancel_requested = False
         self.interrupted: str | None = None  # why Craft cut the turn short
         self.interrupted_reason: str | None = None  # the same as a code (its agent_error's)
@@ -122,16 +128,50 @@ class Turn:
         )
         await call_agent(connection.answer_permission, request_id, option_id)
 
+    async def answer_elicitation(
+        self, request_id: str, action: str, content: dict[str, Any] | None
+    ) -> None:
+        """Answer the agent's elicitation request: `accept` (a form's values, checked against
+        its fields), `decline` or `cancel`."""
+        connection = self.runner.connection
+        if request_id not in self.elicitations or connection is None:
+            raise Refused("unknown_request", "that request for information is not open")
+        fields = self.elicitations[request_id]
+        checked: dict[str, Any] | None = None
+        if action == "accept" and fields is not None:
+            try:
+                checked = elicitation.check_content(fields, content if content is not None else {})
+            except ValueError as exc:
+                raise Refused("invalid_content", str(exc)) from None
+        del self.elicitations[request_id]
+        data: dict[str, Any] = {"request": request_id, "action": action}
+        if checked is not None:
+            data["content"] = checked
+        # Stored before the agent hears it, like a permission answer.
+        await self.runner.append([("elicitation_answer", data)])
+        await call_agent(connection.answer_elicitation, request_id, action, checked)
+
     async def _answer_open_requests_cancelled(self) -> None:
         answered = list(self.pending)
         self.pending.clear()
-        if answered:
-            await self.runner.append(
-                [
-                    ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
-                    for rid in answered
-                ]
-            )
+        events: Events = [
+            ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
+            for rid in answered
+        ]
+        events += self._elicitations_closed("turn_cancelled")
+        if events:
+            await self.runner.append(events)
+
+    def _elicitations_closed(self, reason: str) -> Events:
+        """Return the answers of the open elicitation requests, closed as cancelled."""
+        closed = list(self.elicitations)
+        self.elicitations.clear()
+        if reason == "interrupted":
+            return [interrupted_elicitation(rid) for rid in closed]
+        return [
+            ("elicitation_answer", {"request": rid, "action": "cancel", "reason": reason})
+            for rid in closed
+        ]
 
     async def _send_cancel(self, connection: AgentConnection) -> None:
         await call_agent(connection.cancel)
@@ -166,7 +206,7 @@ class Turn:
                 connection = await runner.connection_for_turn()
             except Exception as exc:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
-                ending, reason = [("agent_error", {"message": str(exc)})], "error"
+                ending, reason = [("agent_error", start_failure(exc))], "error"
             else:
                 # The previous turn's checkpoint must be written before this one changes
                 # anything (it usually is: checkpoints follow only turns that used tools).
@@ -233,7 +273,7 @@ class Turn:
                 connection = await self.runner.connection_for_turn()
             except Exception as exc:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
-                return [("agent_error", {"message": str(exc)})], "error"
+                return [("agent_error", start_failure(exc))], "error"
         raise AssertionError("unreachable")
 
     async def _stream(
@@ -291,7 +331,7 @@ class Turn:
         """How long to wait for the agent's next item before the turn times out."""
         if self.interrupted is not None:
             return None  # cut short already: the cancel, or the stop after it, ends the turn
-        if self.pending:
+        if self.pending or self.elicitations:
             return max(left, 0)  # waiting for a person's answer is not the agent hanging
         return max(min(left, settings.CRAFT_TURN_IDLE_SECONDS), 0)
 
@@ -328,12 +368,31 @@ class Turn:
                 data = {"request": item.request_id, "toolCall": item.tool_call,
                         "options": item.options}  # fmt: skip
                 events.append(("permission_request", data))
+            elif isinstance(item, ElicitationRequest):
+                events.append(("elicitation_request", elicitation_event(item)))
+                if not item.refused:
+                    fields = item.fields if item.mode == "form" else None
+                    self.elicitations[item.request_id] = fields
+            elif isinstance(item, RequestWithdrawn):
+                events += self._withdrawn(item)
             elif isinstance(item, TurnEnd):
                 final = item.stop_reason
             elif isinstance(item, TurnFailed):
-                events.append(("agent_error", {"message": item.message}))
+                events.append(("agent_error", {"message": item.message, **item.details}))
                 final = "error"
         return events, final
+
+    def _withdrawn(self, item: RequestWithdrawn) -> Events:
+        """Return the answer that closes a request the agent withdrew (`$/cancel_request`)."""
+        request = item.request_id
+        if item.kind == "elicitation" and request in self.elicitations:
+            del self.elicitations[request]
+            data = {"request": request, "action": "cancel", "reason": "withdrawn"}
+            return [("elicitation_answer", data)]
+        if item.kind == "permission" and self.pending.pop(request, None) is not None:
+            answer = {"request": request, "option": None, "outcome": "cancelled"}
+            return [("permission_answer", {**answer, "reason": "withdrawn"})]
+        return []  # answered meanwhile: the person's answer is in the log
 
     async def end(self, events: Events, stop_reason: str) -> None:
         """Store the turn's last events and its `turn_end`, once, retrying until storage works.
@@ -347,11 +406,13 @@ class Turn:
         self.ended = True
         if stop_reason == "interrupted":  # a person did not cancel them: Craft did
             answers = [interrupted_answer(rid) for rid in self.pending]
+            answers += self._elicitations_closed("interrupted")
         else:
             answers = [
                 ("permission_answer", {"request": rid, "option": None, "outcome": "cancelled"})
                 for rid in self.pending
             ]
+            answers += self._elicitations_closed("turn_ended")
         self.pending.clear()
         # Craft's own agent_error events come last; the answers go before them.
         errors = [event for event in events if event[0] == "agent_error"]
@@ -387,3 +448,29 @@ class Turn:
                 )  # fmt: skip
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def start_failure(exc: Exception) -> dict[str, Any]:
+    """Return the `agent_error` of an agent that did not start: for one that wants
+    authentication, with `reason` `auth_required` and the agent's `authMethods`."""
+    if isinstance(exc, AuthRequired):
+        return {"message": str(exc), "reason": "auth_required", "authMethods": exc.methods}
+    return {"message": str(exc)}
+
+
+def elicitation_event(request: ElicitationRequest) -> dict[str, Any]:
+    """Return the stored `elicitation_request` of an agent's `elicitation/create`."""
+    data: dict[str, Any] = {"request": request.request_id, "mode": request.mode,
+                            "message": request.message}  # fmt: skip
+    if request.mode == "form" and not request.refused:
+        data["fields"] = request.fields
+        data["answerable"] = elicitation.answerable(request.fields)
+    if request.url:
+        data["url"] = request.url
+    if request.elicitation_id:
+        data["elicitationId"] = request.elicitation_id
+    if request.tool_call_id:
+        data["toolCallId"] = request.tool_call_id
+    if request.refused:
+        data["refused"] = request.refused
+    return data

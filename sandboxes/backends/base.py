@@ -8,6 +8,7 @@ from uuid import UUID
 
 if TYPE_CHECKING:
     from sandboxes.acp import AgentProcess
+    from sandboxes.catalog import Launch
     from sandboxes.models import Sandbox
     from sandboxes.workspace import Workspace
 
@@ -33,7 +34,7 @@ class Resource:
     """Something a backend holds for a sandbox, found by its own marks (see `inventory`)."""
 
     sandbox_id: UUID
-    kind: str  # "folder", "checkpoints" (local), "pod", "service" (kubernetes)
+    kind: str  # "folder", "checkpoints" (local), "pod", "service", "secret" (kubernetes)
     name: str
 
     def __str__(self) -> str:
@@ -64,9 +65,12 @@ class SandboxBackend(Protocol):
     def remove_workspace(self, sandbox: "Sandbox", session_id: UUID) -> None:
         """Remove the session's workspace; a missing one is fine."""
 
-    def start_agent(self, sandbox: "Sandbox", session_id: UUID) -> "AgentProcess":
-        """Start the configured agent command in the session's workspace, creating the
-        workspace if it does not exist yet."""
+    def start_agent(
+        self, sandbox: "Sandbox", session_id: UUID, launch: "Launch | None" = None
+    ) -> "AgentProcess":
+        """Start the launch's agent (default: the catalog's first, without credentials) in
+        the session's workspace, creating the workspace if it does not exist yet. Its
+        credentials reach the agent's environment only, never a command line."""
 
     def workspace(self, sandbox: "Sandbox", session_id: UUID) -> "Workspace":
         """Return the session's workspace, read with the agent's rights where the agent runs

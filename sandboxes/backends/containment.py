@@ -64,13 +64,20 @@ class SandboxUser:
         return f"sandbox-{self.uid}"
 
 
-def agent_environment(sandbox: Path, tools: Path, user: SandboxUser | None) -> dict[str, str]:
-    """Return the whole environment of an agent of the sandbox whose folder is `sandbox`."""
+def agent_environment(
+    sandbox: Path,
+    tools: Path,
+    user: SandboxUser | None,
+    chosen: dict[str, str | None] | None = None,
+) -> dict[str, str]:
+    """Return the whole environment of an agent of the sandbox whose folder is `sandbox`;
+    `chosen` is what its catalog entry passes (default CRAFT_AGENT_ENV)."""
     env = {"LANG": "C.UTF-8", "TERM": "dumb", "SHELL": "/bin/sh"}
     for name, server_value in os.environ.items():
         if name in PASSED_THROUGH or name.startswith("LC_"):
             env[name] = server_value
-    chosen: dict[str, str | None] = settings.CRAFT_AGENT_ENV
+    if chosen is None:
+        chosen = settings.CRAFT_AGENT_ENV
     for name, value in chosen.items():
         if value is not None:
             env[name] = value

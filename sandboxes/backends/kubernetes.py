@@ -21,11 +21,13 @@ only these two modules import the kubernetes client.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import os
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -35,6 +37,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
+from ..catalog import Launch, default_agent
 from ..workspace import Workspace
 from .base import Health, Progress, Resource, SandboxError
 from .kubernetes_exec import ExecByteStream, ExecProcess, ExecResult
@@ -59,6 +62,33 @@ FATAL_WAITING_REASONS = {
 # constant, the workspace and the agent's argv are its positional arguments.
 # The session's workspace is made at its agent's first start (a new session touches nothing).
 CD_AND_EXEC = 'mkdir -p "$1" && cd "$1" && shift && exec "$@"'
+# Where the sandbox's Secret (its owner's credentials) is mounted in the pod.
+CREDENTIALS = "/run/craft/credentials"
+# The agent's start when it needs credentials: for each `NAME=revision` before `--`, wait
+# until the mounted Secret has that revision of NAME (the kubelet refreshes mounted Secrets
+# a minute or so after a change), export NAME from its file, then go on as CD_AND_EXEC.
+# Only names and random revisions are on this command line (it ends up in the API server's
+# audit log, in the exec URL): the values are read inside the pod.
+CREDENTIALS_AND_EXEC = """\
+ws=$1 dir=$2 wait=$3
+shift 3
+while [ "$1" != -- ]; do
+  name=${1%%=*} rev=${1#*=}
+  shift
+  waited=0
+  until [ "$(cat "$dir/$name.rev" 2>/dev/null)" = "$rev" ]; do
+    if [ "$waited" -ge "$wait" ]; then
+      echo "craft: $name has not reached the sandbox yet; try again in a minute" >&2
+      exit 75
+    fi
+    waited=$((waited + 1))
+    sleep 1
+  done
+  export "$name=$(cat "$dir/$name")"
+done
+shift
+mkdir -p "$ws" && cd "$ws" && exec "$@"
+"""
 
 # One policy per sandbox namespace, for every sandbox pod in it.
 NETWORK_POLICY = "craft-sandbox-isolation"
@@ -84,6 +114,10 @@ def load_configuration() -> k8s.Configuration:
 
 def pod_name(sandbox: Sandbox) -> str:
     return f"{POD_PREFIX}{sandbox.id}"
+
+
+def secret_name(sandbox: Sandbox) -> str:
+    return f"{POD_PREFIX}{sandbox.id}-credentials"
 
 
 def _is_status(exc: ApiException, *codes: int) -> bool:
@@ -127,6 +161,8 @@ class KubernetesBackend:
         name = pod_name(sandbox)
         # Before the pod: a sandbox must never run without its network policy.
         self._ensure_network_policy()
+        # Before the pod, which mounts it: the credentials its owner's agents get.
+        self._ensure_credentials_secret(sandbox)
         progress("creating pod")
         self._create_or_adopt_pod(sandbox, progress)
         self._create_or_adopt_service(sandbox)
@@ -243,10 +279,14 @@ class KubernetesBackend:
         return f"{latest.reason}: {latest.message}" if latest.message else str(latest.reason)
 
     def terminate(self, sandbox: Sandbox) -> None:
-        """Delete the pod and the service, each on its own; gone already counts as deleted."""
-        name = pod_name(sandbox)
+        """Delete the pod, the service and the credentials Secret, each on its own; gone
+        already counts as deleted."""
         errors = []
-        for delete in (self.core.delete_namespaced_pod, self.core.delete_namespaced_service):
+        for delete, name in (
+            (self.core.delete_namespaced_pod, pod_name(sandbox)),
+            (self.core.delete_namespaced_service, pod_name(sandbox)),
+            (self.core.delete_namespaced_secret, secret_name(sandbox)),
+        ):
             try:
                 delete(name, self.namespace, grace_period_seconds=5)
             except ApiException as exc:
@@ -269,7 +309,8 @@ class KubernetesBackend:
         return Health(False, pod_failure(pod) or f"pod {pod.status.phase}")
 
     def inventory(self) -> list[Resource]:
-        """Return Craft's sandbox pods and services in the namespace, found by their labels.
+        """Return Craft's sandbox pods, services and credentials Secrets in the namespace,
+        found by their labels.
 
         Pods already being deleted are left out: they are on their way.
         """
@@ -280,12 +321,15 @@ class KubernetesBackend:
             services = self.core.list_namespaced_service(
                 self.namespace, label_selector=MANAGED_SELECTOR
             ).items
+            secrets = self.core.list_namespaced_secret(
+                self.namespace, label_selector=MANAGED_SELECTOR
+            ).items
         except ApiException as exc:
             raise SandboxError(f"cannot list sandbox pods and services: {_reason(exc)}") from exc
         except (HTTPError, OSError) as exc:
             raise SandboxError(f"cannot reach the Kubernetes API: {exc}") from exc
         found = []
-        for kind, items in (("pod", pods), ("service", services)):
+        for kind, items in (("pod", pods), ("service", services), ("secret", secrets)):
             for item in items:
                 if kind == "pod" and item.metadata.deletion_timestamp is not None:
                     continue
@@ -300,6 +344,7 @@ class KubernetesBackend:
         delete = {
             "pod": self.core.delete_namespaced_pod,
             "service": self.core.delete_namespaced_service,
+            "secret": self.core.delete_namespaced_secret,
         }[resource.kind]
         try:
             delete(resource.name, self.namespace, grace_period_seconds=5)
@@ -316,10 +361,70 @@ class KubernetesBackend:
     def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
         self._run(sandbox, ["rm", "-rf", "--", self.workspace_path(sandbox, session_id)])
 
-    def start_agent(self, sandbox: Sandbox, session_id: UUID) -> ExecProcess:
+    def start_agent(
+        self, sandbox: Sandbox, session_id: UUID, launch: Launch | None = None
+    ) -> ExecProcess:
+        """Start the launch's agent by exec; its credentials are written to the sandbox's
+        Secret first and read from the mounted files in the pod, never put in the exec."""
+        launch = launch or Launch(default_agent())
         workspace = self.workspace_path(sandbox, session_id)
-        argv = ["sh", "-c", CD_AND_EXEC, "sh", workspace, *settings.CRAFT_AGENT_COMMAND]
-        return self.exec(sandbox, argv)
+        command = launch.agent.command
+        if not launch.secrets:
+            return self.exec(sandbox, ["sh", "-c", CD_AND_EXEC, "sh", workspace, *command])
+        revisions = self._write_credentials(sandbox, launch.secrets)
+        wait = str(max(1, int(settings.CRAFT_AGENT_START_TIMEOUT) - 5))
+        wanted = [f"{name}={revisions[name]}" for name in sorted(launch.secrets)]
+        argv = ["sh", "-c", CREDENTIALS_AND_EXEC, "sh", workspace, CREDENTIALS, wait]
+        redact = list(launch.secrets.values())
+        return self.exec(sandbox, [*argv, *wanted, "--", *command], redact=redact)
+
+    def _ensure_credentials_secret(self, sandbox: Sandbox) -> None:
+        """Create the sandbox's (empty) credentials Secret unless it exists."""
+        try:
+            self.core.create_namespaced_secret(self.namespace, self.secret_manifest(sandbox, {}))
+        except ApiException as exc:
+            if not _is_status(exc, 409):
+                raise SandboxError(f"cannot create the credentials secret: {_reason(exc)}") from exc
+
+    def _write_credentials(self, sandbox: Sandbox, values: dict[str, str]) -> dict[str, str]:
+        """Put `values` in the sandbox's Secret (keeping the others); return each one's
+        revision, a random token that changes only when its value does."""
+        name = secret_name(sandbox)
+        for _ in range(5):
+            try:
+                secret = self.core.read_namespaced_secret(name, self.namespace)
+            except ApiException as exc:
+                if not _is_status(exc, 404):
+                    raise SandboxError(
+                        f"cannot read the credentials secret: {_reason(exc)}"
+                    ) from exc
+                secret = None
+            current = {
+                key: base64.b64decode(value).decode()
+                for key, value in ((secret.data if secret else None) or {}).items()
+            }
+            wanted = dict(current)
+            for key, value in values.items():
+                if current.get(key) != value or f"{key}.rev" not in current:
+                    wanted[key], wanted[f"{key}.rev"] = value, secrets.token_hex(8)
+            revisions = {key: wanted[f"{key}.rev"] for key in values}
+            if secret is not None and wanted == current:
+                return revisions
+            manifest = self.secret_manifest(sandbox, wanted)
+            try:
+                if secret is None:
+                    self.core.create_namespaced_secret(self.namespace, manifest)
+                else:
+                    # Conditional on what was read: a concurrent start's write is never lost.
+                    if secret.metadata.resource_version:
+                        manifest["metadata"]["resourceVersion"] = secret.metadata.resource_version
+                    self.core.replace_namespaced_secret(name, self.namespace, manifest)
+            except ApiException as exc:
+                if _is_status(exc, 409):
+                    continue  # written meanwhile: read it again
+                raise SandboxError(f"cannot write the credentials secret: {_reason(exc)}") from exc
+            return revisions
+        raise SandboxError("cannot write the credentials secret: it keeps changing")
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, through pod exec on the exec
@@ -342,8 +447,9 @@ class KubernetesBackend:
         # its agents could write them (a sandbox can only mislead its own user's review).
         return Workspace(run, run, f"{WORKSPACE}/.craft-checkpoints/{UUID(str(session_id))}")
 
-    def exec(self, sandbox: Sandbox, argv: list[str]) -> ExecProcess:
-        """Start `argv` in the sandbox's pod on a websocket of its own."""
+    def exec(self, sandbox: Sandbox, argv: list[str], redact: Iterable[str] = ()) -> ExecProcess:
+        """Start `argv` in the sandbox's pod on a websocket of its own; `redact`: values its
+        stderr must not show (its owner's credentials)."""
         return ExecProcess(
             self._exec_api_client(),
             namespace=self.namespace,
@@ -352,6 +458,7 @@ class KubernetesBackend:
             argv=argv,
             handshake_timeout=settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT,
             idle_timeout=settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT,
+            redact=redact,
         )
 
     def _run(self, sandbox: Sandbox, argv: list[str]) -> ExecResult:
@@ -411,16 +518,39 @@ class KubernetesBackend:
                                 "memory": settings.CRAFT_K8S_MEMORY_LIMIT,
                             },
                         },
-                        "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE}],
+                        "volumeMounts": [
+                            {"name": "workspace", "mountPath": WORKSPACE},
+                            {"name": "credentials", "mountPath": CREDENTIALS, "readOnly": True},
+                        ],
                     }
                 ],
                 "volumes": [
                     {
                         "name": "workspace",
                         "emptyDir": {"sizeLimit": settings.CRAFT_K8S_WORKSPACE_SIZE},
-                    }
+                    },
+                    {
+                        # Its owner's credentials, for its agents (docs/agents.md): readable
+                        # by the pod's user (fsGroup) only.
+                        "name": "credentials",
+                        "secret": {
+                            "secretName": secret_name(sandbox),
+                            "optional": True,
+                            "defaultMode": 0o440,
+                        },
+                    },
                 ],
             },
+        }
+
+    def secret_manifest(self, sandbox: Sandbox, values: dict[str, str]) -> dict[str, Any]:
+        """Return the sandbox's credentials Secret holding `values` (and their revisions)."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret_name(sandbox), "labels": self.labels(sandbox)},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()},
         }
 
     def network_policy_manifest(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class ExecProcess:
         argv: list[str],
         handshake_timeout: float,
         idle_timeout: float,
+        redact: Iterable[str] = (),
     ) -> None:
         self.ident = f"{pod}/exec-{id(self):x}"
         self._idle_timeout = idle_timeout
@@ -82,7 +84,7 @@ class ExecProcess:
         self._max_line = settings.CRAFT_MAX_MESSAGE_BYTES
         self._skipping = 0  # bytes of an over-long line dropped so far (0: not skipping)
         self._stdout = bytearray()
-        self._stderr = StderrLog(self.ident)
+        self._stderr = StderrLog(self.ident, redact=redact)
         self._status: dict[str, Any] | None = None
         self._exit_code: int | None = None
         self._done = threading.Event()

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -27,6 +28,7 @@ from uuid import UUID
 from django.conf import settings
 
 from ..acp import LineTooLong
+from ..catalog import Launch, default_agent
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
 from . import containment, firewall, jail
@@ -59,7 +61,13 @@ class LocalAgentProcess:
     """
 
     def __init__(
-        self, argv: list[str], cwd: Path, *, env: dict[str, str] | None = None, umask: int = -1
+        self,
+        argv: list[str],
+        cwd: Path,
+        *,
+        env: dict[str, str] | None = None,
+        umask: int = -1,
+        redact: Iterable[str] = (),
     ) -> None:
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
@@ -81,7 +89,7 @@ class LocalAgentProcess:
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
         self.ident = str(self._popen.pid)
         self.pid = self._popen.pid
-        self._stderr = StderrLog(self.ident)
+        self._stderr = StderrLog(self.ident, redact=redact)
         self._stderr_thread = threading.Thread(
             target=self._pump_stderr, name=f"agent-stderr-{self.pid}", daemon=True
         )
@@ -224,7 +232,7 @@ def resolve_command(argv: list[str], path: str | None = None) -> list[str]:
     """Find argv[0] on `path`, by default this process's PATH and the folder of this Python
     (a virtualenv's bin is often not on PATH)."""
     if not argv:
-        raise SandboxError("CRAFT_AGENT_COMMAND is empty")
+        raise SandboxError("the agent's command is empty")
     program = argv[0]
     if os.sep in program:
         return argv
@@ -374,7 +382,10 @@ class LocalBackend:
         containment.remove_private_folder(self._root(sandbox), parts)
         containment.remove_private_folder(self._stores_of(sandbox), (parts[1],))
 
-    def start_agent(self, sandbox: Sandbox, session_id: UUID) -> LocalAgentProcess:
+    def start_agent(
+        self, sandbox: Sandbox, session_id: UUID, launch: Launch | None = None
+    ) -> LocalAgentProcess:
+        launch = launch or Launch(default_agent())
         self._refuse_unisolated()
         root = self._root(sandbox)
         workspace = self._workspace(sandbox, session_id)
@@ -395,15 +406,19 @@ class LocalBackend:
         except OSError as exc:
             raise SandboxError(f"cannot create the session's workspace: {exc}") from exc
         self._install_tools()
-        env = containment.agent_environment(root, tools, user)
-        argv = resolve_command(list(settings.CRAFT_AGENT_COMMAND), env["PATH"])
+        env = containment.agent_environment(root, tools, user, launch.agent.env)
+        argv = resolve_command(list(launch.agent.command), env["PATH"])
+        # Its owner's credentials, in its environment only (never argv: /proc/<pid>/cmdline
+        # is readable by every process of the machine).
+        env.update(launch.secrets)
         if user is not None and not containment.others_can_run(argv[0]):
             raise SandboxError(
                 f"the agent command {argv[0]} cannot be run by sandbox users: install it where "
                 "every user can run it (e.g. /usr/local/bin), or set CRAFT_SANDBOX_UIDS=off"
             )
+        redact = list(launch.secrets.values())
         if user is None:
-            return LocalAgentProcess(argv, workspace, env=env)
+            return LocalAgentProcess(argv, workspace, env=env, redact=redact)
         argv = jail.jailed(
             argv,
             sandbox=root,
@@ -412,7 +427,7 @@ class LocalBackend:
             sandbox_root=self.sandbox_root,
             tools=tools,
         )
-        return LocalAgentProcess(argv, workspace, env=env, umask=0o077)
+        return LocalAgentProcess(argv, workspace, env=env, umask=0o077, redact=redact)
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user

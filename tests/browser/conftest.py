@@ -124,9 +124,13 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
         server.terminate(timeout=60)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def craft_server(django_db_setup, tmp_path_factory):
-    """The app on the local backend, for the whole run."""
+    """The app on the local backend, for one test module.
+
+    Not for the whole run: a server is a worker, and its housekeeping acts on the shared test
+    database (it closes the turns of workers that are gone and runs their queued prompts), so
+    one left running would take over what later tests' own servers are meant to do."""
     with serve({}, tmp_path_factory.mktemp("live-sandboxes")) as server:
         yield server
 

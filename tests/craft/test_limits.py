@@ -127,6 +127,44 @@ def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_
     assert json.loads(json.dumps(stored.data))["bytes"] > 100 * 2**20
 
 
+def test_a_50_mb_terminal_output_stream_is_cut_at_the_limit_and_grows_nothing(tmp_path, owner):
+    session = open_ready_session(owner, "terminal flood")
+    limit = 1024 * 1024
+    server = Daphne(tmp_path, CRAFT_MAX_TERMINAL_OUTPUT_BYTES=str(limit)).start()
+    try:
+        sock = Socket(server, owner, session.pk)
+        sock.send({"type": "resume", "after": 0})
+        sock.send({"type": "prompt", "id": "warm", "text": "terminal 1 0"})
+        sock.until(lambda f: f.get("kind") == "turn_end")
+        before = vm_kib(server.process.pid, "VmRSS")
+        sock.send({"type": "prompt", "id": "flood", "text": "terminal 0 0 50"})
+        frames = sock.until(lambda f: f.get("kind") == "turn_end")
+        peak = vm_kib(server.process.pid, "VmHWM")
+        sock.close()
+    finally:
+        server.signal(signal.SIGTERM)
+        server.wait(30)
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    events = [f for f in frames if f.get("type") == "event"]
+    (limited,) = [f["data"] for f in events if f["kind"] == "terminal_output_limited"]
+    assert limited["limit"] == limit
+    outputs = [
+        f["data"]["_meta"]["terminal_output"]["data"]
+        for f in events
+        if "terminal_output" in f["data"].get("_meta", {})
+    ]
+    assert sum(len(o.encode()) for o in outputs) == limit  # the first MiB, cut to fit
+    # The exit still arrives: only output past the limit is dropped.
+    exits = [f["data"]["_meta"]["terminal_exit"] for f in events
+             if "terminal_exit" in f["data"].get("_meta", {})]  # fmt: skip
+    assert [e["exit_code"] for e in exits] == [0]
+    stored = Event.objects.filter(session=session, seq__gt=frames[0]["seq"] - 1)
+    assert stored.count() < 40, "a dropped chunk stores nothing"
+    assert sum(len(json.dumps(e.data)) for e in stored) < limit * 11 // 10
+    grown = (peak - before) * 1024
+    assert grown < 64 * 2**20, f"the server grew by {grown / 2**20:.0f} MiB"
+
+
 def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_path, owner):
     from craft.storage.eventlog import append_events
 

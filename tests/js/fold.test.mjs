@@ -557,3 +557,112 @@ describe("the queue", () => {
     assert.equal(fold("turn_end", { stop_reason: "end_turn" }).block.retry, null);
   });
 });
+
+describe("live terminal output (tool call _meta)", () => {
+  const start = { sessionUpdate: "tool_call", toolCallId: "c1", kind: "execute", title: "make",
+    status: "in_progress", _meta: { terminal_info: { terminal_id: "c1" } } };
+  const out = (data) => ({ sessionUpdate: "tool_call_update", toolCallId: "c1",
+    _meta: { terminal_output: { terminal_id: "c1", data } } });
+
+  test("output chunks join in order on the card, and the exit is kept", () => {
+    const fold = session();
+    fold("user_message", { id: "p", text: "t" });
+    const card = fold("tool_call", start).block;
+    assert.deepEqual(card.terminal, { output: "", exit: null, limit: 0, cut: false });
+    const step = fold("tool_call_update", out("one\n"));
+    assert.equal(step.block, card);
+    assert.deepEqual(step.stale, [card]);
+    fold("tool_call_update", out("two\n"));
+    fold("tool_call_update", { sessionUpdate: "tool_call_update", toolCallId: "c1", status: "completed",
+      _meta: { terminal_exit: { terminal_id: "c1", exit_code: 2, signal: null } } });
+    assert.equal(card.terminal.output, "one\ntwo\n");
+    assert.deepEqual(card.terminal.exit, { code: 2, signal: "" });
+    assert.equal(kinds(fold).filter((k) => k === "tool").length, 1);
+  });
+
+  test("what the server dropped is said on the card, and the page keeps a bounded amount", async () => {
+    const { MAX_TERMINAL_CHARS } = await import("../../static/craft/session/fold.mjs");
+    const fold = session();
+    fold("user_message", { id: "p", text: "t" });
+    const card = fold("tool_call", start).block;
+    const big = "x".repeat(1_000_000);
+    for (let i = 0; i < 5; i++) fold("tool_call_update", out(big));
+    assert.equal(card.terminal.output.length, MAX_TERMINAL_CHARS);
+    assert.equal(card.terminal.cut, true);
+    assert.equal(fold("terminal_output_limited", { toolCallId: "c1", limit: 1048576 }).block, card);
+    assert.equal(card.terminal.limit, 1048576);
+  });
+});
+
+describe("elicitation", () => {
+  const form = { request: "r1", mode: "form", message: "<b>Configure</b>", answerable: true, fields: [
+    { name: "name", type: "string", title: "<i>Name</i>", description: "", required: true },
+    { name: "n", type: "integer", title: "N", description: "", required: false, minimum: 1 },
+    { name: "shade", type: "unsupported", unsupported: "color", title: "Shade", description: "", required: false },
+    { name: "c", type: "enum", title: "C", description: "", required: true,
+      options: [{ value: "red", title: "Red" }, { value: 7 }, "junk"] },
+  ] };
+
+  test("a form becomes a block of fields, closed by its answer", () => {
+    const fold = session();
+    fold("user_message", { id: "p", text: "t" });
+    const block = fold("elicitation_request", form).block;
+    assert.equal(block.kind, "elicitation");
+    assert.equal(block.message, "<b>Configure</b>"); // text, drawn as text
+    assert.deepEqual(block.fields.map((f) => f.type), ["string", "integer", "unsupported", "enum"]);
+    assert.deepEqual(block.fields[3].options, [{ value: "red", title: "Red" }, { value: "7", title: "7" }]);
+    assert.equal(block.answer, "");
+    const step = fold("elicitation_answer", { request: "r1", action: "accept", content: { name: "x", c: "red" } });
+    assert.equal(step.block, block);
+    assert.equal(block.answer, "accept");
+    assert.equal(block.answerText, "You sent your answers.");
+  });
+
+  test("a URL request keeps only http and https links, with the host", () => {
+    const fold = session();
+    const ok = fold("elicitation_request", { request: "u", mode: "url", message: "m",
+      url: "https://example.com/a?b=1", elicitationId: "e" }).block;
+    assert.equal(ok.url, "https://example.com/a?b=1");
+    assert.equal(ok.host, "example.com");
+    const bad = fold("elicitation_request", { request: "v", mode: "url", message: "m", url: "javascript:alert(1)" }).block;
+    assert.equal(bad.url, "");
+  });
+
+  test("the agent's word that a link's work is done is shown once, for known ids only", () => {
+    const fold = session();
+    const block = fold("elicitation_request", { request: "u", mode: "url", message: "m",
+      url: "https://example.com/", elicitationId: "e1" }).block;
+    fold("elicitation_answer", { request: "u", action: "accept" });
+    assert.equal(fold("elicitation_complete", { elicitationId: "other" }).block.kind, "quiet");
+    const step = fold("elicitation_complete", { sessionUpdate: "elicitation_complete", elicitationId: "e1" });
+    assert.equal(step.block, block);
+    assert.equal(block.answerText, "You agreed to open the link. The agent says it is done.");
+    assert.equal(fold("elicitation_complete", { elicitationId: "e1" }).block.kind, "quiet");
+  });
+
+  test("refused, withdrawn, cancelled, interrupted and left-open requests say so", () => {
+    const fold = session();
+    fold("user_message", { id: "p", text: "t" });
+    const refused = fold("elicitation_request", { request: "x", mode: "form", message: "m",
+      refused: "the form has 1000 fields; Craft shows forms of at most 100" }).block;
+    assert.equal(refused.answer, "refused");
+    assert.match(refused.answerText, /1000 fields/);
+    const reasons = { withdrawn: "withdrawn", turn_cancelled: "cancelled", interrupted: "interrupted" };
+    for (const [reason, answer] of Object.entries(reasons)) {
+      const block = fold("elicitation_request", { ...form, request: reason }).block;
+      fold("elicitation_answer", { request: reason, action: "cancel", reason });
+      assert.equal(block.answer, answer);
+    }
+    const open = fold("elicitation_request", { ...form, request: "open" }).block;
+    fold("turn_end", { stop_reason: "end_turn" });
+    assert.equal(open.answer, "expired");
+  });
+
+  test("an agent that wants authentication lists its methods on the error", () => {
+    const fold = session();
+    const block = fold("agent_error", { message: "The agent needs authentication first", reason: "auth_required",
+      authMethods: [{ id: "a", name: "Demo login", description: "Sign in" }, { id: "b" }, "junk"] }).block;
+    assert.deepEqual(block.methods, [{ name: "Demo login", description: "Sign in" }, { name: "b", description: "" }]);
+    assert.equal(block.summary, "The agent needs you to sign in first.");
+  });
+});

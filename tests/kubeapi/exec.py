@@ -107,12 +107,14 @@ def parse_exec_options(query: Any, pod_name: str, containers: list[str]) -> Exec
     return options
 
 
-def map_workspace(arg: str, workspace: Path) -> str:
-    """Rewrite `/workspace` and `/workspace/...` to the pod's local folder."""
-    if arg == "/workspace":
-        return str(workspace)
-    if arg.startswith("/workspace/"):
-        return str(workspace) + arg[len("/workspace") :]
+def map_workspace(arg: str, workspace: Path, mounts: dict[str, Path] | None = None) -> str:
+    """Rewrite `/workspace` and `/workspace/...` to the pod's local folder, and the mount
+    paths of its secret volumes to their local folders."""
+    for inside, local in {**(mounts or {}), "/workspace": workspace}.items():
+        if arg == inside:
+            return str(local)
+        if arg.startswith(inside + "/"):
+            return str(local) + arg[len(inside) :]
     return arg
 
 
@@ -195,6 +197,7 @@ class ExecSession:
         workspace: Path,
         env: dict[str, str],
         *,
+        mounts: dict[str, Path] | None = None,
         frame_size: Callable[[], int],
         on_spawn: Callable[[asyncio.subprocess.Process], None],
     ) -> None:
@@ -203,6 +206,7 @@ class ExecSession:
         self.options = options
         self.workspace = workspace
         self.env = env
+        self.mounts = mounts or {}
         self.frame_size = frame_size  # read on every read of the output, so tests can change it
         self.on_spawn = on_spawn
 
@@ -257,7 +261,7 @@ class ExecSession:
         options = self.options
         pipe, devnull = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
         return await asyncio.create_subprocess_exec(
-            *[map_workspace(arg, self.workspace) for arg in options.command],
+            *[map_workspace(arg, self.workspace, self.mounts) for arg in options.command],
             stdin=pipe if options.stdin else devnull,
             stdout=pipe if options.stdout else devnull,
             stderr=pipe if options.stderr else devnull,

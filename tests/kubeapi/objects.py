@@ -8,6 +8,7 @@ it records the events a scheduler and a kubelet would, which Craft shows as prog
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 import uuid
@@ -204,6 +205,7 @@ UNSCHEDULABLE_MESSAGE = (
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 def rfc3339(when: float | None = None) -> str:
@@ -271,6 +273,7 @@ class Cluster:
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.network_policies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         # Called with (namespace, pod) when a pod is deleted, so the server can stop its
         # processes.
         self.on_pod_deleted: Callable[[str, str], None] = lambda namespace, name: None
@@ -528,6 +531,56 @@ class Cluster:
 
     def list_services(self, namespace: str) -> list[dict[str, Any]]:
         return [s for (ns, _), s in sorted(self.services.items()) if ns == namespace]
+
+    # -- secrets (data as base64, as the API serves it) ----------------------------------------
+
+    def _secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        secret = self._object("Secret", "v1", namespace, name, body)
+        data = dict(body.get("data") or {})
+        for key, value in (body.get("stringData") or {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        for key, value in data.items():
+            if not _SECRET_KEY.fullmatch(key):
+                raise invalid("Secret", name, f"data[{key}]", "FieldValueInvalid", "Invalid value")
+            try:
+                base64.b64decode(value, validate=True)
+            except (ValueError, TypeError):
+                raise bad_request(f"illegal base64 data in data[{key}]") from None
+        secret["data"] = data
+        secret["type"] = body.get("type") or "Opaque"
+        return secret
+
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = self._name("Secret", namespace, body)
+        if (namespace, name) in self.secrets:
+            raise already_exists("secrets", name)
+        secret = self._secret(namespace, name, body)
+        self.secrets[(namespace, name)] = secret
+        return secret
+
+    def replace_secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a secret (PUT); resource versions are not modelled, so none is checked."""
+        old = self.get_secret(namespace, name)
+        if self._name("Secret", namespace, body) != name:
+            raise bad_request("the name of the object does not match the name on the URL")
+        secret = self._secret(namespace, name, body)
+        secret["metadata"]["uid"] = old["metadata"]["uid"]
+        self.secrets[(namespace, name)] = secret
+        return secret
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        secret = self.secrets.get((namespace, name))
+        if secret is None:
+            raise not_found("secrets", name)
+        return secret
+
+    def delete_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        secret = self.get_secret(namespace, name)
+        del self.secrets[(namespace, name)]
+        return secret
+
+    def list_secrets(self, namespace: str) -> list[dict[str, Any]]:
+        return [s for (ns, _), s in sorted(self.secrets.items()) if ns == namespace]
 
     # -- network policies (stored, not enforced) -----------------------------------------------
 

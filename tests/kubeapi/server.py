@@ -7,6 +7,8 @@ a cluster. What it serves, as a real API server answers it:
   Ready as the pod ages, and the events a scheduler and a kubelet record on the way
   (`objects.py`); fault switches for image pull failures, unschedulable pods and pods that
   never become Ready;
+* secrets: create, get, list (by label), replace (PUT), delete; a pod's secret volumes are
+  folders whose files change as soon as the secret does (a kubelet takes a minute or so);
 * services: create, get, list (by label), delete; events: list (by field, e.g.
   `involvedObject.name=x`); NetworkPolicies (`networking.k8s.io/v1`): create and get, stored
   as sent and enforced by nothing;
@@ -24,7 +26,8 @@ What it does not model (so that nobody relies on it):
   attach, port-forward, resource versions; selectors other than `key=value` (refused);
 * exec protocols older than v5 (refused), TTYs (refused), a container's `env` and
   `workingDir` (commands start in `/workspace`);
-* paths other than `/workspace` and `/workspace/...` in argv, and JSON strings starting with
+* paths other than `/workspace` and `/workspace/...` (and the mount paths of secret
+  volumes) in argv, and JSON strings starting with
   `/workspace` in stdin (how an ACP agent learns its `cwd`), are not mapped to the pod's
   folder: paths inside a shell script or glued to an option pass through;
 * the workspace folder outlives the pod, like a persistent volume mounted at `/workspace`;
@@ -36,8 +39,10 @@ What it does not model (so that nobody relies on it):
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import os
+import shutil
 import socket
 import threading
 from collections.abc import Callable
@@ -260,6 +265,11 @@ class KubeTestServer:
         app.router.add_get(ns + "/services/{name}", self._get_service)
         app.router.add_delete(ns + "/services/{name}", self._delete_service)
         app.router.add_get(ns + "/events", self._list_events)
+        app.router.add_post(ns + "/secrets", self._create_secret)
+        app.router.add_get(ns + "/secrets", self._list_secrets)
+        app.router.add_get(ns + "/secrets/{name}", self._get_secret)
+        app.router.add_put(ns + "/secrets/{name}", self._replace_secret)
+        app.router.add_delete(ns + "/secrets/{name}", self._delete_secret)
         app.router.add_post(policies, self._create_network_policy)
         app.router.add_get(policies + "/{name}", self._get_network_policy)
 
@@ -365,6 +375,66 @@ class KubeTestServer:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         return web.json_response(self.cluster.delete_service(namespace, name))
 
+    # -- secrets: stored, and written out as the files a pod that mounts them sees -------------
+
+    def secret_folder(self, namespace: str, name: str) -> Path:
+        """Return the local folder a pod that mounts secret `name` sees at its mount path
+        (pod names never start with a dot, so it is no pod's workspace)."""
+        return self.root / namespace / ".secrets" / name
+
+    def _write_secret_files(self, namespace: str, secret: dict[str, Any] | None, name: str) -> None:
+        # At once: a real kubelet refreshes mounted secrets only every minute or so.
+        folder = self.secret_folder(namespace, name)
+        shutil.rmtree(folder, ignore_errors=True)
+        if secret is None:
+            return
+        folder.mkdir(parents=True, mode=0o700)
+        for key, value in secret["data"].items():
+            (folder / key).write_bytes(base64.b64decode(value))
+
+    async def _create_secret(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        secret = self.cluster.create_secret(namespace, await self._body(request))
+        self._write_secret_files(namespace, secret, secret["metadata"]["name"])
+        return web.json_response(secret, status=201)
+
+    async def _replace_secret(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        secret = self.cluster.replace_secret(namespace, name, await self._body(request))
+        self._write_secret_files(namespace, secret, name)
+        return web.json_response(secret)
+
+    async def _get_secret(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return web.json_response(self.cluster.get_secret(namespace, name))
+
+    async def _list_secrets(self, request: web.Request) -> web.Response:
+        secrets = self.cluster.list_secrets(request.match_info["namespace"])
+        return _list("SecretList", self._select(request, secrets, set()))
+
+    async def _delete_secret(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        secret = self.cluster.delete_secret(namespace, name)
+        self._write_secret_files(namespace, None, name)
+        return web.json_response(secret)
+
+    def secret_mounts(self, namespace: str, pod: Pod, container: str) -> dict[str, Path]:
+        """Return the container's secret volumes: mount path -> the secret's local folder."""
+        volumes = {
+            v["name"]: v["secret"].get("secretName", "")
+            for v in pod.obj["spec"].get("volumes") or []
+            if isinstance(v.get("secret"), dict)
+        }
+        mounts = {}
+        for spec in pod.obj["spec"].get("containers") or []:
+            if spec.get("name") != container:
+                continue
+            for mount in spec.get("volumeMounts") or []:
+                if mount.get("name") in volumes:
+                    folder = self.secret_folder(namespace, volumes[mount["name"]])
+                    mounts[mount["mountPath"]] = folder
+        return mounts
+
     # -- events and network policies ----------------------------------------------------------
 
     async def _list_events(self, request: web.Request) -> web.Response:
@@ -408,6 +478,7 @@ class KubeTestServer:
             options,
             workspace,
             {**os.environ, "HOSTNAME": name, "HOME": str(workspace)},
+            mounts=self.secret_mounts(namespace, pod, options.container),
             frame_size=lambda: self.exec_frame_size,
             on_spawn=lambda process: self._processes.setdefault((namespace, name), []).append(
                 process

@@ -9,9 +9,13 @@ agent connection, on this backend as on the local one, is `test_agent_connection
 
 from __future__ import annotations
 
+import base64
+import json
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from kubernetes import client as kubernetes
@@ -22,7 +26,15 @@ from websocket import WebSocketException
 from craft import services as craft_services
 from sandboxes import services
 from sandboxes.acp import AgentConnection
-from sandboxes.backends.kubernetes import NETWORK_POLICY, KubernetesBackend, pod_name
+from sandboxes.backends.kubernetes import (
+    CREDENTIALS,
+    CREDENTIALS_AND_EXEC,
+    NETWORK_POLICY,
+    KubernetesBackend,
+    pod_name,
+    secret_name,
+)
+from sandboxes.catalog import Agent, Credential, Launch
 from sandboxes.models import Sandbox
 from tests.ready import settled_sandbox
 
@@ -30,6 +42,8 @@ from .agents import reply_text, run_turn
 from .kube import NAMESPACE, agent_execs
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+AGENTS = Path(__file__).parent.parent / "agents"
 
 
 @pytest.fixture
@@ -159,11 +173,11 @@ def test_a_pod_that_never_gets_ready_times_out(kube_backend, kube, owner, settin
 
 
 def test_rest_errors_while_provisioning_fail_clearly_and_can_be_retried(kube_backend, kube, owner):
-    kube_backend._ensure_network_policy()  # so that the failure hits the pod
+    kube_backend._ensure_network_policy()  # so that the failure hits the sandbox's own
     kube.rest_failures = 1
     failed = services.provision_sandbox(owner)
     assert failed.status == Sandbox.Status.FAILED
-    assert "cannot create pod" in failed.error
+    assert "cannot create the credentials secret" in failed.error
     assert "(500)" in failed.error
     retried = services.provision_sandbox(owner)
     assert retried.pk == failed.pk
@@ -333,3 +347,88 @@ def test_an_agent_connection_reads_and_writes_in_the_pod_workspace(sandbox, kube
     assert "Wrote notes/todo.txt." in reply_text(items)
     assert (workspace(kube, sandbox, session_id) / "notes" / "todo.txt").read_text() == "ship it"
     assert connection.cwd == f"/workspace/sessions/{session_id}"
+
+
+# --- credentials ------------------------------------------------------------------------
+
+
+def keyed_launch(values: dict[str, str]) -> Launch:
+    agent = Agent(
+        id="keyed",
+        title="Keyed agent",
+        command=[sys.executable, str(AGENTS / "env_agent.py")],
+        credentials=tuple(Credential(name, name) for name in values),
+    )
+    return Launch(agent, values)
+
+
+def test_the_pod_mounts_the_sandboxs_credentials_secret(sandbox, kube):
+    api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    secret = api.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
+    assert secret.metadata.labels["craft.dev/sandbox"] == str(sandbox.id)
+    assert not secret.data  # made before the pod, empty until an agent needs a key
+    pod = api.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
+    (volume,) = [v for v in pod.spec.volumes if v.secret is not None]
+    assert volume.secret.secret_name == secret_name(sandbox)
+    (mount,) = [m for m in pod.spec.containers[0].volume_mounts if m.name == volume.name]
+    assert mount.mount_path == CREDENTIALS and mount.read_only
+    assert "env" not in pod.to_dict()["spec"]["containers"][0] or not pod.spec.containers[0].env
+
+
+def test_an_agent_reads_its_key_from_the_secret_and_the_exec_never_carries_it(
+    sandbox, kube, caplog
+):
+    key = "sk-pod-0123456789-secret"
+    launch = keyed_launch({"PROVIDER_API_KEY": key})
+    connection = services.connect_agent(sandbox, new_session(sandbox), launch=launch)
+    env = json.loads(reply_text(run_turn(connection, "env")))
+    assert env["PROVIDER_API_KEY"] == key
+
+    # Written to stderr by the agent, it reaches Craft's log redacted.
+    caplog.set_level("INFO", logger="craft.agent.stderr")
+    run_turn(connection, "leak")
+    deadline = time.monotonic() + 10
+    while "PROVIDER_API_KEY=[redacted]" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text[-2000:]
+        time.sleep(0.05)
+    assert key not in caplog.text
+
+    api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    secret = api.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
+    assert base64.b64decode(secret.data["PROVIDER_API_KEY"]).decode() == key
+    start = next(e for e in kube.execs if any("env_agent.py" in a for a in e.argv))
+    assert not any(key in arg for arg in start.argv)  # the exec URL is made of the argv
+    assert any(arg.startswith("PROVIDER_API_KEY=") for arg in start.argv)  # name=revision
+    assert key not in json.dumps(sandbox_pod(api, sandbox), default=str)
+
+    # A new value reaches the next agent; the old one is gone from the Secret.
+    services.stop_idle_connections(sandbox)
+    launch = keyed_launch({"PROVIDER_API_KEY": "sk-replaced-key-000000"})
+    connection = services.connect_agent(sandbox, new_session(sandbox), launch=launch)
+    env = json.loads(reply_text(run_turn(connection, "env")))
+    assert env["PROVIDER_API_KEY"] == "sk-replaced-key-000000"
+
+
+def sandbox_pod(api, sandbox) -> dict:
+    return api.read_namespaced_pod(pod_name(sandbox), NAMESPACE).to_dict()
+
+
+def test_an_agent_whose_key_has_not_reached_the_pod_says_so(kube_backend, sandbox):
+    # The kubelet refreshes a mounted Secret a minute or so after it changes: until the
+    # revision the start asks for is there, the agent does not start, and says why.
+    argv = ["sh", "-c", CREDENTIALS_AND_EXEC, "sh", "/workspace/sessions/x", CREDENTIALS, "1"]
+    process = kube_backend.exec(sandbox, [*argv, "X_KEY=not-there-yet", "--", "true"])
+    result = process.wait(30)
+    assert result.exit_code == 75
+    assert "X_KEY has not reached the sandbox yet" in result.stderr
+
+
+def test_terminate_deletes_the_credentials_secret(sandbox, kube):
+    services.connect_agent(
+        sandbox, new_session(sandbox), launch=keyed_launch({"PROVIDER_API_KEY": "sk-x-123456789"})
+    )
+    services.terminate_sandbox(sandbox)
+    api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    with pytest.raises(ApiException) as gone:
+        api.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
+    assert gone.value.status == 404

@@ -287,3 +287,39 @@ def test_the_workspace_tool_runs_at_a_lower_priority_than_the_server():
     tool = LocalToolProcess([sys.executable, "-c", "import os; print(os.nice(0))"])
     assert int(tool.readline(100)) == os.nice(0) + TOOL_NICENESS
     assert tool.finish(timeout=30) == 0
+
+
+@needs_root
+def test_each_contained_agent_gets_its_owners_key_and_cannot_read_anothers(
+    settings, machine, owner, stranger
+):
+    from craft import credentials
+
+    contain(settings, "on")
+    key = "PROVIDER_API_KEY"
+    settings.CRAFT_AGENTS = [
+        {
+            "id": "keyed",
+            "title": "Keyed",
+            "command": list(settings.CRAFT_AGENT_COMMAND),  # the hostile agent
+            "env": {},
+            "credentials": [{"name": key, "label": "Provider API key", "help": ""}],
+        }
+    ]
+    values = {owner.pk: "sk-olivia-contained-0123456789", stranger.pk: "sk-sam-contained-987654"}
+    agents = {}
+    for user in (owner, stranger):
+        credentials.store_credential(user, key, values[user.pk])
+        session = open_ready_session(user, "keyed")
+        launch = credentials.launch_for(session.pk)
+        agents[user.pk] = services.connect_agent(session.sandbox, session.pk, launch=launch)
+
+    mine, theirs = agents[owner.pk], agents[stranger.pk]
+    assert ask(mine, "env")[key] == values[owner.pk]
+    assert values[owner.pk] not in json.dumps(ask(theirs, "env"))
+    # The other sandbox's agent cannot read the owner's agent's environment (another user,
+    # and not even in its view of the machine's processes).
+    pid = host_pid(ask(mine, "whoami"))
+    environ = f"read:/proc/{pid}/environ"
+    assert ask(theirs, f"probe {environ}")[environ] != "ok"
+    assert values[owner.pk].encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -60,11 +60,11 @@ export function createAttention({ send, sessionTitle }) {
   }
 
   /** A live permission request: the agent waits for the person. */
-  function needsApproval(what) {
+  function needsApproval(what, asks = "asks for permission") {
     if (!hidden()) return;
     needed = true;
     showTitle();
-    notify(`Needs approval · ${sessionTitle()}`, `The agent asks for permission: ${what}.`);
+    notify(`Needs approval · ${sessionTitle()}`, `The agent ${asks}: ${what}.`);
   }
 
   /** Tell the server the person sees the session now, if they do. */

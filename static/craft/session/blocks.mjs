@@ -121,6 +121,43 @@ export function blockDrawing({ paths, staff }) {
       answer.tabIndex = -1;
       return Object.assign(record, { answer });
     },
+    elicitation(block) {
+      // Everything the agent wrote goes in as text (el() sets textContent): labels and
+      // messages with HTML in them read as what they are.
+      const record = newRecord(block, "div", "elicitation");
+      const { element } = record;
+      element.dataset.request = block.request;
+      element.dataset.mode = block.mode;
+      element.dataset.answer = block.answer;
+      const question = element.appendChild(el("div", "elicitation-q"));
+      question.id = `elicitation-${block.seq}`;
+      question.appendChild(el("span", "elicitation-label", block.mode === "url"
+        ? "The agent asks you to open a link: " : "The agent asks for information: "));
+      question.appendChild(el("strong", "", block.message || "(no message)"));
+      const form = element.appendChild(el("form", "elicitation-form"));
+      form.noValidate = false;
+      form.setAttribute("aria-labelledby", question.id);
+      if (block.mode === "form" && !block.refused) drawFields(block, form);
+      if (block.mode === "url" && block.url) drawLink(block, form);
+      if (!block.refused) {
+        const actions = form.appendChild(el("div", "options"));
+        for (const [action, label] of [["accept", block.mode === "url" ? "I opened it: accept" : "Send"],
+          ["decline", "Decline"], ["cancel", "Dismiss"]]) {
+          const button = actions.appendChild(el("button", `option ${action}`, label));
+          button.type = action === "accept" ? "submit" : "button";
+          button.dataset.action = action;
+          if (action === "accept" && !block.answerable) button.disabled = true;
+        }
+        if (!block.answerable) {
+          actions.appendChild(el("p", "muted", "This form asks for something this page can't show: you can only decline it."));
+        }
+      }
+      const answer = element.appendChild(el("div", "elicitation-answer"));
+      answer.tabIndex = -1;
+      answer.textContent = block.answerText;
+      if (block.answer) form.querySelectorAll("input, select, button").forEach((c) => (c.disabled = true));
+      return Object.assign(record, { answer });
+    },
     turn_end(block) {
       const record = newRecord(block, "div", "turn-end");
       record.element.dataset.reason = block.reason;
@@ -145,6 +182,15 @@ export function blockDrawing({ paths, staff }) {
         quote.appendChild(el("q", "", said.length > 1000 ? `${said.slice(0, 999)}…` : said));
       }
       if (block.next) record.element.appendChild(el("p", "error-next", block.next));
+      if (block.methods.length) {
+        record.element.appendChild(el("p", "auth-methods-label", "Ways the agent offers to sign in:"));
+        const list = record.element.appendChild(el("ul", "auth-methods"));
+        for (const method of block.methods) {
+          const item = list.appendChild(el("li", ""));
+          item.appendChild(el("strong", "", method.name));
+          if (method.description) item.appendChild(el("span", "", `: ${method.description}`));
+        }
+      }
       technicalDetails(record.element, block.detail);
       return record;
     },
@@ -182,6 +228,65 @@ export function blockDrawing({ paths, staff }) {
     },
   };
 
+  function drawFields(block, form) {
+    block.fields.forEach((field, index) => {
+      const id = `elicitation-${block.seq}-${index}`;
+      const row = form.appendChild(el("div", "field"));
+      row.dataset.type = field.type;
+      const label = row.appendChild(el("label", "", field.title));
+      label.htmlFor = id;
+      if (field.required) label.appendChild(el("span", "required", " (required)"));
+      let input = null;
+      if (field.type === "enum") {
+        input = el("select", "");
+        if (!field.required || field.default === undefined) input.appendChild(el("option", "", "")).value = "";
+        for (const option of field.options) {
+          const node = input.appendChild(el("option", "", option.title));
+          node.value = option.value;
+          if (option.value === field.default) node.selected = true;
+        }
+      } else if (field.type === "boolean") {
+        input = el("input", "");
+        input.type = "checkbox";
+        input.checked = field.default === true;
+      } else if (field.type === "number" || field.type === "integer") {
+        input = el("input", "");
+        input.type = "number";
+        input.step = field.type === "integer" ? "1" : "any";
+        if (Number.isFinite(field.minimum)) input.min = String(field.minimum);
+        if (Number.isFinite(field.maximum)) input.max = String(field.maximum);
+        if (Number.isFinite(field.default)) input.value = String(field.default);
+      } else if (field.type === "string") {
+        input = el("input", "");
+        input.type = field.format === "email" ? "email" : field.format === "uri" ? "url" : "text";
+        if (Number.isSafeInteger(field.minLength)) input.minLength = field.minLength;
+        if (Number.isSafeInteger(field.maxLength)) input.maxLength = field.maxLength;
+        if (typeof field.default === "string") input.value = field.default;
+      }
+      if (input) {
+        input.id = id;
+        input.name = field.name;
+        input.dataset.type = field.type;
+        if (field.required && field.type !== "boolean") input.required = true;
+        row.appendChild(input);
+      } else {
+        row.appendChild(el("p", "muted unsupported", `This page can't show this kind of field (${field.unsupported || "unknown"}).`));
+      }
+      if (field.description) row.appendChild(el("p", "field-help", field.description));
+    });
+  }
+
+  function drawLink(block, form) {
+    // The whole URL, its host first: the person sees where it goes before following it.
+    const box = form.appendChild(el("div", "elicitation-link"));
+    const where = box.appendChild(el("span", "", "It opens "));
+    where.appendChild(el("strong", "elicitation-host", block.host));
+    const link = box.appendChild(el("a", "elicitation-url", block.url));
+    link.href = block.url;
+    link.target = "_blank";
+    link.rel = "noopener noreferrer";
+  }
+
   /** Return the record of a new element for `block`. */
   function build(block) {
     return BUILDERS[block.kind](block);
@@ -193,6 +298,14 @@ export function blockDrawing({ paths, staff }) {
     if (block.kind === "thought") updateThought(block, record);
     else if (block.kind === "tool") updateTool(block, record);
     else if (block.kind === "permission") updatePermission(block, record);
+    else if (block.kind === "elicitation") updateElicitation(block, record);
+  }
+
+  function updateElicitation(block, { element, answer }) {
+    element.dataset.answer = block.answer;
+    element.dataset.completed = String(block.completed);
+    if (block.answer) element.querySelectorAll("input, select, button").forEach((c) => (c.disabled = true));
+    answer.textContent = block.answerText;
   }
 
   function updateThought(block, record) {
@@ -221,7 +334,7 @@ export function blockDrawing({ paths, staff }) {
    *  Markdown). */
   function renderBody(block, record) {
     if (block.kind === "user") fillCollapsible(record.body, block.text, writePlain);
-    else if (block.kind === "tool") renderToolBody(record.body, block.call, paths);
+    else if (block.kind === "tool") renderToolBody(record.body, block.call, paths, block.terminal);
     else if (block.kind === "permission") renderToolBody(record.body, block.details, paths);
     else if (block.kind === "plan") renderPlan(block, record);
   }

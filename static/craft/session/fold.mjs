@@ -3,7 +3,8 @@
 // what it holds. No DOM here, so that Node can run it (tests/js/fold.test.mjs).
 //
 // A block is a plain object with a `kind` that the page shows as `data-kind`: "user", "agent"
-// and "thought" (messages), "tool", "plan", "permission", "turn_end", "error", "restart",
+// and "thought" (messages), "tool", "plan", "permission", "elicitation" (the agent asks for
+// information: a form or a URL), "turn_end", "error", "restart",
 // "changes" (what a turn or a revert changed in the workspace), "other" (a note) and one hidden "quiet" block for the events that have no block of their
 // own. Every applied event belongs to exactly one block. Labels, titles and plan entries are
 // ready to read; message text and tool content stay as the agent sent them, since drawing them
@@ -32,6 +33,9 @@ const QUIET_KINDS = new Set([
   "user_message_chunk",
 ]);
 const MAX_KNOWN_PATHS = 2000;
+// Live command output a tool card keeps (the server keeps at most 1 MiB per tool call: this
+// only guards against a page fed by something else).
+export const MAX_TERMINAL_CHARS = 2_000_000;
 
 /** Return an empty fold for a session whose paths `paths` makes readable (paths.mjs). */
 export function createFold({ paths, now = Date.now }) {
@@ -57,6 +61,7 @@ export function createFold({ paths, now = Date.now }) {
   let turnTools = []; // this turn's tool cards
   const tools = new Map(); // `${turn}:${toolCallId}` -> tool card
   const permissions = new Map(); // request id -> permission block
+  const elicitations = new Map(); // request id -> elicitation block
   const asked = new Map(); // `${turn}:${toolCallId}` -> the permission block asked for it
   const prompts = new Map(); // seq of a user_message -> its text, to name a turn's changes
   let interruptedCards = []; // permission blocks Craft closed, until the agent_error says why
@@ -99,6 +104,10 @@ export function createFold({ paths, now = Date.now }) {
       case "plan": return planUpdate(data);
       case "permission_request": return permissionRequest(event, data);
       case "permission_answer": return permissionAnswer(data);
+      case "elicitation_request": return elicitationRequest(event, data);
+      case "elicitation_answer": return elicitationAnswer(data);
+      case "elicitation_complete": return elicitationComplete(data);
+      case "terminal_output_limited": return terminalLimited(data);
       case "turn_end": return turnEnd(event, data);
       case "agent_error": return agentError(data);
       case "session_title": return sessionTitle(data);
@@ -258,6 +267,7 @@ export function createFold({ paths, now = Date.now }) {
       }
     }
     if (isObject(data.rawInput)) call.rawInput = data.rawInput;
+    if (isObject(data._meta)) followTerminal(card, data._meta);
     if (Array.isArray(data.content)) {
       call.content = data.content;
       card.contentSeq = event.seq;
@@ -272,6 +282,36 @@ export function createFold({ paths, now = Date.now }) {
     if (Array.isArray(data.content) || Array.isArray(data.locations) || isObject(data.rawInput)) {
       step.stale.push(card); // in a loaded page, only the card's last content is drawn
     }
+    return card;
+  }
+
+  // Live command output (Zed's `_meta` convention, docs/acp.md): `terminal_info` starts it,
+  // each `terminal_output` adds its data, `terminal_exit` says how the command ended.
+  function followTerminal(card, meta) {
+    const info = meta.terminal_info, output = meta.terminal_output, exit = meta.terminal_exit;
+    if (!isObject(info) && !isObject(output) && !isObject(exit)) return;
+    const terminal = card.terminal || (card.terminal = { output: "", exit: null, limit: 0, cut: false });
+    if (isObject(output) && typeof output.data === "string" && !terminal.cut) {
+      const room = MAX_TERMINAL_CHARS - terminal.output.length;
+      terminal.output += output.data.length > room ? output.data.slice(0, room) : output.data;
+      terminal.cut = output.data.length > room;
+    }
+    if (isObject(exit)) {
+      terminal.exit = {
+        code: Number.isSafeInteger(exit.exit_code) ? exit.exit_code : null,
+        signal: typeof exit.signal === "string" ? exit.signal : "",
+      };
+    }
+    step.stale.push(card); // the body is drawn once per frame, however many chunks came
+  }
+
+  // Craft dropped a tool call's live output past its limit: its card says so.
+  function terminalLimited(data) {
+    const card = tools.get(`${turn}:${str(data.toolCallId)}`);
+    if (!card) return quietBlock();
+    const terminal = card.terminal || (card.terminal = { output: "", exit: null, limit: 0, cut: false });
+    terminal.limit = Number.isSafeInteger(data.limit) ? data.limit : 1;
+    step.stale.push(card);
     return card;
   }
 
@@ -345,7 +385,9 @@ export function createFold({ paths, now = Date.now }) {
     const block = permissions.get(str(data.request));
     if (!block) return note("An answer to a question this page never showed.");
     const optionId = typeof data.option === "string" ? data.option : "";
-    if (!optionId && data.reason === "interrupted") {
+    if (!optionId && data.reason === "withdrawn") {
+      closePermission(block, "withdrawn", "Withdrawn: the agent no longer needs an answer.");
+    } else if (!optionId && data.reason === "interrupted") {
       // Craft cut the turn short: the agent_error that follows says why (see agentError).
       closePermission(block, "interrupted", "Not answered: the turn was cut short.");
       interruptedCards.push(block);
@@ -363,12 +405,78 @@ export function createFold({ paths, now = Date.now }) {
     return block;
   }
 
+  // The agent asks the person for information: a form of fields (sandboxes/elicitation.py
+  // read it: every field has a known type or is "unsupported"), or a URL to open.
+  function elicitationRequest(event, data) {
+    const request = str(data.request);
+    const url = data.mode === "url" && typeof data.url === "string" ? data.url : "";
+    let host = "";
+    try {
+      host = url ? new URL(url).host : "";
+    } catch {
+      host = "";
+    }
+    const fields = (Array.isArray(data.fields) ? data.fields : []).filter(isObject).map((f) => ({
+      ...f, name: str(f.name), title: str(f.title) || str(f.name), description: str(f.description),
+      type: ["string", "number", "integer", "boolean", "enum"].includes(f.type) ? f.type : "unsupported",
+      options: Array.isArray(f.options) ? f.options.filter(isObject).map((o) => ({ value: str(o.value), title: str(o.title) || str(o.value) })) : [],
+      required: f.required === true,
+    }));
+    const refused = typeof data.refused === "string" ? data.refused : "";
+    const block = {
+      kind: "elicitation", seq: event.seq, request,
+      mode: data.mode === "url" ? "url" : data.mode === "form" ? "form" : "other",
+      message: str(data.message), fields, url: host && /^https?:$/.test(new URL(url).protocol) ? url : "",
+      host, refused, answerable: !refused && data.answerable !== false,
+      elicitationId: str(data.elicitationId), completed: false,
+      answer: refused ? "refused" : "", answerText: refused ? `Craft could not show this request: ${refused}.` : "",
+    };
+    if (request && !refused) elicitations.set(request, block);
+    return append(block);
+  }
+
+  function elicitationAnswer(data) {
+    const block = elicitations.get(str(data.request));
+    if (!block) return note("An answer to a question this page never showed.");
+    const action = str(data.action);
+    const reason = str(data.reason);
+    if (reason === "interrupted") {
+      closePermission(block, "interrupted", "Not answered: the turn was cut short.");
+      interruptedCards.push(block);
+    } else if (reason === "withdrawn") {
+      closePermission(block, "withdrawn", "Withdrawn: the agent no longer needs an answer.");
+    } else if (reason === "turn_cancelled") {
+      closePermission(block, "cancelled", "Cancelled: the turn was stopped.");
+    } else if (reason) {
+      closePermission(block, "expired", "No longer open: the turn ended.");
+    } else if (action === "accept") {
+      block.content = isObject(data.content) ? data.content : null;
+      closePermission(block, "accept", block.mode === "url" ? "You agreed to open the link." : "You sent your answers.");
+    } else if (action === "decline") {
+      closePermission(block, "decline", "You declined.");
+    } else {
+      closePermission(block, "cancel", "You dismissed it.");
+    }
+    return block;
+  }
+
+  // The agent says the out-of-band part of a link it asked to open is done.
+  function elicitationComplete(data) {
+    const id = str(data.elicitationId);
+    const block = [...elicitations.values()].find((b) => b.mode === "url" && id && b.elicitationId === id);
+    if (!block || block.completed) return quietBlock();
+    block.completed = true;
+    block.answerText = `${block.answerText || ""} The agent says it is done.`.trim();
+    step.updated.push(block);
+    return block;
+  }
+
   function turnEnd(event, data) {
     const reason = str(data.stop_reason);
     const ended = timeOf(event);
     const took = fold.turnStartedAt !== null && ended - fold.turnStartedAt >= 1000
       ? duration(ended - fold.turnStartedAt) : null;
-    for (const block of permissions.values()) {
+    for (const block of [...permissions.values(), ...elicitations.values()]) {
       if (block.answer === "") closePermission(block, "expired", "No longer open: the turn ended.");
     }
     // A tool the agent never finished must not look like it is still running.
@@ -398,9 +506,14 @@ export function createFold({ paths, now = Date.now }) {
       }
     }
     interruptedCards = [];
+    // An agent that wants authentication names the ways it offers (docs/acp.md).
+    const methods = (Array.isArray(data.authMethods) ? data.authMethods : []).filter(isObject)
+      .map((m) => ({ name: str(m.name) || str(m.id), description: str(m.description) }))
+      .filter((m) => m.name);
     return append({
       kind: "error", summary: wording.summary, next: wording.next, cause: wording.cause || "",
       said: wording.agentSaid ? message : "", detail: wording.agentSaid || wording.cause ? "" : message,
+      methods,
     });
   }
 

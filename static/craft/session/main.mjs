@@ -111,6 +111,13 @@ const view = createView({
       if (sent) scroll.follow(); // the agent goes on: what it does next comes into view
       return sent;
     },
+    answerElicitation(request, action, content) {
+      const frame = { type: "elicitation", request, action };
+      if (content) frame.content = content;
+      const sent = connection.send(frame);
+      if (sent) scroll.follow();
+      return sent;
+    },
     announce: status.announce,
     showError: status.showFrameError,
     fetchEvent: (seq) => fetchJson(root.dataset.eventUrl.replace(/0\/$/, `${seq}/`)),
@@ -162,6 +169,12 @@ function followLive(kind, block) {
       scroll.toBottom(); // the agent waits for the person: the card comes into view
       status.announce(`The agent asks for permission: ${block.title}.`);
       attention.needsApproval(block.title);
+      break;
+    case "elicitation_request":
+      if (block.answer !== "") break; // refused: nothing to answer
+      scroll.toBottom();
+      status.announce(`The agent asks for information: ${block.message}`);
+      attention.needsApproval(block.message || "a question", "asks for information");
       break;
     case "turn_changes":
     case "workspace_reverted":
@@ -222,8 +235,19 @@ function firstLoadDone() {
 
 function refused(frame) {
   if (frame.code === "not_running") return; // Stop raced with the end of the turn
+  if (frame.code === "credentials_missing") {
+    // The message names the keys (never their values); the prompt stays in the box.
+    const message = typeof frame.message === "string" ? frame.message : FRAME_ERRORS.credentials_missing;
+    status.showFrameErrorWithLink(`${message} Your message is kept.`, root.dataset.keysUrl, "Open Keys");
+    return;
+  }
   if (frame.code === "not_queued" && queue.notQueued()) {
     status.showFrameError(`${FRAME_ERRORS.not_queued} Your edit is in the box.`);
+    return;
+  }
+  if (frame.code === "invalid_content") {
+    view.reopenElicitations(); // the form stays open: change the answers and send again
+    status.showFrameError(`${FRAME_ERRORS.invalid_content} ${frame.message}.`);
     return;
   }
   controls.revert(); // a refused change: the pickers go back to what the agent said

@@ -17,7 +17,8 @@ const EAGER_BLOCKS = 12; // after the first load, the last messages get Markdown
 /**
  * Return the view of `fold` in `transcript`. `hooks` are what the transcript asks of the rest
  * of the page: beforeFlush() (draw what goes with it), answer(request, option) (send a
- * permission answer; false when not connected), announce(text), showError(text),
+ * permission answer; false when not connected), answerElicitation(request, action, content)
+ * (the same for an elicitation), announce(text), showError(text),
  * fetchEvent(seq) (the whole of an event) and openChanges(seq) (a change's chip was clicked).
  */
 export function createView({ transcript, fold, paths, staff, scroll, libraries, hooks }) {
@@ -239,6 +240,11 @@ export function createView({ transcript, fold, paths, staff, scroll, libraries, 
       }
       return;
     }
+    const action = clicked.closest(".elicitation .options button[data-action]");
+    if (action && !action.disabled && action.dataset.action !== "accept") {
+      answerElicitation(action.closest(".elicitation"), action.dataset.action);
+      return;
+    }
     const chip = clicked.closest(".changes-chip");
     if (chip) return hooks.openChanges(Number(chip.dataset.change));
     const toggle = clicked.closest(".toggle-more:not(.diff-toggle)");
@@ -259,8 +265,58 @@ export function createView({ transcript, fold, paths, staff, scroll, libraries, 
     if (summary) drawn.get(blockOf.get(summary.parentElement)).userOpened = true;
   });
 
+  // A form's Send is its submit (Enter in a field sends it too), after the browser has checked
+  // what the form asks (required, minimum, maximum, lengths).
+  transcript.addEventListener("submit", (event) => {
+    const form = event.target.closest(".elicitation-form");
+    if (!form) return;
+    event.preventDefault();
+    const element = form.closest(".elicitation");
+    if (element.dataset.answer === "" && form.reportValidity()) answerElicitation(element, "accept");
+  });
+
+  function answerElicitation(element, action) {
+    const block = blockOf.get(element);
+    if (!block || block.answer !== "") return;
+    const content = action === "accept" && block.mode === "form" ? formValues(element, block) : null;
+    if (hooks.answerElicitation(block.request, action, content)) {
+      element.querySelectorAll("input, select, button").forEach((c) => (c.disabled = true));
+      const answer = drawn.get(block).answer;
+      answer.textContent = "Sending your answer…";
+      answer.focus();
+    } else {
+      hooks.showError("Not connected. Answer again in a moment.");
+    }
+  }
+
+  // The form's values as the agent's schema types them; an empty optional field is left out.
+  function formValues(element, block) {
+    const content = {};
+    block.fields.forEach((field, index) => {
+      const input = element.querySelector(`#elicitation-${block.seq}-${index}`);
+      if (!input) return;
+      if (field.type === "boolean") content[field.name] = input.checked;
+      else if (input.value === "") return;
+      else if (field.type === "number" || field.type === "integer") content[field.name] = Number(input.value);
+      else content[field.name] = input.value;
+    });
+    return content;
+  }
+
+  /** Let the person change the answers of open forms again (the server refused some). */
+  function reopenElicitations() {
+    for (const element of transcript.querySelectorAll('.elicitation[data-answer=""]')) {
+      const block = blockOf.get(element);
+      if (!block) continue;
+      element.querySelectorAll("input, select, button").forEach((c) => {
+        c.disabled = c.dataset.action === "accept" && !block.answerable;
+      });
+      drawn.get(block).answer.textContent = "";
+    }
+  }
+
   return {
-    draw, scheduleFlush, startLoad, firstLoadDone,
+    draw, scheduleFlush, startLoad, firstLoadDone, reopenElicitations,
     get loaded() {
       return loaded;
     },

@@ -188,6 +188,15 @@ export function createStatus({ root, turnStartedAt }) {
     if (!sticky) frameErrorTimer = setTimeout(() => (frameError.hidden = true), 8000);
   }
 
+  /** Show a sticky error that ends with a link (what to do about it, on another page). */
+  function showFrameErrorWithLink(message, href, linkText) {
+    showFrameError(`${message} `, true);
+    const link = document.createElement("a");
+    link.href = href;
+    link.textContent = linkText;
+    frameError.append(link);
+  }
+
   function hideFrameError() {
     frameError.hidden = true;
   }
@@ -215,7 +224,8 @@ export function createStatus({ root, turnStartedAt }) {
     get sandboxStatus() {
       return sandboxStatus;
     },
-    announce, showConnection, setRunning, setTitle, setSandbox, showFrameError, hideFrameError,
+    announce, showConnection, setRunning, setTitle, setSandbox, showFrameError,
+    showFrameErrorWithLink, hideFrameError,
     showAgentError, showLoadFailure, hideLoadFailure, start,
   };
 }

@@ -4,15 +4,19 @@
 import { collapsibleId, fillCollapsible, PREVIEW_LINES, writePre } from "./collapsible.mjs";
 import { el } from "./dom.mjs";
 import { isObject, str } from "./values.mjs";
+import { formatBytes } from "./words.mjs";
 
-/** Draw what is known of a tool call (`call`: ACP's kind, title, content, locations, rawInput). */
-export function renderToolBody(body, call, paths) {
+/** Draw what is known of a tool call (`call`: ACP's kind, title, content, locations, rawInput;
+ *  `terminal`: its live command output, as fold.mjs keeps it from the call's `_meta`). */
+export function renderToolBody(body, call, paths, terminal = null) {
   body.replaceChildren();
   const command = commandOf(call, paths);
   if (command) body.appendChild(el("pre", "command", `$ ${command}`));
+  if (terminal) body.appendChild(terminalView(terminal, paths));
   const items = Array.isArray(call.content) ? call.content : [];
-  let shown = 0;
+  let shown = terminal ? 1 : 0;
   for (const item of items) {
+    if (terminal && isObject(item) && item.type === "terminal") continue; // drawn above
     const node = contentItem(item, paths);
     if (node) {
       body.appendChild(node);
@@ -51,6 +55,26 @@ function contentItem(item, paths) {
   }
   if (item.type === "terminal") return el("p", "muted", "Terminal output is not shown here.");
   return null;
+}
+
+// A command's live output, bounded like other output (a preview, then "Show all"), and how
+// it ended.
+function terminalView(terminal, paths) {
+  const box = el("div", "terminal");
+  const output = box.appendChild(el("div", "tool-output"));
+  if (terminal.output) fillCollapsible(output, paths.scrub(terminal.output), writePre("terminal-output"));
+  else output.appendChild(el("p", "muted", terminal.exit ? "No output." : "Waiting for output…"));
+  if (terminal.limit || terminal.cut) {
+    const kept = terminal.limit ? ` past ${formatBytes(terminal.limit)}` : "";
+    box.appendChild(el("p", "muted terminal-limited", `Output${kept} was not kept.`));
+  }
+  if (terminal.exit) {
+    const { code, signal } = terminal.exit;
+    const text = signal ? `Stopped by signal ${signal}` : code === null ? "Exited" : `Exited with code ${code}`;
+    const end = box.appendChild(el("p", "terminal-exit", text));
+    end.dataset.ok = String(code === 0 && !signal);
+  }
+  return box;
 }
 
 function splitLines(text) {

@@ -31,6 +31,7 @@ export const FRAME_ERRORS = {
   prompt_too_long: "That message is too long for the agent. It's still in the box: shorten it and send again.",
   unknown_request: "That question is no longer open: the agent has moved on.",
   invalid_option: "That answer isn't one the agent offered.",
+  invalid_content: "The agent can't take those answers:",
   bad_attachment: "One of the attachments can't be sent: files must be inside the workspace, images PNG, JPEG, GIF or WebP.",
   too_many_attachments: "That's too many attachments for one message (at most 10).",
   attachment_too_large: "The images are too large to send (at most 2 MB each).",
@@ -43,6 +44,7 @@ export const FRAME_ERRORS = {
   agent_refused: "The agent did not accept that change.",
   agent_starting: "The agent is starting. Try again in a moment.",
   agent_unavailable: "The agent could not start, so the change was not made.",
+  credentials_missing: "This session's agent needs a key you have not stored.",
   session_deleted: "This session was deleted (in another tab or window), with its conversation and files. Start a new session to carry on.",
   shutting_down: "The server is restarting. Your message is kept: send it again once the page has reconnected.",
   unavailable: "The server running this session does not answer. Your message is kept: send it again in a moment.",
@@ -96,6 +98,12 @@ const RATE_LIMITED = /\b429\b|rate[ _-]?limit|too many requests|quota/i;
  *  and, when Craft cut the turn short, its `cause` (an INTERRUPTIONS key). */
 export function agentErrorWording(message, reason) {
   const said = String(message || "");
+  if (reason === "auth_required") {
+    return {
+      summary: "The agent needs you to sign in first.", agentSaid: false,
+      next: "Set up one of the ways it offers (an API key on the Keys page, say), then send your message again.",
+    };
+  }
   const cause = INTERRUPTIONS[reason] ? reason : INTERRUPTION_MESSAGES[said];
   if (cause) return { ...INTERRUPTIONS[cause], cause, agentSaid: false };
   const text = said.toLowerCase();
