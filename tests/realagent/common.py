@@ -86,3 +86,22 @@ async def start_session(owner, title: str):
 
 def workspace_of(session) -> Path:
     return Path(session.sandbox.reference) / "sessions" / str(session.pk)
+
+
+def live_output(frames: list[dict], tool_call_id: str) -> tuple[list[str], int]:
+    """Return the live output chunks (`_meta.terminal_output.data`) of a tool call, in order,
+    and how many of them came before the update that completed it."""
+    chunks: list[str] = []
+    before = None
+    for frame in frames:
+        data = frame.get("data") or {}
+        if frame.get("kind") not in ("tool_call", "tool_call_update"):
+            continue
+        if data.get("toolCallId") != tool_call_id:
+            continue
+        output = (data.get("_meta") or {}).get("terminal_output")
+        if isinstance(output, dict):
+            chunks.append(output.get("data", ""))
+        if data.get("status") == "completed" and before is None:
+            before = len(chunks)
+    return chunks, len(chunks) if before is None else before

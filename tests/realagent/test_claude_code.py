@@ -26,6 +26,7 @@ from craft.turns.registry import runners
 from ..agents.fake_vendors import FakeVendors
 from .common import (
     cancel_a_slow_turn,
+    live_output,
     log_of,
     reply_of,
     start_session,
@@ -86,16 +87,19 @@ async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, 
     assert info["agent"]["name"] == "@agentclientprotocol/claude-agent-acp"
 
     # Claude Code runs read-only commands (echo, ls) without asking: this one writes.
-    frames, reply = await turn_allowing(comm, "c2", "run: mkdir -p made && echo made-it")
+    command = "mkdir -p made && for i in 1 2 3; do echo tick$i; sleep 1; done"
+    frames, reply = await turn_allowing(comm, "c2", f"run: {command}")
     assert [f for f in frames if f.get("kind") == "permission_answer"], "no permission asked"
-    (card,) = tool_cards(frames).values()
+    ((call_id, card),) = tool_cards(frames).items()
     assert card["kind"] == "execute" and card["status"] == "completed"
-    assert card["rawInput"]["command"] == "mkdir -p made && echo made-it"
-    # The output arrives once the command is done, as a text block (not live).
-    assert card["content"] == [
-        {"type": "content", "content": {"type": "text", "text": "```console\nmade-it\n```"}}
-    ]
-    assert reply == "The tool said: made-it"
+    assert card["rawInput"]["command"] == command
+    # A terminal stands for the output, which comes in the tool call's _meta
+    # (terminal_output): all of it in one piece as the command ends, not line by line.
+    assert card["content"] == [{"type": "terminal", "terminalId": call_id}]
+    assert card["_meta"]["terminal_exit"]["exit_code"] == 0
+    chunks, before_the_end = live_output(frames, call_id)
+    assert chunks == ["tick1\ntick2\ntick3"] and before_the_end == 1
+    assert reply == "The tool said: tick1\ntick2\ntick3"
     assert (workspace_of(session) / "made").is_dir()
 
     frames, reply = await turn_allowing(comm, "c3", "write notes.txt hello from claude")

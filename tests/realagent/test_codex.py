@@ -24,6 +24,7 @@ from craft.turns.registry import runners
 from ..agents.fake_vendors import FakeVendors
 from .common import (
     cancel_a_slow_turn,
+    live_output,
     log_of,
     reply_of,
     start_session,
@@ -86,19 +87,32 @@ async def test_codex_runs_a_command_and_writes_a_file_once_allowed(owner, codex)
     (info,) = [f["data"] for f in frames if f.get("kind") == "agent_info"]
     assert info["agent"]["name"] == "codex-acp"
 
-    frames, reply = await turn_allowing(comm, "x2", "run: mkdir -p made && echo made-it")
+    command = "mkdir -p made && for i in 1 2 3; do echo tick$i; sleep 1; done"
+    frames, reply = await turn_allowing(comm, "x2", f"run: {command}")
     assert [f for f in frames if f.get("kind") == "permission_answer"], "no permission asked"
-    (card,) = tool_cards(frames).values()
-    assert card["kind"] == "execute" and card["status"] == "completed"
-    assert card["rawInput"]["command"][-1] == "mkdir -p made && echo made-it"
-    # The output arrives once the command is done, in rawOutput only (no content block).
-    assert card["rawOutput"]["aggregated_output"] == "made-it\n"
-    assert "content" not in card
-    assert "made-it" in reply
+    ((call_id, card),) = tool_cards(frames).items()
+    assert card["kind"] == "execute"
+    assert card["rawInput"]["command"][-1] == command
+    # A terminal stands for the output, which comes live in the tool call's _meta
+    # (terminal_output), a line at a time while the command runs. The first line printed
+    # may be missing from it (and then from the output Codex keeps, rawOutput, too); the
+    # model gets all of it.
+    assert card["content"] == [{"type": "terminal", "terminalId": call_id}]
+    chunks, before_the_end = live_output(frames, call_id)
+    assert len(chunks) >= 2 and before_the_end == len(chunks)
+    assert "".join(chunks).endswith("tick2\ntick3\n")
+    assert reply.endswith("Output:\ntick1\ntick2\ntick3")
+    # Codex 0.16.0 does not always report the end of a command that ran for seconds: in
+    # some runs the card never completes (no terminal_exit, no rawOutput), not even after
+    # the turn's end.
+    assert card["status"] in ("completed", "in_progress")
+    if card["status"] == "completed":
+        assert card["_meta"]["terminal_exit"]["exit_code"] == 0
+        assert "".join(chunks) == card["rawOutput"]["aggregated_output"]
     assert (workspace_of(session) / "made").is_dir()
 
     frames, reply = await turn_allowing(comm, "x3", "write notes.txt hello from codex")
-    (card,) = tool_cards(frames).values()
+    (card,) = [c for c in tool_cards(frames).values() if c.get("kind") == "edit"]
     assert card["kind"] == "edit" and card["status"] == "completed"
     (diff,) = card["content"]
     assert diff["type"] == "diff" and diff["newText"] == "hello from codex\n"
