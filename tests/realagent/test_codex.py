@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import signal
 from pathlib import Path
 
@@ -34,7 +35,13 @@ from .common import (
     workspace_of,
 )
 
-CODEX = Path(__file__).parent / "node_modules" / ".bin" / "codex-acp"
+# The native binary itself, not the package's node launcher (`.bin/codex-acp`): the launcher
+# runs it as a child, and a SIGKILL of the launcher leaves that child running.
+ARCH = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+CODEX = (
+    Path(__file__).parent / "node_modules" / "@zed-industries"
+    / f"codex-acp-linux-{ARCH}" / "bin" / "codex-acp"
+)  # fmt: skip
 
 pytestmark = [
     pytest.mark.realagent,
