@@ -405,7 +405,8 @@ class KubernetesBackend:
         elif pod.metadata.deletion_timestamp is not None:
             why = "it is being deleted"
         elif not pod_is_ready(pod):
-            why = pod_failure(pod) or f"it is not Ready (pod {pod.status.phase})"
+            phase = pod.status.phase if pod.status else "Unknown"
+            why = pod_failure(pod) or f"it is not Ready (pod {phase})"
         else:
             why = ""
         if not why and not self._relabel_warm(sandbox):
