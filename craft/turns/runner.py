@@ -109,8 +109,10 @@ class SessionRunner:
     @property
     def busy(self) -> bool:
         """Whether a command is being handled or an agent started here right now (a prompt
-        being stored has no turn yet, and may have no agent yet)."""
-        return self.running or self._lock.locked() or self._starting.locked()
+        being stored has no turn yet, and may have no agent yet), or queued prompts wait
+        here for the sandbox: the session's lease is kept for them meanwhile."""
+        waiting = self._waiting_for_sandbox is not None and not self._waiting_for_sandbox.done()
+        return self.running or self._lock.locked() or self._starting.locked() or waiting
 
     @property
     def task(self) -> asyncio.Task[None] | None:

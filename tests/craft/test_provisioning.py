@@ -93,6 +93,29 @@ def test_a_new_session_answers_at_once_while_its_pod_starts_then_works(kube, own
         server.stop()
 
 
+def test_a_prompt_queued_for_a_slow_pod_is_started_by_its_own_worker_once_the_pod_is_ready(
+    kube, owner, tmp_path
+):
+    # Longer than a housekeeping round, which releases the leases of sessions with no agent:
+    # the session waiting for its sandbox must keep its lease, or the start of its prompt is
+    # refused (fenced) and it waits for the housekeeping after that one.
+    kube.ready_delay = 7
+    server = kubernetes_server(kube, tmp_path).start()
+    try:
+        status, session = api(server, owner, "POST", "/api/sessions/", {"title": "slower pod"})
+        assert status == 201, session
+        socket = Socket(server, owner, session["id"])
+        socket.send({"type": "resume", "after": 0})
+        socket.send({"type": "prompt", "id": "queued", "text": "pid"})
+        frames = socket.until(lambda f: f.get("kind") == "turn_end")
+        assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+        socket.close()
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "starting its queued prompts" not in log, "housekeeping had to start it"
+
+
 def test_a_failed_sandbox_says_why_and_a_retry_gets_a_new_pod(kube, owner, tmp_path):
     kube.ready_delay = 0.3
     kube.image_pull_backoff = True
