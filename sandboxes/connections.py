@@ -280,8 +280,9 @@ class ConnectionCache:
                 if self._connections.get(key) is not connection or connection.turn_active:
                     return False
                 del self._connections[key]
-                self._warm.pop(key, None)
-        logger.info("evicting the agent of session %s: the cache is full", key[1])
+                warm = self._warm.pop(key, None) is not None
+        whose = "a warm agent" if warm else f"the agent of session {key[1]}"
+        logger.info("evicting %s: the cache is full", whose)
         self._stop(key, connection)
         return True
 
