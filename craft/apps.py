@@ -15,13 +15,13 @@ class CraftConfig(AppConfig):
         from craft.live import accounts, status
         from craft.turns.registry import runners
         from sandboxes.signals import sandbox_changed
-        from sandboxes.warm import warm_agents
+        from sandboxes.warm_agents import warm_agents
 
         accounts.connect_signals()
         # A sandbox's new state is pushed to its owner's pages (craft.live.status).
         sandbox_changed.connect(status.on_sandbox_changed, dispatch_uid="craft.live.status")
         # A session's commands, routed here by the cluster, are carried out by its runner.
         forwarding.serve(handle=runners.handle, lose=runners.lose)
-        # A sandbox that becomes running warms its owner's most likely agent (sandboxes.warm).
+        # A sandbox that becomes running warms its owner's likeliest agent (sandboxes.warm_agents).
         warm_agents.likely_launch = credentials.likely_launch
         checks.register(service_passwords, checks.Tags.security, deploy=True)

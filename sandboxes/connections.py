@@ -15,7 +15,7 @@ The cache holds at most `CRAFT_MAX_AGENT_CONNECTIONS` agents (starts under way i
 start beyond that stops the longest-idle connection without a running turn first; when every
 connection is in a turn, the start is refused.
 
-It also holds warm agents (`sandboxes.warm`): agents of a sandbox, initialized but in no
+It also holds warm agents (`sandboxes.warm_agents`): agents of a sandbox, initialized but in no
 session yet, each under a key of its own (the sandbox id and a random id) and marked with what
 it was started for (its `Launch`). They count against both limits like any agent, make room
 first (they hold no conversation), are stopped with their sandbox and reaped when idle, and

@@ -7,7 +7,7 @@ update or idempotent), each writing a `ReaperAction` for what it did:
   open permission request, and have not been used for `CRAFT_AGENT_IDLE_SECONDS`; and those
   of sandboxes that are no longer running (terminated, failed or gone, maybe by another
   process). Connections live in a server process's memory: only that process can do this.
-  Warm agents (`sandboxes.warm`) are reaped the same way, and those that died while waiting
+  Warm agents (`sandboxes.warm_agents`) are reaped the same way, and those that died while waiting
   are replaced; a warm agent alone never keeps a sandbox from being idle.
 * `reap_sandboxes`:
   - marks the sandboxes that hold live agent connections of this process as active now, so
@@ -53,7 +53,7 @@ from .backends import Resource, SandboxError, get_backend
 from .connections import agent_connections
 from .models import ReaperAction, Sandbox
 from .signals import announce_change
-from .warm import warm_agents
+from .warm_agents import warm_agents
 
 logger = logging.getLogger(__name__)
 

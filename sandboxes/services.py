@@ -27,7 +27,7 @@ from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
 from .signals import announce_change
-from .warm import warm_agents
+from .warm_agents import warm_agents
 from .workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -444,7 +444,7 @@ def agent_connection(
 
 
 def adopt_warm_agent(sandbox: Sandbox, session_id: UUID, warm: AgentConnection) -> AgentConnection:
-    """Open the session on a warm agent (`sandboxes.warm`): its workspace is made, and
+    """Open the session on a warm agent (`sandboxes.warm_agents`): its workspace is made, and
     `session/new` names it as the session's `cwd`."""
     backend = get_backend(sandbox.backend)
     backend.make_workspace(sandbox, session_id)

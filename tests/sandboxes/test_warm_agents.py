@@ -21,7 +21,7 @@ from sandboxes import reaper, services, workspace_tool
 from sandboxes.catalog import Agent, Launch, default_agent
 from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction
-from sandboxes.warm import warm_agents
+from sandboxes.warm_agents import warm_agents
 
 from .agents import agent_pid, run_turn
 
