@@ -91,11 +91,13 @@ format: dev-venv
 	$(BIN)/ruff format .
 
 # Real third-party ACP agents for the opt-in realagent tests; `make test` runs those tests when
-# one is there. opencode, at the version pinned in tests/realagent/package.json (about 190 MB);
-# fast-agent, pinned here, in a virtualenv of its own (about 340 MB) as its releases with an ACP
-# server do not install on this project's Python: Python 3.13 (the version it was tried with),
-# found on PATH or through pyenv; skipped without one.
-REALAGENT := tests/realagent/node_modules/.bin/opencode
+# one is there. From npm, at the versions pinned in tests/realagent/package.json: opencode
+# (about 180 MB), Claude Code's ACP adapter (with the Claude Agent SDK and Claude Code, a native
+# binary; about 260 MB), Codex's ACP adapter (a native binary; about 225 MB) and Gemini CLI
+# (about 100 MB). fast-agent, pinned here, in a virtualenv of its own (about 340 MB) as its
+# releases with an ACP server do not install on this project's Python: Python 3.13 (the
+# version it was tried with), found on PATH or through pyenv; skipped without one.
+REALAGENTS := $(addprefix tests/realagent/node_modules/.bin/,opencode claude-agent-acp codex-acp gemini)
 FAST_AGENT_VERSION := 0.10.48
 FAST_AGENT_VENV := tests/realagent/fast-agent
 
@@ -117,9 +119,9 @@ realagent:
 test: dev-venv browser haproxy isolation node lint
 	node --test tests/js/
 	$(BIN)/pytest $(PYTEST_ARGS)
-	@if [ -x $(REALAGENT) ] || [ -x $(FAST_AGENT_VENV)/bin/fast-agent ]; then \
+	@if for agent in $(REALAGENTS) $(FAST_AGENT_VENV)/bin/fast-agent; do [ -x $$agent ] && break; done; then \
 	  $(BIN)/pytest -m realagent tests/realagent; \
-	else echo "Skipped the realagent tests: \`make realagent\` installs opencode and fast-agent for them."; fi
+	else echo "Skipped the realagent tests: \`make realagent\` installs opencode, Claude Code, Codex, Gemini CLI and fast-agent for them."; fi
 
 # The benchmarks of bench/ as one table (SQLite; BENCH_DATABASE_URL=postgres://... for PostgreSQL).
 bench: dev-venv browser

@@ -595,6 +595,8 @@ CRAFT_K8S_READY_TIMEOUT = env_float("CRAFT_K8S_READY_TIMEOUT", 180.0, minimum=1.
 CRAFT_K8S_POLL_INTERVAL = env_float("CRAFT_K8S_POLL_INTERVAL", 0.5, minimum=0.05)
 CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT", 20.0, minimum=1.0)
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
+# Ready pods kept with no owner yet, for new users' sandboxes to claim at once (0: none).
+CRAFT_K8S_WARM_SANDBOXES = env_int("CRAFT_K8S_WARM_SANDBOXES", 0, minimum=0)
 # How the pod runs Craft's workspace tool (sandboxes/workspace_tool.py; the sandbox image has it).
 CRAFT_K8S_WORKSPACE_TOOL = env_argv(
     "CRAFT_K8S_WORKSPACE_TOOL", ["python3", "-I", "-S", "/opt/craft/workspace_tool.py"]

@@ -17,7 +17,7 @@ from django.utils.timesince import timesince
 
 from . import services
 from .backends import get_backend
-from .models import ReaperAction, Sandbox
+from .models import ReaperAction, Sandbox, WarmSandbox
 
 REAPER_LOG_LENGTH = 20
 
@@ -198,4 +198,22 @@ class ReaperActionAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(WarmSandbox)
+class WarmSandboxAdmin(admin.ModelAdmin):
+    """The pool of warm sandboxes (CRAFT_K8S_WARM_SANDBOXES); read-only: the reaper thread of
+    every server keeps it, and lowering the setting empties it."""
+
+    list_display = ["slot", "backend", "status", "id", "created_at"]
+    list_filter = ["status", "backend"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

@@ -133,3 +133,35 @@ class ReaperAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.get_kind_display()} {self.target}".strip()
+
+
+class WarmSandbox(models.Model):
+    """A sandbox's resources made before anyone owns them: a warm pod, kept ready for a new
+    user (CRAFT_K8S_WARM_SANDBOXES).
+
+    Its `id` is the id of the sandbox that claims it (the pod, its Service and its Secret are
+    named for it, as for any sandbox). A claim deletes the row and creates the sandbox's row
+    with that id in one transaction, so at any moment exactly one of the two rows owns the
+    resources, and the reaper never takes them for orphans. `slot` numbers the pool (one row
+    per slot per backend, so workers that replenish at once never overfill it); a row in a
+    slot at or past the setting is surplus. Only `ready` rows are claimed.
+    """
+
+    class Status(models.TextChoices):
+        WARMING = "warming"  # its pod is created, not Ready yet
+        READY = "ready"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    backend = models.CharField(max_length=32)
+    slot = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.WARMING)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["backend", "slot"]
+        constraints = [
+            models.UniqueConstraint(fields=["backend", "slot"], name="one_warm_sandbox_per_slot")
+        ]
+
+    def __str__(self) -> str:
+        return f"warm {self.backend} sandbox {self.slot} ({self.status})"

@@ -28,7 +28,8 @@ Nothing is done to a sandbox or session with a running turn. Sessions, and so tu
 to the `craft` app, which this app never imports: it passes what the reaper needs to know as
 a `Sessions` object.
 
-Inside a server process, `periodic_reaper` runs the first pass every few seconds and the
+Inside a server process, `periodic_reaper` runs the first pass every few seconds, with it
+the warm sandboxes' pool (`sandboxes.warm.tend`: refilled, checked, surplus dropped), and the
 second every `CRAFT_REAPER_INTERVAL_SECONDS`, on a thread of its own; `manage.py reap` runs
 the second from outside.
 """
@@ -48,7 +49,7 @@ from django.conf import settings
 from django.db import connections as db_connections
 from django.utils import timezone
 
-from . import services
+from . import services, warm
 from .backends import Resource, SandboxError, get_backend
 from .connections import agent_connections
 from .models import ReaperAction, Sandbox
@@ -268,10 +269,13 @@ def _sweep(sessions: Sessions, now: datetime, report: Report) -> None:
             report.errors.append(f"{name} inventory: {exc}")
             continue
         # Read after the inventory: a sandbox's row is written before its resources, so
-        # whatever the inventory saw that has no live row here has none for good.
+        # whatever the inventory saw that has no live row here has none for good. Warm
+        # sandboxes first: a claim turns a warm row into a sandbox's row in one transaction,
+        # so reading them in this order never misses both.
+        pool = warm.warm_ids()
         live = dict(Sandbox.objects.live().values_list("pk", "status"))
         for resource in found:
-            if resource.sandbox_id not in live:
+            if resource.sandbox_id not in live and resource.sandbox_id not in pool:
                 _remove_orphan(backend.remove, resource, report)
         present = {r.sandbox_id for r in found if r.kind in ("folder", "pod")}
         busy = sessions.busy().sandboxes
@@ -284,6 +288,15 @@ def _sweep(sessions: Sessions, now: datetime, report: Report) -> None:
                 action = services.mark_gone(sandbox, health.detail, "found by the reaper")
                 if action is not None:
                     report.actions.append(action)
+
+
+def tend_warm_sandboxes() -> None:
+    """Keep the pool of warm sandboxes full (`sandboxes.warm`), logging what it did."""
+    try:
+        for what in warm.tend():
+            logger.info("reaper: %s", what)
+    except Exception:
+        logger.exception("reaper: tending the warm sandboxes failed")
 
 
 def _remove_orphan(remove: Callable[[Resource], None], resource: Resource, report: Report) -> None:
@@ -361,6 +374,7 @@ class PeriodicReaper:
     def _pass(sessions: Sessions, sandboxes_too: bool) -> None:
         try:
             stop_idle_agents(sessions)
+            tend_warm_sandboxes()
             if sandboxes_too:
                 reap_sandboxes(sessions)
         finally:

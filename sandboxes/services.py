@@ -21,8 +21,9 @@ from django.db import IntegrityError, transaction
 from django.db import connection as db_connection
 from django.utils import timezone
 
+from . import warm
 from .acp import AgentConnection, AgentError
-from .backends import Health, SandboxError, get_backend
+from .backends import Health, SandboxError, WarmUnusable, get_backend, warm_pool
 from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
@@ -148,20 +149,29 @@ def abandon_provisioning() -> int:
 
 
 def _get_or_create_row(user: User) -> Sandbox:
+    """Return the user's live sandbox row, creating it if there is none.
+
+    A new row takes a warm sandbox if the pool has a ready one (`warm.take`, in the same
+    transaction): it gets the warm sandbox's id, and its provisioning claims that pod.
+    """
     existing = Sandbox.objects.live().owned_by(user).first()
     if existing is not None:
         return existing
+    backend = settings.CRAFT_SANDBOX_BACKEND
     try:
         with transaction.atomic():
+            warm_id = warm.take(backend)
             sandbox = Sandbox.objects.create(
                 owner=user,
-                backend=settings.CRAFT_SANDBOX_BACKEND,
+                backend=backend,
                 status=Sandbox.Status.PROVISIONING,
-                status_detail="queued",
+                status_detail="claiming a warm sandbox" if warm_id else "queued",
+                **({"id": warm_id} if warm_id else {}),
             )
     except IntegrityError:
         return Sandbox.objects.live().owned_by(user).get()
     sandbox._created = True  # type: ignore[attr-defined]
+    sandbox._warm = warm_id is not None  # type: ignore[attr-defined]
     announce_change(sandbox.pk, user.pk)
     return sandbox
 
@@ -220,7 +230,7 @@ def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
         update(status_detail=detail[:500])
 
     try:
-        reference = backend.provision(sandbox, progress)
+        reference = _claim_warm(sandbox, progress) or backend.provision(sandbox, progress)
     except Exception as exc:
         logger.warning("provisioning sandbox %s failed: %s", sandbox.pk, exc)
         update(
@@ -240,6 +250,20 @@ def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
     )
     sandbox.reference = reference
     warm_agents.sandbox_ready(sandbox)
+
+
+def _claim_warm(sandbox: Sandbox, progress: Any) -> str:
+    """Claim the warm sandbox this new sandbox took; return its reference, or "" when it did
+    not take one or the pod turned out unusable (dropped: provision a fresh one)."""
+    pool = warm_pool(get_backend(sandbox.backend))
+    if not getattr(sandbox, "_warm", False) or pool is None:
+        return ""
+    try:
+        return pool.claim_warm(sandbox, progress)
+    except WarmUnusable as exc:
+        logger.warning("sandbox %s: %s; starting a fresh pod", sandbox.pk, exc)
+        progress("the warm pod was not usable; starting a new one")
+        return ""
 
 
 def _release_database_connection() -> None:

@@ -53,7 +53,8 @@ def test_the_role_grants_exactly_what_the_kubernetes_backend_calls():
     assert granted == {
         ("pods", "create"),
         ("pods", "get"),
-        ("pods", "list"),  # the reaper's inventory
+        ("pods", "list"),  # the reaper's inventory, the warm pool's pass
+        ("pods", "patch"),  # a warm pod's labels, when a sandbox claims it
         ("pods", "delete"),
         ("pods/exec", "create"),
         ("services", "create"),

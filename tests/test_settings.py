@@ -48,6 +48,8 @@ def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
         ),
         ("CRAFT_AGENT_START_TIMEOUT", "soon", "CRAFT_AGENT_START_TIMEOUT must be a number"),
         ("CRAFT_K8S_RUN_AS_USER", "0", "CRAFT_K8S_RUN_AS_USER must be at least 1"),
+        ("CRAFT_K8S_WARM_SANDBOXES", "-1", "CRAFT_K8S_WARM_SANDBOXES must be at least 0"),
+        ("CRAFT_K8S_WARM_SANDBOXES", "two", "CRAFT_K8S_WARM_SANDBOXES must be an integer"),
         ("CRAFT_MAX_STDERR_BYTES", "100", "CRAFT_MAX_STDERR_BYTES must be at least 256"),
         ("CRAFT_MAX_STDERR_BYTES", "16k", "CRAFT_MAX_STDERR_BYTES must be an integer"),
         (

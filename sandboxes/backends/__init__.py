@@ -11,9 +11,27 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from .base import Health, Resource, SandboxBackend, SandboxError
+from .base import (
+    Health,
+    Resource,
+    SandboxBackend,
+    SandboxError,
+    WarmPool,
+    WarmState,
+    WarmUnusable,
+)
 
-__all__ = ["Health", "Resource", "SandboxBackend", "SandboxError", "get_backend"]
+__all__ = [
+    "Health",
+    "Resource",
+    "SandboxBackend",
+    "SandboxError",
+    "WarmPool",
+    "WarmState",
+    "WarmUnusable",
+    "get_backend",
+    "warm_pool",
+]
 
 
 @cache
@@ -26,3 +44,8 @@ def get_backend(name: str | None = None) -> SandboxBackend:
         raise ImproperlyConfigured(f"unknown sandbox backend {name!r}") from None
     backend: SandboxBackend = import_string(path)()
     return backend
+
+
+def warm_pool(backend: SandboxBackend) -> WarmPool | None:
+    """Return the backend as a pool of warm sandboxes, or None if it keeps none."""
+    return backend if isinstance(backend, WarmPool) else None

@@ -3,7 +3,7 @@
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from uuid import UUID
 
 if TYPE_CHECKING:
@@ -27,6 +27,19 @@ class Health:
     ok: bool
     detail: str
     gone: bool = False
+
+
+class WarmUnusable(SandboxError):
+    """A warm sandbox cannot be claimed (its pod is gone, failed or not Ready): it has been
+    dropped, and the sandbox is provisioned afresh instead."""
+
+
+@dataclass(frozen=True)
+class WarmState:
+    """What a backend sees of one warm sandbox's pod: Ready, or why it never will be."""
+
+    ready: bool
+    failure: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,3 +116,27 @@ class SandboxBackend(Protocol):
     def check_isolation(self) -> None:
         """Put back what keeps sandboxes apart if it went missing (the local network rule,
         the namespace's NetworkPolicy); the reaper calls this on every pass."""
+
+
+@runtime_checkable
+class WarmPool(Protocol):
+    """A backend that can keep sandboxes ready before anyone owns them (`sandboxes.warm`).
+
+    A warm sandbox has an id (the id of the sandbox that will claim it) and no owner.
+    """
+
+    def warm_target(self) -> int:
+        """Return how many warm sandboxes to keep (the setting)."""
+
+    def create_warm(self, sandbox_id: UUID) -> None:
+        """Start a warm sandbox's resources (without waiting for them); 409s adopt."""
+
+    def warm_states(self) -> "dict[UUID, WarmState]":
+        """Return the state of every unclaimed warm sandbox the backend holds, by id."""
+
+    def claim_warm(self, sandbox: "Sandbox", progress: Progress) -> str:
+        """Hand the warm sandbox with `sandbox.id` to `sandbox`'s owner; return the backend
+        reference. Raises WarmUnusable (after dropping it) when it is not Ready."""
+
+    def remove_warm(self, sandbox_id: UUID) -> None:
+        """Delete a warm sandbox's resources; gone already counts as removed."""

@@ -39,7 +39,7 @@ from urllib3.exceptions import HTTPError
 
 from ..catalog import Launch, default_agent
 from ..workspace import Workspace
-from .base import Health, Progress, Resource, SandboxError
+from .base import Health, Progress, Resource, SandboxError, WarmState, WarmUnusable
 from .kubernetes_exec import ExecByteStream, ExecProcess, ExecResult
 
 if TYPE_CHECKING:
@@ -96,6 +96,11 @@ SANDBOX_LABEL = {"app.kubernetes.io/name": "craft-sandbox"}
 # How Craft finds its pods and services again (the inventory): labels it sets on both.
 MANAGED_SELECTOR = "app.kubernetes.io/name=craft-sandbox,app.kubernetes.io/managed-by=craft"
 SANDBOX_ID_LABEL = "craft.dev/sandbox"
+OWNER_LABEL = "craft.dev/owner"
+# On a warm pod (and its Secret) until a sandbox claims it; the claim removes it with a JSON
+# patch that first tests it is still "true", so that a pod is never claimed twice.
+WARM_LABEL = "craft.dev/warm"
+WARM_SELECTOR = f"{MANAGED_SELECTOR},{WARM_LABEL}=true"
 
 
 def load_configuration() -> k8s.Configuration:
@@ -113,11 +118,24 @@ def load_configuration() -> k8s.Configuration:
 
 
 def pod_name(sandbox: Sandbox) -> str:
-    return f"{POD_PREFIX}{sandbox.id}"
+    return _pod_name(sandbox.id)
 
 
 def secret_name(sandbox: Sandbox) -> str:
-    return f"{POD_PREFIX}{sandbox.id}-credentials"
+    return _secret_name(sandbox.id)
+
+
+def _pod_name(sandbox_id: UUID) -> str:
+    return f"{POD_PREFIX}{sandbox_id}"
+
+
+def _secret_name(sandbox_id: UUID) -> str:
+    return f"{POD_PREFIX}{sandbox_id}-credentials"
+
+
+def _label_path(key: str) -> str:
+    """Return the JSON Pointer (RFC 6901) of a label, for a JSON patch."""
+    return "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def _is_status(exc: ApiException, *codes: int) -> bool:
@@ -195,6 +213,11 @@ class KubernetesBackend:
             going = existing.metadata.deletion_timestamp is not None
             failure = pod_failure(existing)
             if not going and not failure:
+                if (existing.metadata.labels or {}).get(WARM_LABEL) == "true":
+                    # A warm pod this sandbox took, whose claim was cut short (its server
+                    # stopped): finish the claim, then wait for it as for any pod.
+                    self._relabel_warm(sandbox)
+                    self._bind_secret(sandbox)
                 return  # adopt it
             if time.monotonic() >= deadline:
                 raise SandboxError("the previous pod of this sandbox is still terminating")
@@ -307,6 +330,145 @@ class KubernetesBackend:
         if pod_is_ready(pod):
             return Health(True, "pod ready")
         return Health(False, pod_failure(pod) or f"pod {pod.status.phase}")
+
+    # --- warm sandboxes (CRAFT_K8S_WARM_SANDBOXES; the pool is sandboxes/warm.py) ---------
+
+    def warm_target(self) -> int:
+        return settings.CRAFT_K8S_WARM_SANDBOXES
+
+    def create_warm(self, sandbox_id: UUID) -> None:
+        """Create a warm pod and its empty credentials Secret, labelled warm and with no
+        owner, after the namespace's NetworkPolicy as for any sandbox pod. It does not wait
+        for the pod: the pool's next pass finds it Ready."""
+        self._ensure_network_policy()
+        labels = self.warm_labels(sandbox_id)
+        secret = self._secret_manifest(sandbox_id, labels, {})
+        for create, manifest, what in (
+            (self.core.create_namespaced_secret, secret, "credentials secret"),
+            (self.core.create_namespaced_pod, self._pod_manifest(sandbox_id, labels), "pod"),
+        ):
+            try:
+                create(self.namespace, manifest)
+            except ApiException as exc:
+                if not _is_status(exc, 409):
+                    raise SandboxError(f"cannot create a warm {what}: {_reason(exc)}") from exc
+
+    def warm_states(self) -> dict[UUID, WarmState]:
+        """Return the unclaimed warm pods (not being deleted) by sandbox id, from one list."""
+        try:
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=WARM_SELECTOR).items
+        except ApiException as exc:
+            raise SandboxError(f"cannot list warm pods: {_reason(exc)}") from exc
+        except (HTTPError, OSError) as exc:
+            raise SandboxError(f"cannot reach the Kubernetes API: {exc}") from exc
+        states = {}
+        for pod in pods:
+            if pod.metadata.deletion_timestamp is not None:
+                continue
+            try:
+                sandbox_id = UUID((pod.metadata.labels or {}).get(SANDBOX_ID_LABEL, ""))
+            except ValueError:
+                continue
+            states[sandbox_id] = WarmState(pod_is_ready(pod), pod_failure(pod))
+        return states
+
+    def claim_warm(self, sandbox: Sandbox, progress: Progress) -> str:
+        """Give the warm pod named for `sandbox.id` to the sandbox's owner; return its name.
+
+        The pod must be Ready now (read, not remembered): one that is gone, being deleted,
+        failed or not Ready is dropped, and WarmUnusable says to provision a fresh pod. The
+        relabelling is one JSON patch whose first operation tests that the pod is still
+        warm; the API server applies all of it or none, so two claims of one pod cannot both
+        succeed (the database row is the first guard; this is the pod's own). Then its
+        credentials Secret is bound to the owner (their labels; its data is written at an
+        agent's start, as for a fresh pod, and the start waits for the mounted revision),
+        and its Service is created. The NetworkPolicy selects the pod by a label it has had
+        since it was created.
+        """
+        name = pod_name(sandbox)
+        progress("claiming a warm pod")
+        self._ensure_network_policy()
+        try:
+            pod = self.core.read_namespaced_pod(name, self.namespace)
+        except ApiException as exc:
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot read the warm pod: {_reason(exc)}") from exc
+            pod = None
+        labels = (pod.metadata.labels or {}) if pod is not None else {}
+        if pod is not None and labels.get(WARM_LABEL) != "true":
+            if labels.get(OWNER_LABEL) == str(sandbox.owner_id):  # claimed already
+                self._create_or_adopt_service(sandbox)
+                return name
+            raise SandboxError(f"the warm pod {name} belongs to someone else")
+        if pod is None:
+            why = "it is gone"
+        elif pod.metadata.deletion_timestamp is not None:
+            why = "it is being deleted"
+        elif not pod_is_ready(pod):
+            phase = pod.status.phase if pod.status else "Unknown"
+            why = pod_failure(pod) or f"it is not Ready (pod {phase})"
+        else:
+            why = ""
+        if not why and not self._relabel_warm(sandbox):
+            why = "it is gone"
+        if why:
+            self.remove_warm(sandbox.id)
+            raise WarmUnusable(f"the warm pod {name} cannot be used: {why}")
+        return self._finish_claim(sandbox, progress)
+
+    def _relabel_warm(self, sandbox: Sandbox) -> bool:
+        """Turn the warm pod into the sandbox's owner's; return False if it is gone.
+
+        One JSON patch: test that it is still warm, remove that label, add the owner's.
+        """
+        name = pod_name(sandbox)
+        operations = [
+            {"op": "test", "path": _label_path(WARM_LABEL), "value": "true"},
+            {"op": "remove", "path": _label_path(WARM_LABEL)},
+            {"op": "add", "path": _label_path(OWNER_LABEL), "value": str(sandbox.owner_id)},
+        ]
+        try:
+            self.core.patch_namespaced_pod(
+                name, self.namespace, operations, _content_type="application/json-patch+json"
+            )
+        except ApiException as exc:
+            if _is_status(exc, 422):
+                raise SandboxError(f"the warm pod {name} was claimed by someone else") from exc
+            if _is_status(exc, 404):
+                return False
+            raise SandboxError(f"cannot relabel the warm pod: {_reason(exc)}") from exc
+        return True
+
+    def _bind_secret(self, sandbox: Sandbox) -> None:
+        """Give the warm pod's credentials Secret its owner's labels (and no data)."""
+        manifest = self.secret_manifest(sandbox, {})
+        try:
+            self.core.replace_namespaced_secret(secret_name(sandbox), self.namespace, manifest)
+        except ApiException as exc:
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot bind the credentials secret: {_reason(exc)}") from exc
+            self._ensure_credentials_secret(sandbox)
+
+    def _finish_claim(self, sandbox: Sandbox, progress: Progress) -> str:
+        self._bind_secret(sandbox)
+        self._create_or_adopt_service(sandbox)
+        progress("ready")
+        return pod_name(sandbox)
+
+    def remove_warm(self, sandbox_id: UUID) -> None:
+        """Delete a warm pod (at once: nobody uses it) and its Secret; 404 counts as done."""
+        errors = []
+        for delete, name in (
+            (self.core.delete_namespaced_pod, _pod_name(sandbox_id)),
+            (self.core.delete_namespaced_secret, _secret_name(sandbox_id)),
+        ):
+            try:
+                delete(name, self.namespace, grace_period_seconds=0)
+            except ApiException as exc:
+                if not _is_status(exc, 404):
+                    errors.append(f"{delete.__name__}: {_reason(exc)}")
+        if errors:
+            raise SandboxError("; ".join(errors))
 
     def inventory(self) -> list[Resource]:
         """Return Craft's sandbox pods, services and credentials Secrets in the namespace,
@@ -486,19 +648,29 @@ class KubernetesBackend:
     # --- manifests ------------------------------------------------------------------------
 
     def labels(self, sandbox: Sandbox) -> dict[str, str]:
+        return {**self._labels(sandbox.id), OWNER_LABEL: str(sandbox.owner_id)}
+
+    @staticmethod
+    def _labels(sandbox_id: UUID) -> dict[str, str]:
+        """Return the labels of every resource of a sandbox (the owner's comes at claim)."""
         return {
             **SANDBOX_LABEL,
             "app.kubernetes.io/managed-by": "craft",
-            "craft.dev/sandbox": str(sandbox.id),
-            "craft.dev/owner": str(sandbox.owner_id),
+            SANDBOX_ID_LABEL: str(sandbox_id),
         }
 
+    def warm_labels(self, sandbox_id: UUID) -> dict[str, str]:
+        return {**self._labels(sandbox_id), WARM_LABEL: "true"}
+
     def pod_manifest(self, sandbox: Sandbox) -> dict[str, Any]:
+        return self._pod_manifest(sandbox.id, self.labels(sandbox))
+
+    def _pod_manifest(self, sandbox_id: UUID, labels: dict[str, str]) -> dict[str, Any]:
         """Return the pod: non-root, no capabilities, bounded resources, one workspace."""
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": pod_name(sandbox), "labels": self.labels(sandbox)},
+            "metadata": {"name": _pod_name(sandbox_id), "labels": labels},
             "spec": {
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
@@ -546,7 +718,7 @@ class KubernetesBackend:
                         # by the pod's user (fsGroup) only.
                         "name": "credentials",
                         "secret": {
-                            "secretName": secret_name(sandbox),
+                            "secretName": _secret_name(sandbox_id),
                             "optional": True,
                             "defaultMode": 0o440,
                         },
@@ -557,10 +729,15 @@ class KubernetesBackend:
 
     def secret_manifest(self, sandbox: Sandbox, values: dict[str, str]) -> dict[str, Any]:
         """Return the sandbox's credentials Secret holding `values` (and their revisions)."""
+        return self._secret_manifest(sandbox.id, self.labels(sandbox), values)
+
+    def _secret_manifest(
+        self, sandbox_id: UUID, labels: dict[str, str], values: dict[str, str]
+    ) -> dict[str, Any]:
         return {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": secret_name(sandbox), "labels": self.labels(sandbox)},
+            "metadata": {"name": _secret_name(sandbox_id), "labels": labels},
             "type": "Opaque",
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()},
         }

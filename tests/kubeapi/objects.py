@@ -355,6 +355,46 @@ class Cluster:
             self._advance(pod)
         return pods
 
+    def patch_pod_labels(self, namespace: str, name: str, operations: list[Any]) -> Pod:
+        """Apply a JSON Patch (RFC 6902) to the pod's labels, all or nothing.
+
+        Only what relabelling needs is modelled: `test`, `add`, `replace` and `remove` on
+        `/metadata/labels/<key>` (`~1` for `/`). A failed `test` is a 422, as in Kubernetes,
+        and changes nothing: the compare-and-swap a claim relies on.
+        """
+        pod = self.get_pod(namespace, name)
+        labels = dict(pod.obj["metadata"].get("labels") or {})
+        prefix = "/metadata/labels/"
+        for operation in operations:
+            op = operation.get("op") if isinstance(operation, dict) else None
+            path = operation.get("path", "") if isinstance(operation, dict) else ""
+            if op not in ("test", "add", "replace", "remove") or not path.startswith(prefix):
+                raise bad_request(
+                    f"JSON patch operation not modelled by this test server: {operation}"
+                )
+            key = path[len(prefix) :].replace("~1", "/").replace("~0", "~")
+            if op == "test" and labels.get(key) != operation.get("value"):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f"the server rejected our request due to an error in our request: test "
+                    f'operation on "{path}" failed',
+                    {"name": name, "kind": "pods"},
+                )
+            if op in ("replace", "remove") and key not in labels:
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{op} operation does not apply: doc is missing path: "{path}"',
+                    {"name": name, "kind": "pods"},
+                )
+            if op in ("add", "replace"):
+                labels[key] = str(operation.get("value"))
+            elif op == "remove":
+                del labels[key]
+        pod.obj["metadata"]["labels"] = labels
+        return pod
+
     def delete_pod(self, namespace: str, name: str) -> Pod:
         """Delete the pod at once (no grace period is modelled) and stop its processes."""
         pod = self.get_pod(namespace, name)

@@ -3,10 +3,11 @@
 The official `kubernetes` Python client talks to it over loopback HTTP exactly as it talks to
 a cluster. What it serves, as a real API server answers it:
 
-* pods: create, get, list (by label), delete; a status that moves from Pending to Running and
-  Ready as the pod ages, and the events a scheduler and a kubelet record on the way
-  (`objects.py`); fault switches for image pull failures, unschedulable pods and pods that
-  never become Ready;
+* pods: create, get, list (by label), delete, and a JSON patch (`test`, `add`, `replace`,
+  `remove`) of their labels, all or nothing, a failed `test` being a 422; a status that
+  moves from Pending to Running and Ready as the pod ages, and the events a scheduler and a
+  kubelet record on the way (`objects.py`); fault switches for image pull failures,
+  unschedulable pods and pods that never become Ready;
 * secrets: create, get, list (by label), replace (PUT), delete; a pod's secret volumes are
   folders whose files change as soon as the secret does (a kubelet takes a minute or so);
 * services: create, get, list (by label), delete; events: list (by field, e.g.
@@ -22,7 +23,7 @@ What it does not model (so that nobody relies on it):
 * authentication and authorization: any bearer token, or none, is accepted;
 * scheduling, nodes, images, probes, restarts: the pod's "container" is whatever its execs
   run on this machine, unconfined; a deleted pod is gone at once (no grace period);
-* watches, discovery, namespaces as objects, lists across namespaces, PATCH/PUT, logs,
+* watches, discovery, namespaces as objects, lists across namespaces, other PATCHes and PUTs, logs,
   attach, port-forward, resource versions; selectors other than `key=value` (refused);
 * exec protocols older than v5 (refused), TTYs (refused), a container's `env` and
   `workingDir` (commands start in `/workspace`);
@@ -258,6 +259,7 @@ class KubeTestServer:
         app.router.add_get(ns + "/pods", self._list_pods)
         app.router.add_get(ns + "/pods/{name}", self._get_pod)
         app.router.add_delete(ns + "/pods/{name}", self._delete_pod)
+        app.router.add_patch(ns + "/pods/{name}", self._patch_pod)
         app.router.add_get(ns + "/pods/{name}/exec", self._exec)
         app.router.add_post(ns + "/pods/{name}/exec", self._exec)
         app.router.add_post(ns + "/services", self._create_service)
@@ -348,6 +350,22 @@ class KubeTestServer:
     async def _list_pods(self, request: web.Request) -> web.Response:
         pods = [pod.obj for pod in self.cluster.list_pods(request.match_info["namespace"])]
         return _list("PodList", self._select(request, pods, set()))
+
+    async def _patch_pod(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/json-patch+json":
+            raise ApiError(
+                415, "UnsupportedMediaType",
+                f"only JSON patches are modelled by this test server, not {request.content_type}",
+                {},
+            )  # fmt: skip
+        try:
+            operations = await request.json()
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise bad_request(f"the body of the request was in an unknown format: {exc}") from None
+        if not isinstance(operations, list):
+            raise bad_request("a JSON patch must be a list of operations")
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return web.json_response(self.cluster.patch_pod_labels(namespace, name, operations).obj)
 
     async def _delete_pod(self, request: web.Request) -> web.Response:
         # DeleteOptions (gracePeriodSeconds, propagationPolicy, ...) are accepted and ignored.

@@ -15,7 +15,7 @@ from craft.models import Session
 from craft.storage.eventlog import append_events
 from sandboxes import services
 from sandboxes.connections import agent_connections
-from sandboxes.models import ReaperAction, Sandbox
+from sandboxes.models import ReaperAction, Sandbox, WarmSandbox
 from tests.ready import open_ready_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -259,3 +259,12 @@ def test_the_session_list_shows_which_worker_holds_each_live_session(client, sta
     client.force_login(staff)
     page = client.get("/admin/craft/session/").content.decode()
     assert "host/123/456 (held, token 7)" in page
+
+
+def test_staff_see_the_pool_of_warm_sandboxes_and_cannot_change_it(client, staff):
+    warm = WarmSandbox.objects.create(backend="kubernetes", slot=0, status="ready")
+    client.force_login(staff)
+    page = client.get("/admin/sandboxes/warmsandbox/")
+    assert page.status_code == 200
+    assert str(warm.pk) in page.content.decode()
+    assert client.get(f"/admin/sandboxes/warmsandbox/{warm.pk}/delete/").status_code == 403

@@ -1,0 +1,154 @@
+"""A real third-party ACP agent, Claude Code (claude-agent-acp), through Craft.
+
+It answers, runs a shell command and writes a file once a person allowed it, is cancelled mid
+turn, and is killed and reattached with its memory. Opt in: `make realagent` installs the
+adapter pinned in tests/realagent/package.json (it brings the Claude Agent SDK, and Claude Code
+itself as a native binary from the SDK's platform dependency) and `make test` then runs these;
+by hand, `.venv/bin/pytest -m realagent`. They are skipped when it is not installed. Nothing is
+downloaded while they run: Claude Code talks to a fake Anthropic Messages API on loopback
+(tests/agents/fake_vendors.py), which calls Claude Code's own `Bash` and `Write` tools as the
+real API would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from craft.turns.registry import runners
+
+from ..agents.fake_vendors import FakeVendors
+from .common import (
+    cancel_a_slow_turn,
+    live_output,
+    log_of,
+    reply_of,
+    start_session,
+    tool_cards,
+    turn,
+    turn_allowing,
+    workspace_of,
+)
+
+CLAUDE = Path(__file__).parent / "node_modules" / ".bin" / "claude-agent-acp"
+
+pytestmark = [
+    pytest.mark.realagent,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not CLAUDE.exists(),
+        reason="Claude Code (claude-agent-acp) is not installed: make realagent",
+    ),
+]
+
+
+@pytest.fixture
+def claude_code(settings):
+    with FakeVendors() as fake:
+        settings.CRAFT_AGENT_COMMAND = [str(CLAUDE)]
+        settings.CRAFT_AGENT_START_TIMEOUT = 120
+        settings.CRAFT_AGENT_ENV = {
+            # Node for the adapter (Claude Code, which it starts, is a native binary).
+            "PATH": f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/bin",
+            "ANTHROPIC_BASE_URL": fake.url,
+            "ANTHROPIC_API_KEY": "sk-ant-fake",
+            # No update checks, telemetry, error reports or other calls home.
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+        }
+        yield fake
+
+
+async def saved(session, agent_session_id: str, text: str, timeout: float = 15) -> None:
+    """Wait until Claude Code's transcript of the session (in the sandbox's home) holds `text`."""
+    projects = Path(session.sandbox.reference) / "home" / ".claude" / "projects"
+    deadline = time.monotonic() + timeout
+    while not any(text in t.read_text() for t in projects.glob(f"*/{agent_session_id}.jsonl")):
+        assert time.monotonic() < deadline, f"no transcript holding {text!r} in {projects}"
+        await asyncio.sleep(0.1)
+
+
+async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, claude_code):
+    session, comm = await start_session(owner, "claude")
+
+    frames, reply = await turn(comm, "c1", "hello there")
+    assert reply == "Echo: hello there"
+    (info,) = [f["data"] for f in frames if f.get("kind") == "agent_info"]
+    assert info["agent"]["name"] == "@agentclientprotocol/claude-agent-acp"
+
+    # Claude Code runs read-only commands (echo, ls) without asking: this one writes.
+    command = "mkdir -p made && for i in 1 2 3; do echo tick$i; sleep 1; done"
+    frames, reply = await turn_allowing(comm, "c2", f"run: {command}")
+    assert [f for f in frames if f.get("kind") == "permission_answer"], "no permission asked"
+    ((call_id, card),) = tool_cards(frames).items()
+    assert card["kind"] == "execute" and card["status"] == "completed"
+    assert card["rawInput"]["command"] == command
+    # A terminal stands for the output, which comes in the tool call's _meta
+    # (terminal_output): all of it in one piece as the command ends, not line by line.
+    assert card["content"] == [{"type": "terminal", "terminalId": call_id}]
+    assert card["_meta"]["terminal_exit"]["exit_code"] == 0
+    chunks, before_the_end = live_output(frames, call_id)
+    assert chunks == ["tick1\ntick2\ntick3"] and before_the_end == 1
+    assert reply == "The tool said: tick1\ntick2\ntick3"
+    assert (workspace_of(session) / "made").is_dir()
+
+    frames, reply = await turn_allowing(comm, "c3", "write notes.txt hello from claude")
+    (card,) = tool_cards(frames).values()
+    assert card["kind"] == "edit" and card["status"] == "completed"
+    (request,) = [f["data"] for f in frames if f.get("kind") == "permission_request"]
+    (diff,) = card["content"]
+    assert request["toolCall"]["content"] == [diff]
+    assert diff["type"] == "diff" and diff["newText"] == "hello from claude\n"
+    assert diff["path"].endswith("/notes.txt") and diff["oldText"] is None
+    assert (workspace_of(session) / "notes.txt").read_text() == "hello from claude\n"
+    assert reply.startswith("The tool said: File created successfully")
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await comm.disconnect()
+
+
+async def test_claude_code_is_cancelled_mid_turn(owner, claude_code):
+    _, comm = await start_session(owner, "claude")
+    frames = await cancel_a_slow_turn(comm, "c1")
+    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
+    # The cancel cut the fake model's stream short, and the agent still answers.
+    assert "word80" not in reply_of(frames)
+    frames, reply = await turn(comm, "c2", "hello again")
+    assert reply == "Echo: hello again"
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await comm.disconnect()
+
+
+async def test_claude_code_is_killed_and_reattached_with_its_memory(owner, claude_code):
+    session, comm = await start_session(owner, "claude")
+    frames, reply = await turn(comm, "c1", "remember mango")
+    assert reply == "I will remember mango."
+
+    connection = runners.get(session.pk).connection
+    assert connection is not None
+    assert (connection.can_resume, connection.can_load) == (True, True)
+    # Claude Code writes its transcript a moment after the turn: killed before that, it has
+    # no session to resume ("Resource not found", seen once in a dozen runs) and Craft
+    # starts it fresh. This test is about a kill once the turn is kept.
+    await saved(session, connection.agent_session_id, "I will remember mango.")
+    os.kill(connection.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    await asyncio.to_thread(connection.wait_closed, 10)
+
+    frames, reply = await turn(comm, "c2", "recall")
+    restored = [f["data"]["restored"] for f in frames if f.get("kind") == "agent_restarted"]
+    assert restored == ["resume"], [(f.get("kind"), f.get("data")) for f in frames]
+    assert reply == "You asked me to remember: mango."
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    log = await log_of(session)
+    assert [k for k, _ in log].count("user_message_chunk") == 0
+    assert [d["text"] for k, d in log if k == "user_message"] == ["remember mango", "recall"]
+    await comm.disconnect()
