@@ -127,6 +127,9 @@ class Site:
         # Set-up queries run in this process's event loop before anything is timed; the
         # server (another process) never sees this switch.
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        # Sandboxes are provisioned here, where no agent is wanted: only the server keeps
+        # warm agents (CRAFT_WARM_AGENTS, its default unless a benchmark says otherwise).
+        os.environ["CRAFT_WARM_AGENTS"] = "0"
         sys.path.insert(0, str(ROOT))
         import django
 
@@ -160,6 +163,12 @@ class Site:
 
         provision_sandbox(user)  # here, not in the background: the figures are about turns
         return str(open_session(user, title).pk)
+
+    def home_of(self, user: Any) -> Path:
+        """Return the home folder of the user's (local) sandbox, where warm agents wait."""
+        from sandboxes.models import Sandbox
+
+        return Path(Sandbox.objects.live().owned_by(user).get().reference, "home").resolve()
 
     # --- the server ------------------------------------------------------------------
 
@@ -260,6 +269,23 @@ class Client:
                     raise RuntimeError(f"turn ended badly: {frame}")
                 return time.perf_counter() - started
 
+    async def answer(self, text: str) -> str:
+        """Send a prompt and return the text the agent answered in its turn."""
+        prompt_id = uuid.uuid4().hex
+        await self.send({"type": "prompt", "id": prompt_id, "text": text})
+        mine, chunks = False, []
+        while True:
+            frame = await self.frame()
+            if frame["type"] == "error":
+                raise RuntimeError(f"prompt refused: {frame}")
+            kind = frame.get("kind")
+            if kind == "user_message":
+                mine = frame["data"].get("id") == prompt_id
+            elif mine and kind == "agent_message_chunk":
+                chunks.append(frame["data"]["content"]["text"])
+            elif mine and kind == "turn_end":
+                return "".join(chunks)
+
     async def stream(self, text: str) -> tuple[float, int]:
         """Prompt and count the frames until `turn_end`; return (seconds, frames).
 
@@ -295,8 +321,10 @@ class DirectAgent:
 
     def __init__(self, cwd: Path) -> None:
         cwd.mkdir(parents=True, exist_ok=True)
+        # This checkout's demo agent, run as a file (it imports nothing of the project): an
+        # installed craft-demo-agent script may be another checkout's.
         self.process = subprocess.Popen(
-            [shutil.which("craft-demo-agent") or "craft-demo-agent"],
+            [sys.executable, str(ROOT / "sandboxes" / "demo_agent.py")],
             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self._ids = iter(range(1 << 30))

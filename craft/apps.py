@@ -9,15 +9,19 @@ class CraftConfig(AppConfig):
     def ready(self) -> None:
         from django.core import checks
 
+        from craft import credentials
         from craft.checks import service_passwords
         from craft.cluster import forwarding
         from craft.live import accounts, status
         from craft.turns.registry import runners
         from sandboxes.signals import sandbox_changed
+        from sandboxes.warm_agents import warm_agents
 
         accounts.connect_signals()
         # A sandbox's new state is pushed to its owner's pages (craft.live.status).
         sandbox_changed.connect(status.on_sandbox_changed, dispatch_uid="craft.live.status")
         # A session's commands, routed here by the cluster, are carried out by its runner.
         forwarding.serve(handle=runners.handle, lose=runners.lose)
+        # A sandbox that becomes running warms its owner's likeliest agent (sandboxes.warm_agents).
+        warm_agents.likely_launch = credentials.likely_launch
         checks.register(service_passwords, checks.Tags.security, deploy=True)

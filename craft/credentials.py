@@ -222,6 +222,23 @@ def launch_for(session_id: UUID) -> Launch:
     return Launch(agent, values)
 
 
+def likely_launch(owner_id: int) -> Launch | None:
+    """Return what the person's next session would most likely start: the agent of their
+    latest session (while offered), else the catalog's first, with their credentials; None
+    when some of those are missing or unreadable (then no agent is kept warm for them)."""
+    latest = (
+        Session.objects.filter(owner_id=owner_id)
+        .order_by("-created_at")
+        .values_list("agent", flat=True)
+        .first()
+    )
+    agent = (catalog.agent(latest) if latest else None) or catalog.default_agent()
+    values, missing, unreadable = _values(owner_id, agent.credential_names)
+    if missing or unreadable:
+        return None
+    return Launch(agent, values)
+
+
 def missing_for(session_id: UUID) -> CredentialsMissing | None:
     """Return why the session's agent cannot start for want of credentials, or None."""
     try:

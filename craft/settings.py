@@ -655,3 +655,7 @@ CRAFT_MAX_AGENT_CONNECTIONS = env_int("CRAFT_MAX_AGENT_CONNECTIONS", 200, minimu
 # Agents one person may have running at once in one server process (0: no limit); the
 # longest-idle one makes room for a new one, busy ones never do.
 CRAFT_MAX_AGENTS_PER_USER = env_int("CRAFT_MAX_AGENTS_PER_USER", 10)
+# Agents each running sandbox keeps started and initialized, in no session yet, in each server
+# process, so that a new session's first prompt pays only session/new (sandboxes.warm_agents;
+# 0: off). They count against both limits above and are reaped like idle agents.
+CRAFT_WARM_AGENTS = env_int("CRAFT_WARM_AGENTS", 1, minimum=0)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from sandboxes import elicitation
 
@@ -405,6 +405,13 @@ class AgentConnection:
         says which; nothing the agent sends before the resume or load answer is delivered
         (a load replays the conversation, which the client already has).
         """
+        self.initialize(timeout)
+        self.open_session(timeout, reattach=reattach)
+
+    def initialize(self, timeout: float = 30.0) -> None:
+        """Send `initialize` and keep what the agent says of itself; raise AgentError on
+        failure (the agent is stopped). A warm agent is one initialized and waiting for
+        `open_session`."""
         self._reader.start()
         try:
             init = self.request(
@@ -419,6 +426,18 @@ class AgentConnection:
             self.agent_info = dict(init.get("agentInfo") or {})
             self.capabilities = dict(init.get("agentCapabilities") or {})
             self.auth_methods = read_auth_methods(init.get("authMethods"))
+        except Exception as exc:
+            self._failed_start(exc)
+
+    def open_session(
+        self, timeout: float = 30.0, *, reattach: str | None = None, cwd: str | None = None
+    ) -> None:
+        """Open the ACP session of an initialized agent in `cwd` (default: the one it was
+        made with), or continue the agent session `reattach` (see `start`); raise AgentError
+        on failure (the agent is stopped)."""
+        if cwd is not None:
+            self.cwd = cwd
+        try:
             opened = None
             if reattach:
                 opened = self._reattach(reattach, timeout)
@@ -430,11 +449,15 @@ class AgentConnection:
                 self.restored = "none" if reattach else None
             self._take_controls(opened)
         except Exception as exc:
-            # Whatever went wrong, no agent process outlives a start that failed.
-            self.stop()
-            if isinstance(exc, AuthRequired):
-                raise AuthRequired(self.auth_message(exc), self.auth_methods) from exc
-            raise AgentError(f"agent did not start: {exc}") from exc
+            self._failed_start(exc)
+        self.last_used_at = time.monotonic()
+
+    def _failed_start(self, exc: Exception) -> NoReturn:
+        # Whatever went wrong, no agent process outlives a start that failed.
+        self.stop()
+        if isinstance(exc, AuthRequired):
+            raise AuthRequired(self.auth_message(exc), self.auth_methods) from exc
+        raise AgentError(f"agent did not start: {exc}") from exc
 
     def auth_message(self, exc: AuthRequired) -> str:
         """Return what a person reads when the agent wants authentication: its methods."""

@@ -14,6 +14,13 @@ connection and nobody holds or waits for the lock.
 The cache holds at most `CRAFT_MAX_AGENT_CONNECTIONS` agents (starts under way included). A
 start beyond that stops the longest-idle connection without a running turn first; when every
 connection is in a turn, the start is refused.
+
+It also holds warm agents (`sandboxes.warm_agents`): agents of a sandbox, initialized but in no
+session yet, each under a key of its own (the sandbox id and a random id) and marked with what
+it was started for (its `Launch`). They count against both limits like any agent, make room
+first (they hold no conversation), are stopped with their sandbox and reaped when idle, and
+are handed to a session of their own sandbox only (`get_or_start`'s `adopt`), whose agent
+would have been started for the very same launch.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from django.conf import settings
 
@@ -56,6 +63,8 @@ class ConnectionCache:
         self._key_locks: dict[Key, _KeyLock] = {}
         self._starting = 0  # starts under way (they count against the maximum)
         self._max_size = max_size
+        # Keys of warm agents -> what each was started for (compared with ==, never shown).
+        self._warm: dict[Key, object] = {}
 
     @property
     def max_size(self) -> int:
@@ -85,12 +94,22 @@ class ConnectionCache:
                     del self._key_locks[key]
 
     def get_or_start(
-        self, sandbox_id: UUID, session_id: UUID, start: Callable[[], AgentConnection]
+        self,
+        sandbox_id: UUID,
+        session_id: UUID,
+        start: Callable[[], AgentConnection],
+        *,
+        adopt: Callable[[AgentConnection], AgentConnection] | None = None,
+        launch: object = None,
     ) -> AgentConnection:
         """Return the session's live connection, starting one with `start()` if needed.
 
-        A cached connection that is no longer running is stopped and replaced. Raises
-        TooManyAgents when the cache is full and every connection in it is in a turn.
+        A cached connection that is no longer running is stopped and replaced. With `adopt`,
+        a live warm agent of the sandbox that was started for `launch` (equal) is taken
+        first, in the place it held, and `adopt(warm)` opens the session on it; if that fails,
+        `start()` runs instead. Dead warm agents met on the way are stopped, never handed
+        out. Raises TooManyAgents when the cache is full and every connection in it is in a
+        turn.
         """
         key = (sandbox_id, session_id)
         with self._locked(key):
@@ -101,9 +120,19 @@ class ConnectionCache:
                     return connection
                 logger.info("agent for session %s is gone; starting a new one", session_id)
                 self._discard(key, connection)
-            self._reserve_place(key)
+            warm = self._take_warm(sandbox_id, launch) if adopt is not None else None
+            if warm is None:
+                self._reserve_place(key)
             try:
-                connection = start()
+                connection = None
+                if warm is not None and adopt is not None:
+                    try:
+                        connection = adopt(warm)
+                    except Exception as exc:
+                        logger.info("warm agent %s: %s; starting another", warm.process.ident, exc)
+                        self._stop(key, warm)
+                if connection is None:
+                    connection = start()
             except BaseException:
                 with self._lock:
                     self._starting -= 1
@@ -112,6 +141,89 @@ class ConnectionCache:
                 self._starting -= 1
                 self._connections[key] = connection
             return connection
+
+    # --- warm agents ----------------------------------------------------------------------
+
+    def start_warm(
+        self, sandbox_id: UUID, launch: object, start: Callable[[], AgentConnection]
+    ) -> AgentConnection | None:
+        """Start a warm agent for the sandbox with `start()`, if there is room for it without
+        stopping anyone (under both limits); return it, or None when there was no room.
+
+        Its key is locked while it starts, so that stopping the sandbox waits for it and
+        stops it too.
+        """
+        key = (sandbox_id, uuid4())
+        with self._locked(key):
+            with self._lock:
+                per_sandbox = settings.CRAFT_MAX_AGENTS_PER_USER
+                mine = sum(1 for other in self._connections if other[0] == sandbox_id)
+                if (per_sandbox and mine >= per_sandbox) or (
+                    len(self._connections) + self._starting >= self.max_size
+                ):
+                    return None
+                self._starting += 1
+            try:
+                connection = start()
+            finally:
+                with self._lock:
+                    self._starting -= 1
+            with self._lock:
+                self._connections[key] = connection
+                self._warm[key] = launch
+            return connection
+
+    def _take_warm(self, sandbox_id: UUID, launch: object) -> AgentConnection | None:
+        """Take a live warm agent of the sandbox started for `launch` out of the cache,
+        keeping its place as a start under way; stop dead ones met on the way."""
+        with self._lock:
+            keys = [key for key in self._warm if key[0] == sandbox_id]
+        for key in keys:
+            with self._locked(key, blocking=False) as acquired:
+                if not acquired:
+                    continue  # being started or stopped right now
+                with self._lock:
+                    connection = self._connections.get(key)
+                    if connection is None or key not in self._warm:
+                        continue
+                    if connection.is_running and self._warm[key] == launch:
+                        del self._connections[key], self._warm[key]
+                        self._starting += 1  # its place, until the session has it
+                        return connection
+                if not connection.is_running:
+                    logger.info("warm agent %s died while waiting", connection.process.ident)
+                    self._discard(key, connection)
+        return None
+
+    def warm(self, sandbox_id: UUID | None = None) -> list[tuple[Key, AgentConnection, object]]:
+        """Return the warm agents (of one sandbox, or all): key, connection, launch."""
+        with self._lock:
+            return [
+                (key, self._connections[key], launch)
+                for key, launch in self._warm.items()
+                if sandbox_id is None or key[0] == sandbox_id
+            ]
+
+    def is_warm(self, key: Key) -> bool:
+        with self._lock:
+            return key in self._warm
+
+    def stop_warm(self, key: Key, connection: AgentConnection) -> bool:
+        """Stop one warm agent unless it was handed out or stopped meanwhile."""
+        with self._locked(key, blocking=False) as acquired:
+            if not acquired:
+                return False
+            with self._lock:
+                if self._connections.get(key) is not connection:
+                    return False
+            self._discard(key, connection)
+            return True
+
+    def touch_warm(self, sandbox_id: UUID) -> None:
+        """The sandbox is in use: its warm agents' idle time starts again."""
+        now = time.monotonic()
+        for _key, connection, _launch in self.warm(sandbox_id):
+            connection.last_used_at = now
 
     def _reserve_place(self, key: Key) -> None:
         """Count one more start, first stopping the longest-idle connection if the sandbox
@@ -144,13 +256,21 @@ class ConnectionCache:
                 raise TooManyAgents(full)
 
     def _eviction_order(self, key: Key, keys: list[Key]) -> list[tuple[Key, AgentConnection]]:
-        """Return the connections that may be evicted, dead ones first, then longest idle."""
+        """Return the connections that may be evicted, in the order they go (hold `_lock`)."""
         candidates = [
             (other, self._connections[other])
             for other in keys
             if other != key and not self._connections[other].turn_active
         ]
-        return sorted(candidates, key=lambda pair: (pair[1].is_running, pair[1].last_used_at))
+        # Dead ones first, then warm agents (they hold no conversation), then longest idle.
+        return sorted(
+            candidates,
+            key=lambda pair: (
+                pair[1].is_running,
+                pair[0] not in self._warm,
+                pair[1].last_used_at,
+            ),
+        )
 
     def _evict(self, key: Key, connection: AgentConnection) -> bool:
         with self._locked(key, blocking=False) as acquired:
@@ -160,7 +280,9 @@ class ConnectionCache:
                 if self._connections.get(key) is not connection or connection.turn_active:
                     return False
                 del self._connections[key]
-        logger.info("evicting the agent of session %s: the cache is full", key[1])
+                warm = self._warm.pop(key, None) is not None
+        whose = "a warm agent" if warm else f"the agent of session {key[1]}"
+        logger.info("evicting %s: the cache is full", whose)
         self._stop(key, connection)
         return True
 
@@ -224,25 +346,34 @@ class ConnectionCache:
                 ):
                     return False
                 del self._connections[key]
+                self._warm.pop(key, None)
         self._stop(key, connection)
         return True
 
     def stop_all(self) -> int:
         return self._stop_where(lambda _key: True, wait_for_starts=True)
 
-    def count(self, sandbox_id: UUID | None = None) -> int:
-        """Return how many live connections this process holds (for one sandbox or all)."""
+    def count(self, sandbox_id: UUID | None = None, *, warm: bool = True) -> int:
+        """Return how many live connections this process holds (for one sandbox or all);
+        without `warm`, sessions' agents only."""
         with self._lock:
             return sum(
                 1
                 for key, conn in self._connections.items()
-                if (sandbox_id is None or key[0] == sandbox_id) and conn.is_running
+                if (sandbox_id is None or key[0] == sandbox_id)
+                and conn.is_running
+                and (warm or key not in self._warm)
             )
 
     def sandboxes(self) -> set[UUID]:
-        """Return the sandboxes this process holds live connections of."""
+        """Return the sandboxes this process holds live sessions' agents of (a warm agent
+        alone does not make a sandbox in use)."""
         with self._lock:
-            return {key[0] for key, conn in self._connections.items() if conn.is_running}
+            return {
+                key[0]
+                for key, conn in self._connections.items()
+                if conn.is_running and key not in self._warm
+            }
 
     def keys(self) -> list[Key]:
         with self._lock:
@@ -275,6 +406,7 @@ class ConnectionCache:
                     connection = self._connections.get(key)
                     if connection is not None and connection_matches(connection):
                         del self._connections[key]
+                        self._warm.pop(key, None)
                         doomed.append((key, connection))
         # Stopping one agent can take seconds (it may ignore the end of its input and need
         # signals): stop them all at once.
@@ -290,6 +422,7 @@ class ConnectionCache:
         with self._lock:
             if self._connections.get(key) is connection:
                 del self._connections[key]
+                self._warm.pop(key, None)
         self._stop(key, connection)
 
     @staticmethod

@@ -7,6 +7,8 @@ update or idempotent), each writing a `ReaperAction` for what it did:
   open permission request, and have not been used for `CRAFT_AGENT_IDLE_SECONDS`; and those
   of sandboxes that are no longer running (terminated, failed or gone, maybe by another
   process). Connections live in a server process's memory: only that process can do this.
+  Warm agents (`sandboxes.warm_agents`) are reaped the same way, and those that died while waiting
+  are replaced; a warm agent alone never keeps a sandbox from being idle.
 * `reap_sandboxes`:
   - marks the sandboxes that hold live agent connections of this process as active now, so
     that every process (and `manage.py reap`) sees that they are in use;
@@ -52,6 +54,7 @@ from .backends import Resource, SandboxError, get_backend
 from .connections import agent_connections
 from .models import ReaperAction, Sandbox
 from .signals import announce_change
+from .warm_agents import warm_agents
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ def stop_idle_agents(sessions: Sessions) -> list[ReaperAction]:
     Never one in a turn or with an open permission request: the connection itself says so
     (checked again under its lock), and so does `sessions` (a turn that is starting).
     """
+    warm_agents.replace_dead()
     keys = agent_connections.keys()
     if not keys:
         return []
@@ -118,13 +122,11 @@ def stop_idle_agents(sessions: Sessions) -> list[ReaperAction]:
     for (sandbox_id, session_id), (kind, why, idle) in doomed.items():
         if session_id in busy.sessions:
             continue
+        warm = agent_connections.is_warm((sandbox_id, session_id))
         if agent_connections.stop_if_idle((sandbox_id, session_id), idle):
-            logger.info("reaper: stopped the agent of session %s: %s", session_id, why)
-            actions.append(
-                services.record_action(
-                    kind, why, sandbox_id=sandbox_id, target=f"session {session_id}"
-                )
-            )
+            target = "a warm agent" if warm else f"session {session_id}"
+            logger.info("reaper: stopped the agent of %s: %s", target, why)
+            actions.append(services.record_action(kind, why, sandbox_id=sandbox_id, target=target))
     return actions
 
 
@@ -227,7 +229,7 @@ def _terminate_idle(sessions: Sessions, now: datetime, report: Report) -> None:
         if (
             not sandbox.is_idle(now, idle, activity.get(sandbox.pk))
             or sandbox.pk in busy
-            or agent_connections.count(sandbox.pk)
+            or agent_connections.count(sandbox.pk, warm=False)
         ):
             continue
         # Claimed with a conditional update: a sandbox used since it was read is spared.

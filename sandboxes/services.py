@@ -24,10 +24,11 @@ from django.utils import timezone
 from . import warm
 from .acp import AgentConnection, AgentError
 from .backends import Health, SandboxError, WarmUnusable, get_backend, warm_pool
-from .catalog import Launch
+from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
 from .signals import announce_change
+from .warm_agents import warm_agents
 from .workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -247,6 +248,8 @@ def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
         status_changed_at=now,
         last_activity_at=now,
     )
+    sandbox.reference = reference
+    warm_agents.sandbox_ready(sandbox)
 
 
 def _claim_warm(sandbox: Sandbox, progress: Any) -> str:
@@ -437,11 +440,17 @@ def agent_connection(
     check the sandbox: if its folder or pod is gone, the sandbox is marked failed and
     SandboxUnavailable says so in words fit for the user.
     """
+    launch = launch or Launch(default_agent())
+    # A warm agent opens new sessions only: a reattach goes to an agent started in the
+    # session's workspace, as it always did.
+    warm = reattach is None and warm_agents.enabled()
     try:
-        return agent_connections.get_or_start(
+        connection = agent_connections.get_or_start(
             sandbox.pk,
             session_id,
             lambda: start_agent_connection(sandbox, session_id, reattach, launch),
+            adopt=functools.partial(adopt_warm_agent, sandbox, session_id) if warm else None,
+            launch=launch,
         )
     except TooManyAgents:
         raise  # the server is full, the sandbox is fine
@@ -454,6 +463,20 @@ def agent_connection(
             raise SandboxUnavailable(row or "your sandbox is gone") from exc
         _release_database_connection()
         raise
+    warm_agents.want(sandbox, launch)
+    return connection
+
+
+def adopt_warm_agent(sandbox: Sandbox, session_id: UUID, warm: AgentConnection) -> AgentConnection:
+    """Open the session on a warm agent (`sandboxes.warm_agents`): its workspace is made, and
+    `session/new` names it as the session's `cwd`."""
+    backend = get_backend(sandbox.backend)
+    backend.make_workspace(sandbox, session_id)
+    warm.open_session(
+        settings.CRAFT_AGENT_START_TIMEOUT, cwd=backend.workspace_path(sandbox, session_id)
+    )
+    logger.info("session %s took warm agent %s", session_id, warm.process.ident)
+    return warm
 
 
 def start_agent_connection(
@@ -496,7 +519,9 @@ def stop_idle_connections(sandbox: Sandbox | None = None, idle_seconds: float = 
 
 
 def stop_all_agents() -> int:
-    """Stop every agent connection of this process, all at once; return how many."""
+    """Stop every agent connection of this process, all at once, and start no more warm
+    agents (the process is stopping); return how many."""
+    warm_agents.close()
     return agent_connections.stop_all()
 
 

@@ -12,6 +12,9 @@ os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
 # able to run (pyenv under /root, say): the containment tests turn sandbox users on themselves.
 os.environ.setdefault("CRAFT_SANDBOX_UIDS", "off")
 # A fixed key for the credentials people store (docs/agents.md), used by tests only.
+# No warm agents unless a test asks for them (tests/sandboxes/test_warm_agents.py): the rest
+# of the suite counts agent processes and limits as they were before warm agents.
+os.environ.setdefault("CRAFT_WARM_AGENTS", "0")
 os.environ.setdefault("CRAFT_SECRETS_KEY", "6Ijl_GdANX76rs7fpuqxpj0MAJSXQd_PfPTn58A-i4c=")
 # The suite runs on PostgreSQL: several tests are about concurrent writers and a second
 # process (daphne) sharing the database. CRAFT_TEST_DATABASE_URL points it elsewhere.

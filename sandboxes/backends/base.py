@@ -85,6 +85,20 @@ class SandboxBackend(Protocol):
         the session's workspace, creating the workspace if it does not exist yet. Its
         credentials reach the agent's environment only, never a command line."""
 
+    def start_warm_agent(
+        self, sandbox: "Sandbox", launch: "Launch | None" = None
+    ) -> "AgentProcess":
+        """Start the launch's agent as `start_agent` does, with the very same environment,
+        but in `warm_path`, for no session yet: a warm agent, whose session is opened later
+        with `session/new` in a workspace made by `make_workspace`."""
+
+    def warm_path(self, sandbox: "Sandbox") -> str:
+        """Return the folder warm agents start in: the sandbox's, and no session's."""
+
+    def make_workspace(self, sandbox: "Sandbox", session_id: UUID) -> None:
+        """Create the session's workspace if it does not exist (what `start_agent` does
+        first), for a warm agent about to open the session there."""
+
     def workspace(self, sandbox: "Sandbox", session_id: UUID) -> "Workspace":
         """Return the session's workspace, read with the agent's rights where the agent runs
         (`sandboxes.workspace`): confined to it, following no link, bounded."""

@@ -523,13 +523,25 @@ class KubernetesBackend:
     def remove_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
         self._run(sandbox, ["rm", "-rf", "--", self.workspace_path(sandbox, session_id)])
 
+    def warm_path(self, sandbox: Sandbox) -> str:
+        # The volume's root: a folder of the pod that is no session's workspace.
+        return WORKSPACE
+
+    def make_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
+        self._run(sandbox, ["mkdir", "-p", "--", self.workspace_path(sandbox, session_id)])
+
     def start_agent(
         self, sandbox: Sandbox, session_id: UUID, launch: Launch | None = None
     ) -> ExecProcess:
         """Start the launch's agent by exec; its credentials are written to the sandbox's
         Secret first and read from the mounted files in the pod, never put in the exec."""
+        return self._start(sandbox, self.workspace_path(sandbox, session_id), launch)
+
+    def start_warm_agent(self, sandbox: Sandbox, launch: Launch | None = None) -> ExecProcess:
+        return self._start(sandbox, self.warm_path(sandbox), launch)
+
+    def _start(self, sandbox: Sandbox, workspace: str, launch: Launch | None) -> ExecProcess:
         launch = launch or Launch(default_agent())
-        workspace = self.workspace_path(sandbox, session_id)
         command = launch.agent.command
         if not launch.secrets:
             return self.exec(sandbox, ["sh", "-c", CD_AND_EXEC, "sh", workspace, *command])

@@ -382,13 +382,36 @@ class LocalBackend:
         containment.remove_private_folder(self._root(sandbox), parts)
         containment.remove_private_folder(self._stores_of(sandbox), (parts[1],))
 
+    def warm_path(self, sandbox: Sandbox) -> str:
+        # The sandbox's home: a folder of the sandbox that is no session's workspace.
+        return str(self._root(sandbox) / "home")
+
+    def make_workspace(self, sandbox: Sandbox, session_id: UUID) -> None:
+        user = self._user(sandbox)
+        try:
+            containment.private_folder(
+                self._root(sandbox), ("sessions", self._workspace(sandbox, session_id).name), user
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot create the session's workspace: {exc}") from exc
+
     def start_agent(
         self, sandbox: Sandbox, session_id: UUID, launch: Launch | None = None
     ) -> LocalAgentProcess:
+        workspace = self._workspace(sandbox, session_id)
+        return self._start(sandbox, ("sessions", workspace.name), launch)
+
+    def start_warm_agent(self, sandbox: Sandbox, launch: Launch | None = None) -> LocalAgentProcess:
+        return self._start(sandbox, ("home",), launch)
+
+    def _start(
+        self, sandbox: Sandbox, folder: tuple[str, ...], launch: Launch | None
+    ) -> LocalAgentProcess:
+        """Start the launch's agent in `folder` of the sandbox (created if need be)."""
         launch = launch or Launch(default_agent())
         self._refuse_unisolated()
         root = self._root(sandbox)
-        workspace = self._workspace(sandbox, session_id)
+        cwd = root.joinpath(*folder)
         if not root.is_dir():
             raise SandboxError("the sandbox's folder does not exist")
         user = self._user(sandbox)
@@ -401,7 +424,7 @@ class LocalBackend:
         # into the workspace would follow a link swapped in after this check, but gives
         # nothing: the agent's rights on whatever it lands in are checked as its own.)
         try:
-            for parts in (("home",), ("tmp",), ("sessions", workspace.name)):
+            for parts in dict.fromkeys((("home",), ("tmp",), folder)):
                 containment.private_folder(root, parts, user)
         except OSError as exc:
             raise SandboxError(f"cannot create the session's workspace: {exc}") from exc
@@ -418,16 +441,16 @@ class LocalBackend:
             )
         redact = list(launch.secrets.values())
         if user is None:
-            return LocalAgentProcess(argv, workspace, env=env, redact=redact)
+            return LocalAgentProcess(argv, cwd, env=env, redact=redact)
         argv = jail.jailed(
             argv,
             sandbox=root,
-            workspace=workspace,
+            workspace=cwd,
             user=user,
             sandbox_root=self.sandbox_root,
             tools=tools,
         )
-        return LocalAgentProcess(argv, workspace, env=env, umask=0o077, redact=redact)
+        return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact)
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user

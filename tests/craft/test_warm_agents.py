@@ -1,0 +1,139 @@
+"""Warm agents through the whole server: daphne in a subprocess, the catalog from a
+CRAFT_AGENTS_FILE, real agent processes of the local backend.
+
+A warm agent is found as a process of the sandbox working in the sandbox's home (where warm
+agents wait); its pid is read before the session that takes it exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxes.models import Sandbox
+from tests.catalog import KEY, catalog_toml
+
+from ..server import Daphne, Socket, api
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OLD_KEY = "sk-olivia-0123456789-old"
+NEW_KEY = "sk-olivia-0123456789-new"
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    agents = tmp_path / "agents.toml"
+    agents.write_text(catalog_toml())
+    daphne = Daphne(tmp_path, CRAFT_AGENTS_FILE=str(agents), CRAFT_WARM_AGENTS="1").start()
+    try:
+        yield daphne
+    finally:
+        daphne.stop()
+
+
+def ask(socket: Socket, text: str) -> str:
+    socket.send({"type": "prompt", "id": f"{text}-{time.monotonic()}", "text": text})
+    frames = socket.until(lambda f: f.get("kind") == "turn_end")
+    chunks = [f["data"] for f in frames if f.get("kind") == "agent_message_chunk"]
+    assert chunks, frames
+    return "".join(chunk["content"]["text"] for chunk in chunks)
+
+
+def open_session(server: Daphne, user, agent: str) -> Socket:
+    status, session = api(server, user, "POST", "/api/sessions/", {"agent": agent})
+    assert status == 201, session
+    socket = Socket(server, user, session["id"])
+    socket.send({"type": "resume", "after": 0})
+    return socket
+
+
+def running_sandbox(user) -> Sandbox:
+    deadline = time.monotonic() + 30
+    while True:
+        sandbox = Sandbox.objects.live().owned_by(user).first()
+        if sandbox is not None and sandbox.status == Sandbox.Status.RUNNING:
+            return sandbox
+        assert time.monotonic() < deadline, "sandbox not running"
+        time.sleep(0.05)
+
+
+def waiting_in_home(sandbox: Sandbox) -> list[int]:
+    """Return the pids of processes working in the sandbox's home: its warm agents."""
+    home = Path(sandbox.reference, "home").resolve()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cwd").resolve() == home and (entry / "stat").read_text().split(
+                    ") ", 1
+                )[1][0] != "Z":
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def warm_pid(sandbox: Sandbox, but: tuple[int, ...] = ()) -> int:
+    deadline = time.monotonic() + 30
+    while True:
+        pids = [pid for pid in waiting_in_home(sandbox) if pid not in but]
+        if pids:
+            assert len(pids) == 1, pids
+            return pids[0]
+        assert time.monotonic() < deadline, "no warm agent"
+        time.sleep(0.05)
+
+
+def test_a_new_sessions_first_prompt_is_served_by_a_pre_started_process(server, owner):
+    first = open_session(server, owner, "demo")
+    sandbox = running_sandbox(owner)
+    first_pid = int(ask(first, "pid").split()[1])
+    pid = warm_pid(sandbox, but=(first_pid,))
+
+    second = open_session(server, owner, "demo")  # exists only now
+    assert int(ask(second, "pid").split()[1]) == pid
+    assert warm_pid(sandbox, but=(first_pid, pid)) != pid  # replaced in the background
+    first.close()
+    second.close()
+
+
+def test_a_warm_agent_gets_exactly_the_sessions_environment_and_key(server, owner):
+    status, body = api(server, owner, "PUT", f"/api/credentials/{KEY}/", {"value": OLD_KEY})
+    assert status == 200, body
+    first = open_session(server, owner, "keyed")
+    sandbox = running_sandbox(owner)
+    first_pid = int(ask(first, "pid"))
+    first_env = json.loads(ask(first, "env"))
+    pid = warm_pid(sandbox, but=(first_pid,))
+
+    second = open_session(server, owner, "keyed")
+    assert int(ask(second, "pid")) == pid
+    assert json.loads(ask(second, "env")) == first_env
+    assert first_env[KEY] == OLD_KEY
+
+    # A key changed since the warm agent started: the next session's agent has the new one.
+    waiting = warm_pid(sandbox, but=(first_pid, pid))
+    status, body = api(server, owner, "PUT", f"/api/credentials/{KEY}/", {"value": NEW_KEY})
+    assert status == 200, body
+    third = open_session(server, owner, "keyed")
+    assert int(ask(third, "pid")) != waiting
+    assert json.loads(ask(third, "env"))[KEY] == NEW_KEY
+    for socket in (first, second, third):
+        socket.close()
+
+
+def test_no_agent_is_kept_warm_without_its_owners_key(server, owner, stranger):
+    # The stranger's latest session is for the keyed agent, whose key they never stored.
+    status, _ = api(server, stranger, "POST", "/api/sessions/", {"agent": "keyed"})
+    assert status == 201
+    sandbox = running_sandbox(stranger)
+    # The owner's sandbox, made after it, does get its warm agent: the warming had its turn.
+    open_session(server, owner, "demo").close()
+    warm_pid(running_sandbox(owner))
+    assert os.path.isdir(sandbox.reference)
+    assert waiting_in_home(sandbox) == []
