@@ -132,6 +132,12 @@ def private_postgres(var: Path) -> Iterator[str]:
     # One data folder per cluster folder, kept between runs.
     folder = hashlib.sha256(str(var).encode()).hexdigest()[:16]
     data = Path(account.pw_dir) / "craft-cluster" / folder
+    if (data / "PG_VERSION").exists() and not (var / "postgres-password").exists():
+        # Its password went with the cluster folder (deleted, or made anew at the same path):
+        # nobody can sign in to it any more, and what it held belonged to that folder.
+        print(f"Removing the cluster's old PostgreSQL data ({data}): its password is gone",
+              flush=True)  # fmt: skip
+        shutil.rmtree(data)
     password = password_in(var / "postgres-password")
     if not (data / "PG_VERSION").exists():
         data.mkdir(parents=True, mode=0o700, exist_ok=True)
