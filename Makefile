@@ -10,10 +10,12 @@ PORT ?= 8000
 DAPHNE_OPTIONS := --websocket-max-message-size 4194304 --websocket-max-frame-size 4194304
 # The virtualenv's scripts (craft-demo-agent, daphne) must be found by subprocesses too.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
-# The key that encrypts the credentials people store for their agents (docs/agents.md): one
-# is generated under var/ on first use, as the admin password is, unless one is given.
+# The key that encrypts the credentials people store for their agents (docs/agents.md): for
+# the app that `make run` and `make run-cluster` serve, one is generated under var/ on first
+# use, as the admin password is, unless one is given. Not for `make test`, whose settings
+# have a key of their own.
 ifeq ($(origin CRAFT_SECRETS_KEY)$(origin CRAFT_SECRETS_KEY_FILE),undefinedundefined)
-export CRAFT_SECRETS_KEY_FILE := $(CURDIR)/var/secrets-key
+secrets-key migrate run run-cluster: export CRAFT_SECRETS_KEY_FILE := $(CURDIR)/var/secrets-key
 endif
 
 .PHONY: secrets-key run run-cluster test bench lint format venv dev-venv browser node haproxy isolation realagent migrate clean
