@@ -75,13 +75,15 @@ class SessionCheckpoints:
         self._early = asyncio.get_running_loop().create_task(self._take_early())
 
     async def _take_early(self) -> Checkpoint | str | None:
+        """Return the early checkpoint, or why there is none (None: the session has one).
+        Never raises: nobody may ever wait for it (no prompt comes)."""
         try:
             if await db_sync_to_async(latest_checkpoint)(self.session_id):
                 return None  # not the session's first: a turn (of any worker) took one
-        except Exception as exc:  # the session is gone, the database busy: the turn takes one
+            return await self._take(f"session {self.session_id}: before its first turn")
+        except Exception as exc:  # the session or its sandbox is gone: a turn takes one
             logger.info("session %s: no early checkpoint: %s", self.session_id, exc)
             return str(exc)
-        return await self._take(f"session {self.session_id}: before its first turn")
 
     async def before_turn(self, prompt_seq: int) -> None:
         """Wait for the previous checkpoint; make the session's first one if it has none
@@ -101,14 +103,13 @@ class SessionCheckpoints:
         """Return the checkpoint taken ahead of the first prompt (waiting while it is being
         written) if the workspace is still as it recorded; None if there is none or it is
         stale, failed, or cannot be confirmed."""
-        early, self._early = self._early, None
+        early = self._early
         if early is None:
             return None
-        try:
-            taken = await early
-        except Exception:
-            logger.exception("session %s: the early checkpoint failed", self.session_id)
-            return None
+        # Shielded, and forgotten only once done: a turn stopped meanwhile leaves it to the
+        # next one, which then never writes the store while it is still being written.
+        taken = await asyncio.shield(early)
+        self._early = None
         if not isinstance(taken, Checkpoint):
             return None
         try:
