@@ -6,10 +6,13 @@ same demo agent driven directly over its stdio (the floor):
 * follow-up: a cached agent answers `count 1` (one chunk); prompt sent -> `turn_end` received,
   minus the same prompt sent to the agent directly. Samples are interleaved.
 * new session with a warm agent: the first prompt of a fresh session whose sandbox keeps a
-  warm agent (CRAFT_WARM_AGENTS=1: spawned and initialized before the session exists), so
-  it pays `session/new` and the prompt; held to twice the cached follow-up. Each sample
-  waits (untimed) until the warm agent is there, and checks afterwards that the process that
-  answered was that one.
+  warm agent (CRAFT_WARM_AGENTS=1: spawned and initialized before the session exists), sent
+  as the page sends it: `start_agent` once the page is loaded (the agent takes the warm
+  process, `session/new`, and the session's first checkpoint is taken in the background),
+  then the prompt after a person's pause (PERSON_PAUSE, untimed); held to twice the cached
+  follow-up. Beside it, the same prompt sent without `start_agent` (it then pays
+  `session/new` and the first checkpoint itself). Each sample waits (untimed) until the warm
+  agent is there, and checks afterwards that the process that answered was that one.
 * uncached / cached: the first prompt of a fresh session with warm agents off (spawn,
   initialize, session/new, prompt) over the cached follow-up; a server of its own
   (CRAFT_WARM_AGENTS=0), after the other one.
@@ -45,6 +48,7 @@ MANY = 50
 COLD = 20
 STREAMERS = 10
 WARM_SETTLE = 0.5  # seconds from a warm agent's spawn until it is surely initialized
+PERSON_PAUSE = 1.0  # seconds from the page's agent start to the first prompt (typing it)
 
 
 async def follow_ups(server: Server, agent: DirectAgent, client: Client, rounds: int) -> dict:
@@ -80,9 +84,12 @@ def waiting_in(folder: Path) -> set[int]:
     return found
 
 
-async def warm_firsts(server: Server, cookie: str, home: Path, sessions: list[str]) -> dict:
-    """The first prompt of each fresh session, each once its sandbox's warm agent waits;
-    return the median and how many were served by the warm agent."""
+async def warm_firsts(
+    server: Server, cookie: str, home: Path, sessions: list[str], page: bool = True
+) -> dict:
+    """The first prompt of each fresh session, each once its sandbox's warm agent waits
+    (with `page`, after `start_agent` and a person's pause, as the page sends it); return the
+    median and how many were served by the warm agent."""
     times, served_warm = [], 0
     taken: set[int] = set()  # an agent taken keeps its folder: these are no longer warm
     for session_id in sessions:
@@ -96,6 +103,11 @@ async def warm_firsts(server: Server, cookie: str, home: Path, sessions: list[st
         taken |= waiting_in(home)
         client = await Client.open(server, cookie, session_id)
         await client.send({"type": "resume", "after": 0})
+        if page:
+            await client.send({"type": "start_agent"})
+            while (await client.frame()).get("kind") != "available_commands_update":
+                pass
+            await asyncio.sleep(PERSON_PAUSE)
         times.append(await client.prompt(FOLLOW_UP))
         # A warm agent keeps working in the folder it started in: no process of the
         # sandbox's (the agent, or its jail) works in the session's workspace.
@@ -239,6 +251,7 @@ async def run(site: Site, rounds: int) -> list[Figure]:
     stream_id = site.session(user)
     fresh = [site.session(user) for _ in range(10)]
     warm_sessions = [site.session(user) for _ in range(10)]
+    unstarted = [site.session(user) for _ in range(10)]
     home = site.home_of(user)
     many = [site.session(user) for _ in range(MANY)]
     streamers = [site.session(user) for _ in range(STREAMERS)]
@@ -251,6 +264,7 @@ async def run(site: Site, rounds: int) -> list[Figure]:
             fu = await follow_ups(server, agent, client, rounds)
             await client.close()
             warm_first = await warm_firsts(server, cookie, home, warm_sessions)
+            unstarted_first = await warm_firsts(server, cookie, home, unstarted, page=False)
             client = await Client.open(server, cookie, stream_id)
             await client.send({"type": "resume", "after": 0})
             await client.prompt(FOLLOW_UP)
@@ -287,8 +301,17 @@ async def run(site: Site, rounds: int) -> list[Figure]:
             "ms",
             f"<= 2x cached ({warm_limit:.1f} ms)",
             warm_ms <= warm_limit and warm_first["warm"] == warm_first["samples"],
-            f"{warm_first['warm']}/{warm_first['samples']} served by the warm agent; "
-            f"warm off {cold_first * 1000:.1f} ms, cached {fu['cached'] * 1000:.2f} ms",
+            f"{warm_first['warm']}/{warm_first['samples']} served by the warm agent, "
+            f"after start_agent; warm off {cold_first * 1000:.1f} ms, "
+            f"cached {fu['cached'] * 1000:.2f} ms",
+        ),
+        Figure(
+            "the same, no start_agent (the prompt starts the agent)",
+            unstarted_first["median"] * 1000,
+            "ms",
+            "-",
+            None,
+            f"{unstarted_first['warm']}/{unstarted_first['samples']} served by the warm agent",
         ),
         Figure(
             "uncached / cached",

@@ -144,6 +144,17 @@ class Workspace:
         )
         return Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
 
+    def unchanged(self, commit: str) -> bool:
+        """Say whether the workspace is still as checkpoint `commit` recorded it (a checkpoint
+        taken now would record the same); false when in doubt. Cheaper than a checkpoint: no
+        commit, one git process."""
+        limit = str(settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES)
+        answer, _ = _answer(
+            self._in_store(["unchanged", self._store, commit, limit]),
+            settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS,
+        )
+        return answer.get("unchanged") is True
+
     def changes(self, before: str, after: str, limit: int = 1000) -> dict[str, Any]:
         """The files that differ between two checkpoints ("" before: none):
         `{"files": [{"path", "status", "old_path"?, "added", "removed", "binary"}],

@@ -23,6 +23,8 @@ Usage: workspace_tool.py <sandbox folder> <workspace, relative to it> <command> 
 * `archive <max bytes>`: one JSON line (counts, or an error), then the workspace as a zip.
 * `checkpoint <store> <max file bytes> <message>`: record the workspace in the git repository
   `store` (created if need be); one JSON line: the commit, and what was left out.
+* `unchanged <store> <commit> <max file bytes>`: one JSON line, whether a checkpoint taken
+  now would record what `commit` recorded (`{"unchanged": true}`), without writing one.
 * `changes <store> <before> <after> <limit>`: one JSON line, the files that differ between
   two commits ("" before: the empty tree).
 * `diff <store> <before> <after> <path>`: one JSON line, then the unified diff ("" path: all).
@@ -423,8 +425,7 @@ def checkpoint(workspace: int, store: str, max_file_bytes: int, message: str) ->
     too_large = [path for path, _ in _files_over(workspace, max_file_bytes)]
     os.makedirs(os.path.join(store, "info"), exist_ok=True)
     with open(os.path.join(store, "info", "exclude"), "wb") as exclude:
-        exclude.write("\n".join(DEFAULT_EXCLUDES).encode() + b"\n")
-        exclude.writelines(b"/" + _pattern(path) + b"\n" for path in too_large)
+        exclude.write(_excludes(too_large))
     # A file that grew past the limit leaves the checkpoints (exclusion alone keeps tracked
     # files); it is listed in `too_large`.
     for path in too_large:
@@ -437,6 +438,37 @@ def checkpoint(workspace: int, store: str, max_file_bytes: int, message: str) ->
         "too_large": [escape(path) for path in too_large],
         "excluded": list(DEFAULT_EXCLUDES),
     }
+
+
+def _excludes(too_large: list[bytes]) -> bytes:
+    """The store's info/exclude: the default patterns, then each file left out for its size."""
+    defaults = "\n".join(DEFAULT_EXCLUDES).encode() + b"\n"
+    return defaults + b"".join(b"/" + _pattern(path) + b"\n" for path in too_large)
+
+
+def unchanged(workspace: int, store: str, commit: str, max_file_bytes: int) -> dict[str, object]:
+    """Say whether a checkpoint taken now would record what `commit` recorded: it is the
+    store's latest, the same files are left out for their size, and git sees nothing to add
+    (nothing modified, deleted or new that is not ignored). Writes nothing but git's index
+    refresh; any doubt answers false (the caller then takes a checkpoint)."""
+    os.fchdir(workspace)
+    try:
+        with open(os.path.join(store, "info", "exclude"), "rb") as exclude:
+            excludes = exclude.read()
+    except FileNotFoundError:
+        return {"unchanged": False}
+    too_large = [path for path, _ in _files_over(workspace, max_file_bytes)]
+    if excludes != _excludes(too_large):
+        return {"unchanged": False}
+    done = _git_run(git_argv(store, "status", "--porcelain=v2", "--branch", "-z",
+                             "--untracked-files=all", "--ignore-submodules=none"))  # fmt: skip
+    if done.returncode != 0:
+        return {"unchanged": False}
+    lines = done.stdout.split(b"\0")
+    head = next((line[len(b"# branch.oid ") :] for line in lines
+                 if line.startswith(b"# branch.oid ")), b"")  # fmt: skip
+    changed = any(line and not line.startswith(b"# ") for line in lines)
+    return {"unchanged": head.decode() == commit and not changed}
 
 
 def _files_over(workspace: int, limit: int) -> Iterator[tuple[bytes, int]]:
@@ -569,7 +601,8 @@ def header(out: BinaryIO, data: dict[str, object]) -> None:
 USAGE = __doc__.split("Usage: ")[1].split("\n")[0]
 # command: how many arguments
 COMMANDS = {
-    "list": 3, "read": 2, "archive": 1, "checkpoint": 3, "changes": 4, "diff": 4, "revert": 5,
+    "list": 3, "read": 2, "archive": 1, "checkpoint": 3, "unchanged": 3, "changes": 4, "diff": 4,
+    "revert": 5,
 }  # fmt: skip
 
 
@@ -598,6 +631,9 @@ def main(argv: list[str]) -> int:
         elif command == "checkpoint":
             store, max_file_bytes, message = args
             header(out, checkpoint(workspace, store, int(max_file_bytes), message))
+        elif command == "unchanged":
+            store, commit, max_file_bytes = args
+            header(out, unchanged(workspace, store, commit, int(max_file_bytes)))
         elif command == "changes":
             store, before, after, limit = args
             header(out, changes(workspace, store, before, after, int(limit)))

@@ -6,6 +6,12 @@ when, off the hot path:
 * **before a turn**, the previous checkpoint must be written (the next prompt waits only
   for that); a session that has none yet (its first turn, in this or any worker) gets one
   first, which is its state before any turn.
+* **ahead of a session's first prompt** (its agent started early, `start_agent`), that first
+  checkpoint is taken in the background (`take_first_early`). It is only a candidate: the
+  first turn waits for it if it is still being written, then asks the workspace whether it
+  is still its state (`Workspace.unchanged`, one git process) and takes a new one if not, or
+  if in doubt. So whatever was written in between (by the agent, or anything else in the
+  sandbox) is in the first turn's "before" state, never counted as the turn's change.
 * **after a turn that used tools** (a tool call or a permission request: how an ACP agent
   changes files), a checkpoint is taken in the background once its `turn_end` is stored, and
   the files it changed are stored as one `turn_changes` event. A turn without tools changes
@@ -57,16 +63,62 @@ class SessionCheckpoints:
         self._append = append
         self._last: str | None = None  # the latest checkpoint, once known
         self._writing: asyncio.Task[None] | None = None
+        # The first checkpoint taken ahead of the first prompt (None: the session had one).
+        self._early: asyncio.Task[Checkpoint | str | None] | None = None
+
+    def take_first_early(self) -> None:
+        """Take the session's first checkpoint now, in the background, if it may have none
+        (its agent just started, so its workspace exists); the first turn confirms it."""
+        writing = self._writing is not None and not self._writing.done()
+        if self._last or self._early is not None or writing:
+            return
+        self._early = asyncio.get_running_loop().create_task(self._take_early())
+
+    async def _take_early(self) -> Checkpoint | str | None:
+        """Return the early checkpoint, or why there is none (None: the session has one).
+        Never raises: nobody may ever wait for it (no prompt comes)."""
+        try:
+            if await db_sync_to_async(latest_checkpoint)(self.session_id):
+                return None  # not the session's first: a turn (of any worker) took one
+            return await self._take(f"session {self.session_id}: before its first turn")
+        except Exception as exc:  # the session or its sandbox is gone: a turn takes one
+            logger.info("session %s: no early checkpoint: %s", self.session_id, exc)
+            return str(exc)
 
     async def before_turn(self, prompt_seq: int) -> None:
         """Wait for the previous checkpoint; make the session's first one if it has none
-        (noted as this turn's `checkpoint_before`). A follow-up touches no database here."""
+        (noted as this turn's `checkpoint_before`): the one taken ahead of the prompt if the
+        workspace is still as it recorded, else a new one. A follow-up touches no database
+        here."""
         await self.settle()
         if not self._last:
-            taken = await self._take(f"session {self.session_id}: before its first turn")
+            taken: Checkpoint | str | None = await self._confirmed_early()
+            if taken is None:
+                taken = await self._take(f"session {self.session_id}: before its first turn")
             if isinstance(taken, Checkpoint):
                 self._last = taken.commit
                 await _note(self.session_id, prompt_seq, checkpoint_before=taken.commit)
+
+    async def _confirmed_early(self) -> Checkpoint | None:
+        """Return the checkpoint taken ahead of the first prompt (waiting while it is being
+        written) if the workspace is still as it recorded; None if there is none or it is
+        stale, failed, or cannot be confirmed."""
+        early = self._early
+        if early is None:
+            return None
+        # Shielded, and forgotten only once done: a turn stopped meanwhile leaves it to the
+        # next one, which then never writes the store while it is still being written.
+        taken = await asyncio.shield(early)
+        self._early = None
+        if not isinstance(taken, Checkpoint):
+            return None
+        try:
+            still = await self._in_workspace(lambda workspace: workspace.unchanged(taken.commit))
+        except SandboxError as exc:
+            logger.info("session %s: the early checkpoint is not confirmed: %s",
+                        self.session_id, exc)  # fmt: skip
+            return None
+        return taken if still else None
 
     async def settle(self) -> None:
         """Wait for the checkpoint being written (a prompt waits before it is stored, so that

@@ -481,8 +481,9 @@ class SessionRunner:
 
     async def start_agent(self) -> None:
         """Start the agent ahead of the first prompt (its `agent_info` and commands are then
-        stored): nothing while a turn runs, the agent runs or the sandbox is not running; a
-        start that fails is only logged (the first prompt tries again and says why)."""
+        stored, and the session's first checkpoint taken in the background): nothing while
+        a turn runs, the agent runs or the sandbox is not running; a start that fails is
+        only logged (the first prompt tries again and says why)."""
         connection = self.connection
         if self.running or self.registry.closing or (connection and connection.is_running):
             return
@@ -495,6 +496,11 @@ class SessionRunner:
         except Exception as exc:
             logger.info("session %s: the agent did not start ahead of a prompt: %s",
                         self.session_id, exc)  # fmt: skip
+            return
+        if not self.running:
+            # Its workspace exists now: record it before any turn, off the first prompt's
+            # path (the first turn confirms it is still the workspace's state).
+            self.checkpoints.take_first_early()
 
     async def set_config_option(self, config_id: str, value: str) -> None:
         """Change one of the agent's session config options; the log records the new ones."""

@@ -92,6 +92,30 @@ def test_big_files_and_default_folders_are_left_out_and_said_so(workspace, setti
     assert recorded == {"small.txt", ".gitignore"}
 
 
+def test_unchanged_says_whether_a_checkpoint_now_would_record_the_same(workspace, settings):
+    settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES = 1000
+    workspace.write("a.txt", b"one\n")
+    workspace.write("big.bin", b"y" * 2000)
+    workspace.write("node_modules/x.js", b"1\n")
+    first = workspace.craft.checkpoint("start").commit
+    assert workspace.craft.unchanged(first)
+    # What checkpoints leave out changes nothing a checkpoint records.
+    workspace.write("node_modules/x.js", b"2\n")
+    workspace.write("big.bin", b"z" * 2000)
+    assert workspace.craft.unchanged(first)
+    # A new file, a modified one, a big file grown small: each is a change.
+    workspace.write("new.txt", b"new\n")
+    assert not workspace.craft.unchanged(first)
+    (workspace.folder / "new.txt").unlink()
+    assert workspace.craft.unchanged(first)
+    workspace.write("a.txt", b"two\n")
+    assert not workspace.craft.unchanged(first)
+    second = workspace.craft.checkpoint("turn").commit
+    assert workspace.craft.unchanged(second) and not workspace.craft.unchanged(first)
+    workspace.write("big.bin", b"small\n")
+    assert not workspace.craft.unchanged(second)
+
+
 def test_the_agents_own_repository_is_content_and_its_config_runs_nothing(workspace):
     """A `.git` the agent made is not Craft's store: its files are checkpointed, and a hook
     or fsmonitor in its config is never run by Craft's git."""

@@ -1,0 +1,115 @@
+"""A session's first checkpoint, taken ahead of its first prompt (`start_agent`).
+
+It is only a candidate for the first turn's "before" state: whatever reaches the workspace
+between it and the first prompt (the agent, anything else in the sandbox) must be in that
+state, never counted as the first turn's change. Real demo agent, real git.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from craft.models import Turn
+from craft.storage.db import db_sync_to_async
+from craft.turns.registry import runners
+from sandboxes import services as sandbox_services
+from sandboxes.workspace import Workspace
+from tests.ready import open_ready_session
+
+from .test_turn_changes import write
+from .wsclient import open_socket, receive_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+NOTES_ADDED = [{"path": "notes.txt", "status": "added", "added": 1, "removed": 0, "binary": False}]
+
+
+@pytest.fixture
+def session(owner):
+    return open_ready_session(owner, "early checkpoint")
+
+
+def folder_of(session) -> Path:
+    return Path(session.sandbox.reference) / "sessions" / str(session.pk)
+
+
+@db_sync_to_async
+def first_turn(session) -> Turn:
+    return Turn.objects.filter(session=session).order_by("prompt_seq").first()
+
+
+@db_sync_to_async
+def recorded_in(session, commit: str) -> set[str]:
+    workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
+    return {entry["path"] for entry in workspace.changes("", commit)["files"]}
+
+
+async def start_agent(comm) -> None:
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "start_agent"})
+    await receive_until(comm, lambda f: f.get("kind") == "available_commands_update")
+
+
+async def first_changes(comm) -> list[dict]:
+    await write(comm, "w1", "write notes.txt hello")
+    frames = await receive_until(comm, lambda f: f.get("kind") == "turn_changes")
+    return frames[-1]["data"]["files"]
+
+
+async def test_an_early_checkpoint_still_true_is_the_first_turns_before(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await start_agent(comm)
+    early = runners.get(session.pk).checkpoints._early
+    assert early is not None
+    taken = await asyncio.shield(early)
+    assert await first_changes(comm) == NOTES_ADDED
+    assert (await first_turn(session)).checkpoint_before == taken.commit
+    await comm.disconnect()
+
+
+async def test_a_file_written_after_the_early_checkpoint_is_before_the_first_turn(session, cookie):
+    comm, _ = await open_socket(session.pk, cookie)
+    await start_agent(comm)
+    taken = await asyncio.shield(runners.get(session.pk).checkpoints._early)
+    (folder_of(session) / "meanwhile.txt").write_text("written before the prompt\n")
+    assert await first_changes(comm) == NOTES_ADDED  # not meanwhile.txt
+    before = (await first_turn(session)).checkpoint_before
+    assert before and before != taken.commit
+    assert "meanwhile.txt" in await recorded_in(session, before)
+    await comm.disconnect()
+
+
+async def test_a_prompt_that_comes_while_the_early_checkpoint_is_written_waits_for_it(
+    session, cookie, monkeypatch
+):
+    # The early checkpoint is recorded, then held before it is handed back.
+    recorded, release = threading.Event(), threading.Event()
+    real = Workspace.checkpoint
+
+    def held(workspace: Workspace, message: str):
+        taken = real(workspace, message)
+        if not recorded.is_set():
+            recorded.set()
+            release.wait(60)
+        return taken
+
+    monkeypatch.setattr(Workspace, "checkpoint", held)
+    comm, _ = await open_socket(session.pk, cookie)
+    await start_agent(comm)
+    await asyncio.get_running_loop().run_in_executor(None, recorded.wait, 60)
+    (folder_of(session) / "late.txt").write_text("written while it was being stored\n")
+    await comm.send_json_to({"type": "prompt", "id": "w1", "text": "write notes.txt hello"})
+    await receive_until(comm, lambda f: f.get("kind") == "user_message")  # stored, waiting
+    release.set()
+    frames = await receive_until(comm, lambda f: f.get("kind") == "permission_request")
+    request = frames[-1]["data"]["request"]
+    await comm.send_json_to({"type": "permission", "request": request, "option": "allow"})
+    changes = await receive_until(comm, lambda f: f.get("kind") == "turn_changes")
+    assert changes[-1]["data"]["files"] == NOTES_ADDED  # not late.txt
+    before = (await first_turn(session)).checkpoint_before
+    assert "late.txt" in await recorded_in(session, before)
+    await comm.disconnect()
