@@ -121,7 +121,9 @@ def test_agents_and_whatever_they_started_die_with_the_server(place, uid_base):
     python = containment.sandbox_python(uids=True)
     hostile = shlex.join(agent_command("hostile_agent", place / "agents", python))
     var = place / "var"
-    with serve(embedded(var, uid_base, CRAFT_AGENT_COMMAND=hostile), var) as server:
+    # No warm agent (CRAFT_WARM_AGENTS): the sandbox user's processes are exactly these two.
+    embedded_env = embedded(var, uid_base, CRAFT_AGENT_COMMAND=hostile, CRAFT_WARM_AGENTS="0")
+    with serve(embedded_env, var) as server:
         session = server.post_json("/api/sessions/", {"title": "survivor"})
         ws = server.socket(session["id"])
         try:
@@ -130,6 +132,30 @@ def test_agents_and_whatever_they_started_die_with_the_server(place, uid_base):
         finally:
             ws.close()
         assert len(processes_of(uid)) == 2  # the agent and its survivor
+        server.process.kill()
+        deadline = time.monotonic() + 30
+        while processes_of(uid):
+            assert time.monotonic() < deadline, f"processes of uid {uid} outlived the server"
+            time.sleep(0.05)
+
+
+def test_a_warm_agent_dies_with_the_server(place, uid_base):
+    """The agent a sandbox keeps warm for its next session (CRAFT_WARM_AGENTS, 1 by default)
+    goes with a server killed outright, as a session's agent does."""
+    python = containment.sandbox_python(uids=True)
+    hostile = shlex.join(agent_command("hostile_agent", place / "agents", python))
+    var = place / "var"
+    with serve(embedded(var, uid_base, CRAFT_AGENT_COMMAND=hostile), var) as server:
+        session = server.post_json("/api/sessions/", {"title": "warm"})
+        ws = server.socket(session["id"])
+        try:
+            uid = json.loads(chunks(turn(ws, "w", "whoami"))[0])["uid"]
+        finally:
+            ws.close()
+        deadline = time.monotonic() + 30
+        while len(processes_of(uid)) < 2:  # the session's agent, and the warm one after it
+            assert time.monotonic() < deadline, "no agent was kept warm"
+            time.sleep(0.05)
         server.process.kill()
         deadline = time.monotonic() + 30
         while processes_of(uid):

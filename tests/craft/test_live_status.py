@@ -92,20 +92,24 @@ def test_the_socket_follows_a_pod_from_provisioning_to_running(kube, owner, tmp_
         status, session = api(server, owner, "POST", "/api/sessions/", {"title": "pod"})
         assert status == 201, session
         sock = Socket(server, owner, session["id"])
-        assert sock.hello["sandbox"]["status"] == "provisioning"
-        frames = sock.until(is_sandbox("running"))
-        sandbox = [f for f in frames if f["type"] == "sandbox"]
-        # Each step as it happens, each frame a new state, the last one what the row says.
-        assert any(f["status"] == "provisioning" and "pod" in f["detail"] for f in sandbox)
-        states = [sock.hello["sandbox"], *({k: f[k] for k in f if k != "type"} for f in sandbox)]
-        assert all(a != b for a, b in itertools.pairwise(states))
-        running = {"type": "sandbox", "status": "running", "detail": "ready", "error": ""}
-        assert sandbox[-1] == running
-        # Prompts go through once it says so.
-        sock.send({"type": "resume", "after": 0})
-        sock.send({"type": "prompt", "id": "p1", "text": "hello"})
-        assert sock.until(is_turn_end)[-1]["data"] == {"stop_reason": "end_turn"}
-        sock.close()
+        try:
+            assert sock.hello["sandbox"]["status"] == "provisioning"
+            frames = sock.until(is_sandbox("running"))
+            sandbox = [f for f in frames if f["type"] == "sandbox"]
+            # Each step as it happens (the hello may already say how far the pod got), each
+            # frame a new state, the last one what the row says.
+            pushed = ({k: f[k] for k in f if k != "type"} for f in sandbox)
+            states = [sock.hello["sandbox"], *pushed]
+            assert any(s["status"] == "provisioning" and "pod" in s["detail"] for s in states)
+            assert all(a != b for a, b in itertools.pairwise(states))
+            running = {"type": "sandbox", "status": "running", "detail": "ready", "error": ""}
+            assert sandbox[-1] == running
+            # Prompts go through once it says so.
+            sock.send({"type": "resume", "after": 0})
+            sock.send({"type": "prompt", "id": "p1", "text": "hello"})
+            assert sock.until(is_turn_end)[-1]["data"] == {"stop_reason": "end_turn"}
+        finally:
+            sock.close()
     finally:
         server.terminate()
 

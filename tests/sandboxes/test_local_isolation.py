@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,7 @@ def test_sandboxes_refuse_to_start_without_their_isolation(settings, machine, ow
     monkeypatch.setattr(jail, "BWRAP", None)
     get_backend.cache_clear()
     with pytest.raises(SandboxError, match="need bubblewrap installed"):
-        services.connect_agent(Sandbox.objects.get(owner=owner), owner.pk)
+        services.connect_agent(Sandbox.objects.get(owner=owner), uuid.uuid4())
 
 
 # --- nothing outlives its agent or its sandbox ------------------------------------------------
