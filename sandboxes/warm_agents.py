@@ -17,7 +17,10 @@ stopped, never handed out.
 
 Refills run on threads of their own (`craft-warm`), never on a request's path: after a
 warm agent is taken, after one died while waiting (found by the reaper's agent pass or by a
-session that wanted it), when a sandbox becomes running. A warm agent idle for
+session that wanted it), when a sandbox becomes running. After a session agent starts, the
+refill waits until no other one has started in that sandbox for `REFILL_SETTLE` seconds: in
+a burst of new sessions, spawning warm agents would compete with the agents people wait for
+(docs/performance.md: the cold-start storm). A warm agent idle for
 `CRAFT_AGENT_IDLE_SECONDS` (no session agent started in its sandbox for that long) is reaped
 like any idle agent and not replaced until the sandbox is used again; after
 `MAX_FAILURES` warm starts in a row failed or died, a sandbox gets none until its next use.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
@@ -49,6 +53,9 @@ WARMING_THREADS = 4
 # Warm starts that failed (or agents that died while waiting) in a row before a sandbox gets
 # no more until its next use.
 MAX_FAILURES = 3
+# How long a sandbox must go without a session agent start before its warm agents are
+# refilled (see the module docstring).
+REFILL_SETTLE = 1.0
 
 # Set by the app that owns sessions (craft): the owner's most likely launch, or None.
 LikelyLaunch = Callable[[int], Launch | None]
@@ -63,6 +70,7 @@ class WarmAgents:
         # Sandboxes with a refill queued or running -> the launch it is for (the latest).
         self._wanted: dict[UUID, tuple[Sandbox, Launch | None]] = {}
         self._failures: dict[UUID, int] = {}
+        self._used_at: dict[UUID, float] = {}  # the latest session agent start (monotonic)
         self.likely_launch: LikelyLaunch | None = None
         self._closed = False
 
@@ -81,6 +89,7 @@ class WarmAgents:
             return
         with self._lock:
             self._failures.pop(sandbox.pk, None)
+            self._used_at[sandbox.pk] = time.monotonic()
         agent_connections.touch_warm(sandbox.pk)
         self._refill_later(sandbox, launch)
 
@@ -120,9 +129,21 @@ class WarmAgents:
         if not queued:
             self._threads.submit(self._refill_loop, sandbox.pk)
 
+    def _settle(self, sandbox_id: UUID) -> None:
+        """Wait until the sandbox has had no session agent start for REFILL_SETTLE."""
+        while not self._closed:
+            with self._lock:
+                quiet = time.monotonic() - self._used_at.get(sandbox_id, float("-inf"))
+            if quiet >= REFILL_SETTLE:
+                with self._lock:
+                    self._used_at.pop(sandbox_id, None)
+                return
+            time.sleep(REFILL_SETTLE - quiet)
+
     def _refill_loop(self, sandbox_id: UUID) -> None:
         try:
             while True:
+                self._settle(sandbox_id)
                 with self._lock:
                     wanted = self._wanted[sandbox_id]
                 try:
