@@ -146,6 +146,7 @@ def test_run_cluster_brings_its_own_redis_and_postgresql_that_ask_for_passwords(
     env = {**env, "CRAFT_VAR_DIR": str(tmp_path / "var"), "PYTHONUNBUFFERED": "1"}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     log_path = tmp_path / "cluster.log"
+    pg_data: Path | None = None
     # Started with SIGINT ignored, as a background job of a script is: Ctrl-C stops it anyway.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     with log_path.open("wb") as log:
@@ -164,6 +165,8 @@ def test_run_cluster_brings_its_own_redis_and_postgresql_that_ask_for_passwords(
                 assert process.poll() is None and time.monotonic() < deadline, text[-3000:]
                 time.sleep(0.2)
             pg_port = int(re.search(r"PostgreSQL on 127\.0\.0\.1:(\d+)", text).group(1))
+            # Kept between runs of one cluster folder; this one's folder goes with the test.
+            pg_data = Path(re.search(r"PostgreSQL on \S+, data in (\S+) ", text).group(1))
             redis_port = int(re.search(r"Redis on 127\.0\.0\.1:(\d+)", text).group(1))
             var = tmp_path / "var"
             pg_password = (var / "postgres-password").read_text().strip()
@@ -181,6 +184,8 @@ def test_run_cluster_brings_its_own_redis_and_postgresql_that_ask_for_passwords(
             assert redis.Redis(port=redis_port, password=redis_password).ping()
         finally:
             stop_cluster(process, log_path)
+            if pg_data is not None:
+                shutil.rmtree(pg_data, ignore_errors=True)
     for port in (pg_port, redis_port):  # the services stop with the cluster
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -161,8 +161,8 @@ def private_postgres(var: Path) -> Iterator[str]:
         check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        print(f"PostgreSQL on 127.0.0.1:{port} (password in {var / 'postgres-password'})",
-              flush=True)  # fmt: skip
+        print(f"PostgreSQL on 127.0.0.1:{port}, data in {data} "
+              f"(password in {var / 'postgres-password'})", flush=True)  # fmt: skip
         yield f"postgres://craft:{quote(password)}@127.0.0.1:{port}/craft"
     finally:
         subprocess.run([*pg_ctl, "-m", "fast", "stop"], check=False, stdout=subprocess.DEVNULL)
