@@ -37,6 +37,9 @@ class ToolProcess(Protocol):
     def finish(self, timeout: float) -> int | None:
         """Wait up to `timeout` for the exit code; stop the program if it is not done."""
 
+    def close_stdin(self) -> None:
+        """Close the program's stdin: the end of it is Craft's word to a waiting tool."""
+
     def stop(self) -> None:
         """Stop the program now, from any thread (the reader went away, or took too long);
         `finish` still follows."""
@@ -102,7 +105,9 @@ class Workspace:
     """One session's workspace, read through the tool that `run` starts with given arguments.
 
     `run_in_store` starts it where it may write the session's checkpoint store, `store` (on
-    the local backend a jail in which the store is mounted; agents never see it).
+    the local backend a jail in which the store is mounted; agents never see it). `waits`:
+    the tool's stdin stays open until `close_stdin`, so a tool can wait for Craft's word
+    (`watched_checkpoint`); else it is closed at once and a watch asks git instead.
     """
 
     def __init__(
@@ -110,10 +115,13 @@ class Workspace:
         run: Callable[[list[str]], ToolProcess],
         run_in_store: Callable[[list[str]], ToolProcess] | None = None,
         store: str = "",
+        *,
+        waits: bool = False,
     ) -> None:
-        self._run = run
+        self._run_tool = run
         self._run_in_store = run_in_store
         self._store = store
+        self._waits = waits
 
     def list_folder(self, path: str, offset: int = 0, limit: int = 1000) -> Listing:
         answer, line = _answer(
@@ -143,6 +151,31 @@ class Workspace:
             settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS,
         )
         return Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
+
+    def watched_checkpoint(self, message: str, seconds: float) -> tuple[Checkpoint, Watch]:
+        """Record the workspace now, and keep watching it for up to `seconds`: the Watch then
+        says, at once when nothing changed, whether it is still as recorded."""
+        if not self._waits:
+            taken = self.checkpoint(message)
+            return taken, Watch(self, taken.commit, None)
+        limit = str(settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES)
+        args = ["checkpoint-watch", self._store, limit, message, f"{seconds:g}"]
+        process = self._in_store(args, keep_stdin=True)
+        timeout = settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS
+        watchdog = threading.Timer(timeout, process.stop)
+        watchdog.start()
+        try:
+            answer, _ = _header_line(process)
+        except BaseException as exc:
+            process.stop()
+            process.finish(1.0)
+            if isinstance(exc, SandboxError) and not watchdog.is_alive():
+                raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
+            raise
+        finally:
+            watchdog.cancel()
+        taken = Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
+        return taken, Watch(self, taken.commit, process)
 
     def unchanged(self, commit: str) -> bool:
         """Say whether the workspace is still as checkpoint `commit` recorded it (a checkpoint
@@ -176,10 +209,18 @@ class Workspace:
         process = self._in_store(["revert", self._store, before, after, path, hunk_arg])
         _answer(process, settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS)
 
-    def _in_store(self, args: list[str]) -> ToolProcess:
+    def _run(self, args: list[str]) -> ToolProcess:
+        return self._started(self._run_tool(args), keep_stdin=False)
+
+    def _in_store(self, args: list[str], keep_stdin: bool = False) -> ToolProcess:
         if self._run_in_store is None:
             raise SandboxError("this backend keeps no checkpoints")
-        return self._run_in_store(args)
+        return self._started(self._run_in_store(args), keep_stdin)
+
+    def _started(self, process: ToolProcess, keep_stdin: bool) -> ToolProcess:
+        if self._waits and not keep_stdin:
+            process.close_stdin()  # nothing to say to it
+        return process
 
     def _download(self, process: ToolProcess) -> Download:
         try:
@@ -188,6 +229,37 @@ class Workspace:
             process.stop()
             process.finish(1.0)
             raise
+
+
+class Watch:
+    """A checkpoint's workspace, watched by its tool since just before it was recorded."""
+
+    def __init__(self, workspace: Workspace, commit: str, process: ToolProcess | None) -> None:
+        self.commit = commit
+        self._workspace = workspace
+        self._process = process
+
+    def still(self) -> bool:
+        """Say, once, whether the workspace is still as the checkpoint recorded it (as
+        `Workspace.unchanged`; false when in doubt): the watching tool answers at once when it
+        heard nothing; when it was not watching, or stopped, git is asked."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.close_stdin()
+            try:
+                answer, _ = _answer(process, settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS)
+            except SandboxError as exc:  # its time ran out, or it was stopped
+                logger.info("the workspace watch gave no answer: %s", exc)
+            else:
+                return answer.get("unchanged") is True
+        return self._workspace.unchanged(self.commit)
+
+    def close(self) -> None:
+        """Stop watching (nobody will ask)."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.stop()
+            process.finish(1.0)
 
 
 def _answer(process: ToolProcess, timeout: float) -> tuple[dict[str, Any], bytes]:

@@ -25,6 +25,10 @@ Usage: workspace_tool.py <sandbox folder> <workspace, relative to it> <command> 
   `store` (created if need be); one JSON line: the commit, and what was left out.
 * `unchanged <store> <commit> <max file bytes>`: one JSON line, whether a checkpoint taken
   now would record what `commit` recorded (`{"unchanged": true}`), without writing one.
+* `checkpoint-watch <store> <max file bytes> <message> <seconds>`: `checkpoint`, watching the
+  workspace from just before it; then, when stdin gives a line or ends within `seconds` and
+  nothing in the workspace changed meanwhile, a second JSON line `{"unchanged": true}`; no
+  second line at the first change or when the time runs out (ask `unchanged` then).
 * `changes <store> <before> <after> <limit>`: one JSON line, the files that differ between
   two commits ("" before: the empty tree).
 * `diff <store> <before> <after> <path>`: one JSON line, then the unified diff ("" path: all).
@@ -49,7 +53,7 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     import subprocess
     import zipfile
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 16
@@ -471,6 +475,100 @@ def unchanged(workspace: int, store: str, commit: str, max_file_bytes: int) -> d
     return {"unchanged": head.decode() == commit and not changed}
 
 
+# --- watching the workspace between a checkpoint and the next turn (Linux inotify) ---------
+
+# A file written, closed after writing, its mode, owner or times changed; an entry created,
+# deleted or moved in or out of a watched folder; the folder itself deleted or moved.
+# (IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE,
+# IN_DELETE_SELF, IN_MOVE_SELF.)
+_IN_CHANGES = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
+_IN_ONLYDIR = 0x01000000
+MAX_WATCHED_FOLDERS = 10_000  # a bigger tree is confirmed by git alone
+
+
+def checkpoint_watch(
+    workspace: int, store: str, max_file_bytes: int, message: str, seconds: float, out: BinaryIO
+) -> None:
+    """Take a checkpoint and say so; then wait for Craft's word on stdin (its first turn
+    begins) and answer whether the workspace is still as the checkpoint recorded.
+
+    The folders are watched from before the checkpoint reads them, so a change made while it
+    runs counts as a change. The answer is at once while nothing was heard. At the first
+    change heard (or a deleted workspace) the tool ends without a second line, as it does
+    when `seconds` pass: Craft then asks `unchanged`. Where the workspace cannot be watched,
+    this tool asks git itself when told. What no watch hears, a file written through a shared
+    memory map, shows in the turn's own checkpoint."""
+    import select
+
+    inotify = watch_folders(workspace)
+    recorded = checkpoint(workspace, store, max_file_bytes, message)
+    header(out, recorded)
+    out.flush()
+    stdin = sys.stdin.buffer
+    ready = select.select([stdin] if inotify is None else [stdin, inotify], [], [], seconds)[0]
+    if stdin not in ready:
+        return  # time is up, or something changed: no answer
+    if inotify is not None and _heard_nothing(inotify):
+        still = True
+    else:
+        commit = str(recorded["commit"])
+        still = unchanged(workspace, store, commit, max_file_bytes)["unchanged"] is True
+    out.write(json.dumps({"unchanged": still}).encode() + b"\n")
+
+
+def watch_folders(workspace: int) -> int | None:
+    """Return an inotify descriptor that hears every change to what checkpoints record
+    (every folder but the default-excluded ones), or None when that cannot be promised: too
+    many folders, no inotify instance left, or a file with a second name (a hard link,
+    written through a name outside the watched folders)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    inotify = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
+    if inotify < 0:
+        return None
+    try:
+        if _watch_below(libc.inotify_add_watch, inotify, workspace, 0, [0]):
+            return inotify
+    except OSError:
+        pass
+    os.close(inotify)
+    return None
+
+
+def _watch_below(
+    add_watch: Callable[[int, bytes, int], int], inotify: int, folder: int, depth: int,
+    count: list[int],
+) -> bool:  # fmt: skip
+    """Watch `folder` (before listing it: an entry made meanwhile is heard), then the folders
+    below it; false if something cannot be watched."""
+    os.fchdir(folder)
+    count[0] += 1
+    if count[0] > MAX_WATCHED_FOLDERS or depth >= MAX_DEPTH:
+        return False
+    if add_watch(inotify, b".", _IN_CHANGES | _IN_ONLYDIR) < 0:
+        return False
+    for name in os.listdir(folder):
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            return False
+        if stat.S_ISDIR(info.st_mode) and os.fsencode(name) not in _EXCLUDED_FOLDERS:
+            child = os.open(name, FOLDER, dir_fd=folder)
+            try:
+                if not _watch_below(add_watch, inotify, child, depth + 1, count):
+                    return False
+            finally:
+                os.close(child)
+    return True
+
+
+def _heard_nothing(inotify: int) -> bool:
+    try:
+        return not os.read(inotify, 1 << 16)
+    except BlockingIOError:
+        return True  # no event waiting
+
+
 def _files_over(workspace: int, limit: int) -> Iterator[tuple[bytes, int]]:
     for _, _, path, info in walk(workspace, b"", skip=_EXCLUDED_FOLDERS):
         if stat.S_ISREG(info.st_mode) and info.st_size > limit:
@@ -602,7 +700,7 @@ USAGE = __doc__.split("Usage: ")[1].split("\n")[0]
 # command: how many arguments
 COMMANDS = {
     "list": 3, "read": 2, "archive": 1, "checkpoint": 3, "unchanged": 3, "changes": 4, "diff": 4,
-    "revert": 5,
+    "revert": 5, "checkpoint-watch": 4,
 }  # fmt: skip
 
 
@@ -631,6 +729,9 @@ def main(argv: list[str]) -> int:
         elif command == "checkpoint":
             store, max_file_bytes, message = args
             header(out, checkpoint(workspace, store, int(max_file_bytes), message))
+        elif command == "checkpoint-watch":
+            store, max_file_bytes, message, seconds = args
+            checkpoint_watch(workspace, store, int(max_file_bytes), message, float(seconds), out)
         elif command == "unchanged":
             store, commit, max_file_bytes = args
             header(out, unchanged(workspace, store, commit, int(max_file_bytes)))

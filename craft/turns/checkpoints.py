@@ -8,10 +8,12 @@ when, off the hot path:
   first, which is its state before any turn.
 * **ahead of a session's first prompt** (its agent started early, `start_agent`), that first
   checkpoint is taken in the background (`take_first_early`). It is only a candidate: the
-  first turn waits for it if it is still being written, then asks the workspace whether it
-  is still its state (`Workspace.unchanged`, one git process) and takes a new one if not, or
-  if in doubt. So whatever was written in between (by the agent, or anything else in the
-  sandbox) is in the first turn's "before" state, never counted as the turn's change.
+  first turn waits for it if it is still being written, then asks whether the workspace is
+  still its state and takes a new one if not, or if in doubt. The tool that took it keeps
+  watching the workspace (`Workspace.watched_checkpoint`) and answers at once when nothing
+  changed; else git decides (`Workspace.unchanged`). So whatever was written in between (by
+  the agent, or anything else in the sandbox) is in the first turn's "before" state, never
+  counted as the turn's change.
 * **after a turn that used tools** (a tool call or a permission request: how an ACP agent
   changes files), a checkpoint is taken in the background once its `turn_end` is stored, and
   the files it changed are stored as one `turn_changes` event. A turn without tools changes
@@ -44,7 +46,7 @@ from craft.storage.eventlog import Fence, Fenced, Stored, append_events
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
-from sandboxes.workspace import Checkpoint, Workspace, WorkspaceRefused
+from sandboxes.workspace import Checkpoint, Watch, Workspace, WorkspaceRefused
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ logger = logging.getLogger(__name__)
 checkpoint_calls = ThreadPoolExecutor(max_workers=8, thread_name_prefix="craft-checkpoint")
 # The most files one turn_changes event lists (the diff endpoint has them all).
 MAX_FILES = 1000
+# How long the early first checkpoint's tool watches the workspace for the first prompt
+# (an idle agent is stopped after CRAFT_AGENT_IDLE_SECONDS, 900 by default); a later first
+# prompt confirms the checkpoint with git alone.
+EARLY_WATCH_SECONDS = 900.0
 Append = Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[Stored | None]]
 
 
@@ -63,8 +69,10 @@ class SessionCheckpoints:
         self._append = append
         self._last: str | None = None  # the latest checkpoint, once known
         self._writing: asyncio.Task[None] | None = None
-        # The first checkpoint taken ahead of the first prompt (None: the session had one).
+        # The first checkpoint taken ahead of the first prompt (None: the session had one),
+        # and the watch of the workspace since.
         self._early: asyncio.Task[Checkpoint | str | None] | None = None
+        self._watch: Watch | None = None
 
     def take_first_early(self) -> None:
         """Take the session's first checkpoint now, in the background, if it may have none
@@ -80,7 +88,11 @@ class SessionCheckpoints:
         try:
             if await db_sync_to_async(latest_checkpoint)(self.session_id):
                 return None  # not the session's first: a turn (of any worker) took one
-            return await self._take(f"session {self.session_id}: before its first turn")
+            message = f"session {self.session_id}: before its first turn"
+            taken, self._watch = await self._in_workspace(
+                lambda workspace: workspace.watched_checkpoint(message, EARLY_WATCH_SECONDS)
+            )
+            return taken
         except Exception as exc:  # the session or its sandbox is gone: a turn takes one
             logger.info("session %s: no early checkpoint: %s", self.session_id, exc)
             return str(exc)
@@ -91,6 +103,8 @@ class SessionCheckpoints:
         workspace is still as it recorded, else a new one. A follow-up touches no database
         here."""
         await self.settle()
+        if self._last and self._early is not None:
+            await self.close()  # another worker's turn took the first one meanwhile
         if not self._last:
             taken: Checkpoint | str | None = await self._confirmed_early()
             if taken is None:
@@ -110,15 +124,26 @@ class SessionCheckpoints:
         # next one, which then never writes the store while it is still being written.
         taken = await asyncio.shield(early)
         self._early = None
-        if not isinstance(taken, Checkpoint):
+        watch, self._watch = self._watch, None
+        if not isinstance(taken, Checkpoint) or watch is None:
             return None
         try:
-            still = await self._in_workspace(lambda workspace: workspace.unchanged(taken.commit))
+            still = await asyncio.get_running_loop().run_in_executor(checkpoint_calls, watch.still)
         except SandboxError as exc:
             logger.info("session %s: the early checkpoint is not confirmed: %s",
                         self.session_id, exc)  # fmt: skip
             return None
         return taken if still else None
+
+    async def close(self) -> None:
+        """Forget the early checkpoint and stop its watch (this worker no longer runs the
+        session, or another turn took the first checkpoint)."""
+        early, self._early = self._early, None
+        if early is not None:
+            await asyncio.gather(asyncio.shield(early), return_exceptions=True)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await asyncio.get_running_loop().run_in_executor(checkpoint_calls, watch.close)
 
     async def settle(self) -> None:
         """Wait for the checkpoint being written (a prompt waits before it is stored, so that

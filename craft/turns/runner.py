@@ -164,6 +164,7 @@ class SessionRunner:
         logger.warning("session %s: lease lost; stopping its agent here", self.session_id)
         self._queued = None  # the new owner changes the queue from now on
         await self.drop_connection()
+        await self.checkpoints.close()
 
     # --- turns ----------------------------------------------------------------------------
 

@@ -180,7 +180,7 @@ class LocalToolProcess:
                 ["nice", "-n", str(TOOL_NICENESS), *argv],
                 env=env,
                 cwd="/",
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # see `close_stdin`
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -215,6 +215,11 @@ class LocalToolProcess:
         self._close()
         return code
 
+    def close_stdin(self) -> None:
+        if self._popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._popen.stdin.close()
+
     def stop(self) -> None:
         """Kill the tool (from any thread: a reader blocked on its output gets the end)."""
         self._stopped = True
@@ -223,6 +228,7 @@ class LocalToolProcess:
         self._popen.wait()
 
     def _close(self) -> None:
+        self.close_stdin()
         for stream in (self._popen.stdout, self._popen.stderr):
             if stream is not None:
                 stream.close()
@@ -478,7 +484,7 @@ class LocalBackend:
         ]
         if user is None:
             run = lambda args: LocalToolProcess([*command, *args])  # noqa: E731
-            return Workspace(run, run, str(stores / session))
+            return Workspace(run, run, str(stores / session), waits=True)
         jailed = jail.jailed(
             command,
             sandbox=root,
@@ -492,6 +498,7 @@ class LocalBackend:
             lambda args: LocalToolProcess([*containment.as_user(user), *command, *args]),
             lambda args: LocalToolProcess([*jailed, *args]),
             f"{STORES_IN_JAIL}/{session}",
+            waits=True,
         )
 
     def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:

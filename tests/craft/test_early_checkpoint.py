@@ -88,16 +88,16 @@ async def test_a_prompt_that_comes_while_the_early_checkpoint_is_written_waits_f
 ):
     # The early checkpoint is recorded, then held before it is handed back.
     recorded, release = threading.Event(), threading.Event()
-    real = Workspace.checkpoint
+    real = Workspace.watched_checkpoint
 
-    def held(workspace: Workspace, message: str):
-        taken = real(workspace, message)
+    def held(workspace: Workspace, message: str, seconds: float):
+        taken = real(workspace, message, seconds)
         if not recorded.is_set():
             recorded.set()
             release.wait(60)
         return taken
 
-    monkeypatch.setattr(Workspace, "checkpoint", held)
+    monkeypatch.setattr(Workspace, "watched_checkpoint", held)
     comm, _ = await open_socket(session.pk, cookie)
     await start_agent(comm)
     await asyncio.get_running_loop().run_in_executor(None, recorded.wait, 60)

@@ -9,13 +9,16 @@ agent cannot reach it, which the hostile agent tries.
 from __future__ import annotations
 
 import os
+import random
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from sandboxes import services
-from sandboxes.workspace import WorkspaceRefused
+from sandboxes.workspace import Workspace, WorkspaceRefused
 
 from .hostile import ask
 from .workspaces import read_all
@@ -309,3 +312,151 @@ def test_a_revert_through_a_folder_swapped_for_a_link_writes_nothing_outside(wor
     assert list(outside.iterdir()) == []
     assert (folder / "src" / "a.txt").read_bytes() == b"a\n"
     assert not (folder / "src").is_symlink()
+
+
+# --- the watched checkpoint: taken ahead of a session's first turn, confirmed when it begins
+
+
+@pytest.fixture
+def git_not_asked(monkeypatch):
+    """Fail the test if `Workspace.unchanged` (git, in a tool started for it) is asked."""
+    asked: list[str] = []
+    real = Workspace.unchanged
+
+    def unchanged(workspace: Workspace, commit: str) -> bool:
+        asked.append(commit)
+        return real(workspace, commit)
+
+    monkeypatch.setattr(Workspace, "unchanged", unchanged)
+    return asked
+
+
+def test_a_watched_checkpoint_is_still_true_at_once_while_nothing_changed(workspace, git_not_asked):
+    workspace.write("a.txt", b"one\n")
+    workspace.write("src/b.txt", b"bee\n")
+    workspace.write("node_modules/x.js", b"1\n")
+    taken, watch = workspace.craft.watched_checkpoint("start", 60)
+    assert [e["path"] for e in workspace.craft.changes("", taken.commit)["files"]] == [
+        "a.txt", "src/b.txt"
+    ]  # fmt: skip
+    # What checkpoints leave out is not watched either.
+    (workspace.folder / "node_modules" / "x.js").write_bytes(b"2\n")
+    (workspace.folder / "node_modules" / "y.js").write_bytes(b"new\n")
+    assert watch.still()
+    # The local tool heard nothing and said so; elsewhere git was asked.
+    assert git_not_asked == ([] if workspace.backend == "local" else [taken.commit])
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["modify", "new file in a new folder", "delete", "rename", "chmod", "grow past the limit"],
+)
+def test_a_watched_checkpoint_is_not_still_after_a_change(workspace, settings, change):
+    settings.CRAFT_CHECKPOINT_MAX_FILE_BYTES = 1000
+    workspace.write("a.txt", b"one\n")
+    workspace.write("src/b.txt", b"bee\n")
+    _, watch = workspace.craft.watched_checkpoint("start", 60)
+    folder = workspace.folder
+    if change == "modify":
+        workspace.write("src/b.txt", b"bee?\n")
+    elif change == "new file in a new folder":
+        workspace.write("src/deeper/c.txt", b"c\n")
+    elif change == "delete":
+        (folder / "src" / "b.txt").unlink()
+    elif change == "rename":
+        (folder / "a.txt").rename(folder / "src" / "a.txt")
+    elif change == "chmod":
+        (folder / "a.txt").chmod(0o700)
+    else:
+        workspace.write("a.txt", b"x" * 2000)
+    assert not watch.still()
+
+
+def test_a_change_undone_before_the_turn_is_asked_of_git(workspace, git_not_asked):
+    workspace.write("a.txt", b"one\n")
+    taken, watch = workspace.craft.watched_checkpoint("start", 60)
+    workspace.write("a.txt", b"two\n")
+    workspace.write("a.txt", b"one\n")
+    assert watch.still()  # heard, so git decided: the same files
+    assert git_not_asked == [taken.commit]
+
+
+def test_a_file_with_a_second_name_outside_the_workspace_is_not_trusted_to_the_watch(
+    local_workspace,
+):
+    """Written through a name outside the workspace, a hard-linked file changes without any
+    watched folder hearing of it: such a workspace is confirmed by git."""
+    workspace = local_workspace
+    inside = workspace.write("linked.txt", b"one\n")
+    outside = workspace.folder.parent / f"{workspace.session.pk}-outside.txt"
+    os.link(inside, outside)
+    try:
+        _, watch = workspace.craft.watched_checkpoint("start", 60)
+        outside.write_bytes(b"two\n")
+        assert not watch.still()
+    finally:
+        outside.unlink()
+
+
+def test_writes_racing_the_watched_checkpoint_are_never_missed(local_workspace):
+    """A file rewritten over and over while the checkpoint is taken, then left alone: the
+    watch's answer is always git's."""
+    workspace = local_workspace
+    path = workspace.write("busy.txt", b"0\n")
+
+    def rewrite(stop: threading.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            path.write_bytes(f"{n}\n".encode())
+            time.sleep(random.uniform(0, 0.02))
+
+    verdicts = []
+    for _ in range(8):
+        stop = threading.Event()
+        writer = threading.Thread(target=rewrite, args=(stop,))
+        writer.start()
+        try:
+            taken, watch = workspace.craft.watched_checkpoint("start", 60)
+        finally:
+            stop.set()
+            writer.join()
+        still = watch.still()
+        assert still == workspace.craft.unchanged(taken.commit)
+        verdicts.append(still)
+    assert False in verdicts  # the writer was heard
+
+
+def test_the_watching_tool_ends_when_the_workspace_is_deleted_or_its_time_is_up(
+    local_workspace, git_not_asked
+):
+    workspace = local_workspace
+    workspace.write("a.txt", b"one\n")
+    taken, watch = workspace.craft.watched_checkpoint("start", 0.2)
+    wait_until(lambda: not watching_tools(workspace.session.pk))
+    assert watch.still()  # git answered for the tool that gave up
+    assert git_not_asked == [taken.commit]
+    _, watch = workspace.craft.watched_checkpoint("again", 600)
+    assert watching_tools(workspace.session.pk)
+    services.remove_session_workspace(workspace.sandbox, workspace.session.pk)
+    wait_until(lambda: not watching_tools(workspace.session.pk))
+    watch.close()
+
+
+def watching_tools(session_id) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"checkpoint-watch" in argv and any(str(session_id).encode() in a for a in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "waited too long"
+        time.sleep(0.05)

@@ -27,6 +27,7 @@ class Workspaces:
             self.session = open_ready_session(user, "workspace")
             services.connect_agent(self.session.sandbox, self.session.pk)
         self.sandbox = self.session.sandbox
+        self.backend = "local" if folder_of is None else "kubernetes"
         path = services.workspace_path(self.sandbox, self.session.pk)
         self.folder = Path(path) if folder_of is None else folder_of(self.sandbox, path)
         # The demo agent keeps its state in the workspace: stop it and start from empty.
