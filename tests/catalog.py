@@ -53,3 +53,10 @@ def catalog_toml() -> str:
             lines.append(f"credentials = [{{ {fields} }}]")
         lines.append("")
     return "\n".join(lines)
+
+
+def write_catalog(folder: Path) -> Path:
+    """Write the catalog as a CRAFT_AGENTS_FILE in `folder`; return its path."""
+    path = folder / "agents.toml"
+    path.write_text(catalog_toml())
+    return path

@@ -30,3 +30,15 @@ def settled_sandbox(sandbox_id: object, timeout: float = 30) -> Sandbox:
         assert time.monotonic() < deadline, f"sandbox still provisioning: {sandbox.status_detail}"
         time.sleep(0.02)
     return sandbox
+
+
+def running_sandbox(user: User, timeout: float = 30) -> Sandbox:
+    """Wait for the user's live sandbox to be running (one provisioning in the background,
+    say); return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sandbox = Sandbox.objects.live().owned_by(user).first()
+        if sandbox is not None and sandbox.status == Sandbox.Status.RUNNING:
+            return sandbox
+        assert time.monotonic() < deadline, "sandbox not running"
+        time.sleep(0.05)

@@ -120,6 +120,25 @@ def api(server: Daphne, user: Any, method: str, path: str, body: Any = None) -> 
     return api_request(server.url, session_cookie(user), method, path, body)
 
 
+def open_session(server: Daphne, user: Any, agent: str) -> Socket:
+    """Open a session of `agent` through the API and a socket on it, resumed from the start."""
+    status, session = api(server, user, "POST", "/api/sessions/", {"agent": agent})
+    assert status == 201, session
+    socket = Socket(server, user, session["id"])
+    socket.send({"type": "resume", "after": 0})
+    return socket
+
+
+def ask(socket: Socket, text: str) -> str:
+    """Send a prompt and return what the agent answered in that turn."""
+    socket.send({"type": "prompt", "id": f"{text}-{time.monotonic()}", "text": text})
+    frames = socket.until(lambda f: f.get("kind") == "turn_end")
+    chunks = [f["data"] for f in frames if f.get("kind") == "agent_message_chunk"]
+    errors = [f for f in frames if f.get("kind") == "agent_error" or f["type"] == "error"]
+    assert chunks, errors or frames
+    return "".join(chunk["content"]["text"] for chunk in chunks)
+
+
 def api_request(url: str, cookie: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     """Make a JSON API request with a session cookie; return (status, JSON body)."""
     csrf = secrets.token_hex(16)  # any 32 characters: the cookie and the header must agree

@@ -6,7 +6,7 @@ says "I will remember <words>.", to "recall" it says which words the conversatio
 to remember ("You asked me to remember: <words>."), or "I remember nothing." if none; to
 anything else "Echo: <text>". It streams (server-sent events) when asked to, and counts the
 requests it served. Standard library only; run it with `python fake_model.py` (prints its
-port) or use `FakeModel` in a test.
+port) or use `FakeModel` in a test. Its handler and server bases serve fake_vendors.py too.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
-def text_of(content: Any) -> str:
-    """Return the text of a message's content (a string or a list of parts)."""
+def text_of(content: Any, joiner: str = " ") -> str:
+    """Return the text of a message's content (a string or a list of parts, joined)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return joiner.join(part.get("text", "") for part in content if isinstance(part, dict))
     return ""
 
 
@@ -46,8 +47,8 @@ def answer(messages: list[dict[str, Any]]) -> str:
     return f"Echo: {last}"
 
 
-class Handler(BaseHTTPRequestHandler):
-    server: FakeModelServer
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler of JSON requests that lists one model, "echo", on GET .../models."""
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet
@@ -60,18 +61,28 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:
-        if self.path.rstrip("/").endswith("/models"):
-            self._json(200, {"object": "list", "data": [{"id": "echo", "object": "model"}]})
-        else:
-            self._json(404, {"error": {"message": "not found"}})
-
-    def do_POST(self) -> None:
+    def _request(self) -> Any:
+        """Return the request's JSON body ({} if empty), or None once a 400 answered it."""
         length = int(self.headers.get("Content-Length") or 0)
         try:
-            request = json.loads(self.rfile.read(length) or b"{}")
+            return json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             self._json(400, {"error": {"message": "bad json"}})
+            return None
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0].rstrip("/").endswith("/models"):
+            self._json(200, {"object": "list", "data": [{"id": "echo", "object": "model"}]})
+        else:
+            self._json(404, {"error": {"message": f"no {self.path}"}})
+
+
+class Handler(JsonHandler):
+    server: FakeModelServer
+
+    def do_POST(self) -> None:
+        request = self._request()
+        if request is None:
             return
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": f"no {self.path}"}})
@@ -114,21 +125,32 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-class FakeModelServer(ThreadingHTTPServer):
+class LoopbackServer(ThreadingHTTPServer):
+    """A server on a free loopback port, a thread a request."""
+
     daemon_threads = True
 
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+
+
+class FakeModelServer(LoopbackServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.requests: list[dict[str, Any]] = []
 
 
-class FakeModel:
-    """Serve the fake model on a free loopback port while in a `with` block."""
+class Loopback:
+    """Serve a `server_class()` on a thread of its own while in a `with` block; `url` is
+    its address with `path` (the API's root) after it."""
 
-    def __enter__(self) -> FakeModel:
-        self.server = FakeModelServer()
+    server_class: Callable[[], LoopbackServer]
+    path = ""
+
+    def __enter__(self) -> Self:
+        self.server = self.server_class()
         self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.url = f"http://127.0.0.1:{self.port}{self.path}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         return self
@@ -137,8 +159,20 @@ class FakeModel:
         self.server.shutdown()
         self.server.server_close()
 
+    @classmethod
+    def main(cls) -> None:
+        """Serve until interrupted, printing the port (the modules' `python <file>`)."""
+        with cls() as fake:
+            print(fake.port, flush=True)
+            threading.Event().wait()
+
+
+class FakeModel(Loopback):
+    """Serve the fake model on a free loopback port while in a `with` block."""
+
+    server_class = FakeModelServer
+    path = "/v1"
+
 
 if __name__ == "__main__":
-    with FakeModel() as fake:
-        print(fake.port, flush=True)
-        threading.Event().wait()
+    FakeModel.main()

@@ -28,13 +28,18 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 try:
-    from .fake_model import answer
+    from .fake_model import JsonHandler, Loopback, LoopbackServer, answer, text_of
 except ImportError:  # run as a script
-    from fake_model import answer  # type: ignore[no-redef]
+    from fake_model import (  # type: ignore[no-redef]
+        JsonHandler,
+        Loopback,
+        LoopbackServer,
+        answer,
+        text_of,
+    )
 
 SLOW_WORDS = 80
 SLOW_DELAY = 0.25
@@ -133,19 +138,11 @@ def anthropic_move(request: dict[str, Any]) -> Move:
         ]
         users += [t for t in texts if sees_the_person(t)]
         results = [
-            text_of_result(b.get("content")) for b in blocks if b.get("type") == "tool_result"
+            text_of(b.get("content"), "\n") for b in blocks if b.get("type") == "tool_result"
         ]
         result = "\n".join(results) if results else None
     tools = [t.get("name", "") for t in request.get("tools") or []]
     return decide(users, result, tools, working_directory(request.get("system")))
-
-
-def text_of_result(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 # --- OpenAI Responses ------------------------------------------------------------------------
@@ -202,20 +199,9 @@ def gemini_move(request: dict[str, Any]) -> Move:
 # --- the server ------------------------------------------------------------------------------
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: FakeVendorsServer
     protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # quiet
-
-    def _json(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _start_stream(self) -> None:
         self.send_response(200)
@@ -232,11 +218,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.keep(self.path, None)
-        path = self.path.split("?")[0].rstrip("/")
-        if path.endswith("/models"):
-            self._json(200, {"object": "list", "data": [{"id": "echo", "object": "model"}]})
-        else:
-            self._json(404, {"error": {"message": f"no {self.path}"}})
+        super().do_GET()
 
     def do_HEAD(self) -> None:
         self.send_response(200)
@@ -244,11 +226,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        try:
-            request = json.loads(self.rfile.read(length) or b"{}")
-        except ValueError:
-            self._json(400, {"error": {"message": "bad json"}})
+        request = self._request()
+        if request is None:
             return
         self.server.keep(self.path, request)
         path = self.path.split("?")[0]
@@ -431,11 +410,9 @@ def json_answer(config: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-class FakeVendorsServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class FakeVendorsServer(LoopbackServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.requests: list[tuple[str, Any]] = []
         self.numbers = itertools.count(1)
         self.lock = threading.Lock()
@@ -462,20 +439,11 @@ class FakeVendorsServer(ThreadingHTTPServer):
         )
 
 
-class FakeVendors:
+class FakeVendors(Loopback):
     """Serve the three fake APIs on a free loopback port while in a `with` block."""
 
-    def __enter__(self) -> FakeVendors:
-        self.server = FakeVendorsServer()
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    server_class = FakeVendorsServer
+    server: FakeVendorsServer
 
     @property
     def requests(self) -> list[tuple[str, Any]]:
@@ -483,6 +451,4 @@ class FakeVendors:
 
 
 if __name__ == "__main__":
-    with FakeVendors() as fake:
-        print(fake.port, flush=True)
-        threading.Event().wait()
+    FakeVendors.main()

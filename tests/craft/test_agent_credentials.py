@@ -7,16 +7,16 @@ processes of the local backend (tests/agents/env_agent.py prints what it was sta
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 
 from craft.models import Event
-from tests.catalog import KEY, catalog_toml
+from tests.catalog import KEY
+from tests.ready import running_sandbox
 
-from ..server import Daphne, Socket, api
+from ..server import api, ask, open_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,39 +25,8 @@ SAM_KEY = "sk-sam-9876543210-secret"
 
 
 @pytest.fixture
-def server(tmp_path: Path):
-    agents = tmp_path / "agents.toml"
-    agents.write_text(catalog_toml())
-    daphne = Daphne(tmp_path, CRAFT_AGENTS_FILE=str(agents)).start()
-    try:
-        yield daphne
-    finally:
-        daphne.stop()
-
-
-def ask(socket: Socket, text: str) -> str:
-    """Send a prompt and return what the agent answered in that turn."""
-    socket.send({"type": "prompt", "id": f"{text}-{time.monotonic()}", "text": text})
-    frames = socket.until(lambda f: f.get("kind") == "turn_end")
-    chunks = [f["data"] for f in frames if f.get("kind") == "agent_message_chunk"]
-    errors = [f for f in frames if f.get("kind") == "agent_error" or f["type"] == "error"]
-    assert chunks, errors or frames
-    return "".join(chunk["content"]["text"] for chunk in chunks)
-
-
-def keyed_session(server: Daphne, user) -> Socket:
-    status, session = api(server, user, "POST", "/api/sessions/", {"agent": "keyed"})
-    assert status == 201, session
-    socket = Socket(server, user, session["id"])
-    socket.send({"type": "resume", "after": 0})
-    return socket
-
-
-def wait_running(server: Daphne, user) -> None:
-    deadline = time.monotonic() + 30
-    while api(server, user, "GET", "/api/sandbox/")[1].get("status") != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+def server(catalog_server):
+    return catalog_server()
 
 
 def test_each_agent_gets_its_owners_key_in_its_environment_only(server, owner, stranger):
@@ -66,8 +35,8 @@ def test_each_agent_gets_its_owners_key_in_its_environment_only(server, owner, s
         assert status == 200, body
     sockets = {}
     for user in (owner, stranger):
-        sockets[user.pk] = keyed_session(server, user)
-        wait_running(server, user)
+        sockets[user.pk] = open_session(server, user, "keyed")
+        running_sandbox(user)
 
     olivia_env = json.loads(ask(sockets[owner.pk], "env"))
     sam_env = json.loads(ask(sockets[stranger.pk], "env"))
@@ -98,8 +67,8 @@ def test_each_agent_gets_its_owners_key_in_its_environment_only(server, owner, s
 
 
 def test_a_prompt_to_an_agent_without_its_key_is_refused_and_nothing_is_stored(server, owner):
-    socket = keyed_session(server, owner)
-    wait_running(server, owner)
+    socket = open_session(server, owner, "keyed")
+    running_sandbox(owner)
     socket.send({"type": "prompt", "id": "first", "text": "hello there"})
     refused = socket.until(lambda f: f["type"] == "error")[-1]
     assert refused["code"] == "credentials_missing"
@@ -117,8 +86,8 @@ def test_a_prompt_to_an_agent_without_its_key_is_refused_and_nothing_is_stored(s
 
 def test_another_persons_key_never_makes_an_agent_ready(server, owner, stranger):
     api(server, owner, "PUT", f"/api/credentials/{KEY}/", {"value": OLIVIA_KEY})
-    socket = keyed_session(server, stranger)
-    wait_running(server, stranger)
+    socket = open_session(server, stranger, "keyed")
+    running_sandbox(stranger)
     socket.send({"type": "prompt", "id": "p", "text": "env"})
     refused = socket.until(lambda f: f["type"] == "error")[-1]
     assert refused["code"] == "credentials_missing"

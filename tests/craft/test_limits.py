@@ -97,31 +97,38 @@ async def test_a_message_over_the_limit_is_skipped_and_recorded_and_the_turn_goe
     await comm.disconnect()
 
 
-def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_limit(
-    tmp_path, owner
-):
-    session = open_ready_session(owner, "huge")
-    limit = 16 * 1024 * 1024
-    server = Daphne(tmp_path, CRAFT_MAX_MESSAGE_BYTES=str(limit)).start()
+def flood(tmp_path, session, warm: str, prompt: str, **env: str) -> tuple[list[dict], int]:
+    """Serve with `env` on daphne of its own; prompt `warm` in the session (its agent then
+    started), then `prompt`. Return the frames of that last turn and how many bytes the
+    server grew by meanwhile (its peak after, less its resident size before)."""
+    server = Daphne(tmp_path, **env).start()
     try:
-        sock = Socket(server, owner, session.pk)
+        sock = Socket(server, session.owner, session.pk)
         sock.send({"type": "resume", "after": 0})
-        sock.send({"type": "prompt", "id": "warm", "text": "hello"})
+        sock.send({"type": "prompt", "id": "warm", "text": warm})
         sock.until(lambda f: f.get("kind") == "turn_end")
         before = vm_kib(server.process.pid, "VmRSS")
-        sock.send({"type": "prompt", "id": "huge", "text": "big 100"})
+        sock.send({"type": "prompt", "id": "flood", "text": prompt})
         frames = sock.until(lambda f: f.get("kind") == "turn_end")
         peak = vm_kib(server.process.pid, "VmHWM")
         sock.close()
     finally:
         server.signal(signal.SIGTERM)
         server.wait(30)
+    return frames, (peak - before) * 1024
+
+
+def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_limit(
+    tmp_path, owner
+):
+    session = open_ready_session(owner, "huge")
+    limit = 16 * 1024 * 1024
+    frames, grown = flood(tmp_path, session, "hello", "big 100", CRAFT_MAX_MESSAGE_BYTES=str(limit))
     kinds = [f["kind"] for f in frames if f.get("type") == "event"]
     assert [kind for kind in kinds if kind != "usage_update"][-2:] == [
         "message_too_large",
         "turn_end",
     ]
-    grown = (peak - before) * 1024
     assert grown < 4 * limit, f"the server grew by {grown / 2**20:.0f} MiB"
     stored = Event.objects.filter(session=session, kind="message_too_large").get()
     assert json.loads(json.dumps(stored.data))["bytes"] > 100 * 2**20
@@ -130,20 +137,8 @@ def test_a_100_mb_agent_message_does_not_grow_the_server_beyond_a_few_times_the_
 def test_a_50_mb_terminal_output_stream_is_cut_at_the_limit_and_grows_nothing(tmp_path, owner):
     session = open_ready_session(owner, "terminal flood")
     limit = 1024 * 1024
-    server = Daphne(tmp_path, CRAFT_MAX_TERMINAL_OUTPUT_BYTES=str(limit)).start()
-    try:
-        sock = Socket(server, owner, session.pk)
-        sock.send({"type": "resume", "after": 0})
-        sock.send({"type": "prompt", "id": "warm", "text": "terminal 1 0"})
-        sock.until(lambda f: f.get("kind") == "turn_end")
-        before = vm_kib(server.process.pid, "VmRSS")
-        sock.send({"type": "prompt", "id": "flood", "text": "terminal 0 0 50"})
-        frames = sock.until(lambda f: f.get("kind") == "turn_end")
-        peak = vm_kib(server.process.pid, "VmHWM")
-        sock.close()
-    finally:
-        server.signal(signal.SIGTERM)
-        server.wait(30)
+    env = {"CRAFT_MAX_TERMINAL_OUTPUT_BYTES": str(limit)}
+    frames, grown = flood(tmp_path, session, "terminal 1 0", "terminal 0 0 50", **env)
     assert frames[-1]["data"] == {"stop_reason": "end_turn"}
     events = [f for f in frames if f.get("type") == "event"]
     (limited,) = [f["data"] for f in events if f["kind"] == "terminal_output_limited"]
@@ -161,7 +156,6 @@ def test_a_50_mb_terminal_output_stream_is_cut_at_the_limit_and_grows_nothing(tm
     stored = Event.objects.filter(session=session, seq__gt=frames[0]["seq"] - 1)
     assert stored.count() < 40, "a dropped chunk stores nothing"
     assert sum(len(json.dumps(e.data)) for e in stored) < limit * 11 // 10
-    grown = (peak - before) * 1024
     assert grown < 64 * 2**20, f"the server grew by {grown / 2**20:.0f} MiB"
 
 

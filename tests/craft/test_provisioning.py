@@ -52,11 +52,12 @@ def test_a_new_session_answers_at_once_while_its_pod_starts_then_works(kube, own
     kube.ready_delay = 3
     server = kubernetes_server(kube, tmp_path).start()
     try:
-        started = time.monotonic()
         status, session = api(server, owner, "POST", "/api/sessions/", {"title": "slow pod"})
-        answered = time.monotonic() - started
         assert status == 201, session
-        assert answered < 1.0, f"the request waited {answered:.2f} s"
+        # It answered before the pod was ready: its sandbox is provisioning still, and
+        # becomes running only later (below). Had it waited for the pod, it would be running.
+        sandbox = Sandbox.objects.get(pk=session["sandbox"])
+        assert sandbox.status == Sandbox.Status.PROVISIONING, sandbox.status_detail
 
         socket = Socket(server, owner, session["id"])
         assert socket.hello["sandbox"]["status"] == "provisioning"

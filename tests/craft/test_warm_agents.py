@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from sandboxes.models import Sandbox
-from tests.catalog import KEY, catalog_toml
+from tests.catalog import KEY
+from tests.ready import running_sandbox
 
-from ..server import Daphne, Socket, api
+from ..server import api, ask, open_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,40 +27,8 @@ NEW_KEY = "sk-olivia-0123456789-new"
 
 
 @pytest.fixture
-def server(tmp_path: Path):
-    agents = tmp_path / "agents.toml"
-    agents.write_text(catalog_toml())
-    daphne = Daphne(tmp_path, CRAFT_AGENTS_FILE=str(agents), CRAFT_WARM_AGENTS="1").start()
-    try:
-        yield daphne
-    finally:
-        daphne.stop()
-
-
-def ask(socket: Socket, text: str) -> str:
-    socket.send({"type": "prompt", "id": f"{text}-{time.monotonic()}", "text": text})
-    frames = socket.until(lambda f: f.get("kind") == "turn_end")
-    chunks = [f["data"] for f in frames if f.get("kind") == "agent_message_chunk"]
-    assert chunks, frames
-    return "".join(chunk["content"]["text"] for chunk in chunks)
-
-
-def open_session(server: Daphne, user, agent: str) -> Socket:
-    status, session = api(server, user, "POST", "/api/sessions/", {"agent": agent})
-    assert status == 201, session
-    socket = Socket(server, user, session["id"])
-    socket.send({"type": "resume", "after": 0})
-    return socket
-
-
-def running_sandbox(user) -> Sandbox:
-    deadline = time.monotonic() + 30
-    while True:
-        sandbox = Sandbox.objects.live().owned_by(user).first()
-        if sandbox is not None and sandbox.status == Sandbox.Status.RUNNING:
-            return sandbox
-        assert time.monotonic() < deadline, "sandbox not running"
-        time.sleep(0.05)
+def server(catalog_server):
+    return catalog_server(CRAFT_WARM_AGENTS="1")
 
 
 def waiting_in_home(sandbox: Sandbox) -> list[int]:

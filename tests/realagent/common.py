@@ -1,20 +1,63 @@
-"""What the real-agent tests share: turns through the websocket (permissions answered, a
-cancel), the tool call cards they showed, and the stored log."""
+"""What the real-agent tests share: the agent's marks and settings, turns through the
+websocket (permissions answered, a cancel), the tool call cards they showed, a kill of the
+agent and its restart, and the stored log."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
+import signal
 from pathlib import Path
+
+import pytest
 
 from craft.models import Event
 from craft.storage.db import db_sync_to_async
+from craft.turns.registry import runners
+from sandboxes.acp import AgentConnection
 from tests.ready import open_ready_session
 
 from ..craft.wsclient import is_turn_end, open_socket, receive_until, session_cookie
+
+# PATH for an agent that node runs (its launcher, or the agent itself).
+NODE_PATH = f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/bin"
+
+
+def realagent_marks(installed: Path, name: str) -> list[pytest.MarkDecorator]:
+    """Return the marks of a module of one real agent's tests: opt-in, a transactional
+    database, asyncio, five minutes each, and skipped while `installed` is missing."""
+    return [
+        pytest.mark.realagent,
+        pytest.mark.django_db(transaction=True),
+        pytest.mark.asyncio,
+        pytest.mark.timeout(300),
+        pytest.mark.skipif(
+            not installed.exists(), reason=f"{name} is not installed: make realagent"
+        ),
+    ]
+
+
+def use_agent(settings, command: list[str], **env: str) -> None:
+    """Make `command` the agent of the test's sessions, started with `env` as its whole
+    environment, and give it two minutes to start (a real agent's first start is slow)."""
+    settings.CRAFT_AGENT_COMMAND = command
+    settings.CRAFT_AGENT_START_TIMEOUT = 120
+    settings.CRAFT_AGENT_ENV = env
 
 
 @db_sync_to_async
 def log_of(session) -> list[tuple[str, dict]]:
     return [(e.kind, e.data) for e in Event.objects.filter(session=session).order_by("seq")]
+
+
+async def stored_prompts(session) -> tuple[list[str], list[str]]:
+    """Return the person's prompts as the log keeps them, and the texts of the user message
+    chunks it keeps (an agent's replay of those prompts, stored again)."""
+    log = await log_of(session)
+    prompts = [data["text"] for kind, data in log if kind == "user_message"]
+    replayed = [data["content"]["text"] for kind, data in log if kind == "user_message_chunk"]
+    return prompts, replayed
 
 
 async def turn(comm, prompt_id: str, text: str) -> tuple[list[dict], str]:
@@ -74,6 +117,68 @@ async def cancel_a_slow_turn(comm, prompt_id: str) -> list[dict]:
     await comm.send_json_to({"type": "cancel"})
     frames += await receive_until(comm, is_turn_end, timeout=60)
     return frames
+
+
+def agent_name(frames: list[dict]) -> str:
+    """Return the name the agent gave itself in the one agent_info event of these frames."""
+    (info,) = [f["data"] for f in frames if f.get("kind") == "agent_info"]
+    return info["agent"]["name"]
+
+
+async def cancelled_mid_turn_then_answered(comm, prefix: str) -> None:
+    """Cancel a slow turn once its first words arrived, then prompt again: the cancel ends
+    the turn early (the fake model's stream cut short) and the agent still answers. Prompt
+    ids start with `prefix`."""
+    frames = await cancel_a_slow_turn(comm, f"{prefix}1")
+    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
+    assert "word80" not in reply_of(frames)
+    frames, reply = await turn(comm, f"{prefix}2", "hello again")
+    assert reply == "Echo: hello again"
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+
+
+def agent_connection(session) -> AgentConnection:
+    """Return the connection to the agent process of the session's runner."""
+    connection = runners.get(session.pk).connection
+    assert connection is not None
+    return connection
+
+
+async def kill(connection: AgentConnection) -> None:
+    """SIGKILL the agent's process and wait until its connection saw it go."""
+    os.kill(connection.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    await asyncio.to_thread(connection.wait_closed, 10)
+
+
+async def remember_mango(comm, session, prefix: str) -> AgentConnection:
+    """Ask the agent to remember a word (prompt id `<prefix>1`); return its connection."""
+    _, reply = await turn(comm, f"{prefix}1", "remember mango")
+    assert reply == "I will remember mango."
+    return agent_connection(session)
+
+
+async def recall_mango(comm, session, prefix: str, restored: str) -> None:
+    """Ask the agent, killed since `remember_mango`, to recall (prompt id `<prefix>2`): it is
+    restarted with its conversation `restored` ("resume" or "load"), answers from it, and
+    nothing it replayed is stored again."""
+    frames, reply = await turn(comm, f"{prefix}2", "recall")
+    assert restarts(frames) == [restored], kinds_and_data(frames)
+    assert reply == "You asked me to remember: mango."
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    prompts, replayed = await stored_prompts(session)
+    assert replayed == []
+    assert prompts == ["remember mango", "recall"]
+
+
+def restarts(frames: list[dict]) -> list[str]:
+    """Return how each agent restart in these frames got its conversation back ("resume"
+    or "load")."""
+    return [f["data"]["restored"] for f in frames if f.get("kind") == "agent_restarted"]
+
+
+def kinds_and_data(frames: list[dict]) -> list[tuple]:
+    """Return the frames' kinds and data, as an assertion's message."""
+    return [(f.get("kind"), f.get("data")) for f in frames]
 
 
 async def start_session(owner, title: str):

@@ -13,60 +13,49 @@ real API would.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from craft.turns.registry import runners
-
-from ..agents.fake_vendors import FakeVendors
 from .common import (
-    cancel_a_slow_turn,
+    NODE_PATH,
+    agent_name,
+    cancelled_mid_turn_then_answered,
+    kill,
     live_output,
-    log_of,
-    reply_of,
+    realagent_marks,
+    recall_mango,
+    remember_mango,
     start_session,
     tool_cards,
     turn,
     turn_allowing,
+    use_agent,
     workspace_of,
 )
 
 CLAUDE = Path(__file__).parent / "node_modules" / ".bin" / "claude-agent-acp"
 
-pytestmark = [
-    pytest.mark.realagent,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.asyncio,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not CLAUDE.exists(),
-        reason="Claude Code (claude-agent-acp) is not installed: make realagent",
-    ),
-]
+pytestmark = realagent_marks(CLAUDE, "Claude Code (claude-agent-acp)")
 
 
 @pytest.fixture
-def claude_code(settings):
-    with FakeVendors() as fake:
-        settings.CRAFT_AGENT_COMMAND = [str(CLAUDE)]
-        settings.CRAFT_AGENT_START_TIMEOUT = 120
-        settings.CRAFT_AGENT_ENV = {
-            # Node for the adapter (Claude Code, which it starts, is a native binary).
-            "PATH": f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/bin",
-            "ANTHROPIC_BASE_URL": fake.url,
-            "ANTHROPIC_API_KEY": "sk-ant-fake",
-            # No update checks, telemetry, error reports or other calls home.
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-        }
-        yield fake
+def claude_code(settings, fake_vendors):
+    use_agent(
+        settings,
+        [str(CLAUDE)],
+        # Node for the adapter (Claude Code, which it starts, is a native binary).
+        PATH=NODE_PATH,
+        ANTHROPIC_BASE_URL=fake_vendors.url,
+        ANTHROPIC_API_KEY="sk-ant-fake",
+        # No update checks, telemetry, error reports or other calls home.
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        DISABLE_AUTOUPDATER="1",
+        DISABLE_TELEMETRY="1",
+        DISABLE_ERROR_REPORTING="1",
+    )
+    return fake_vendors
 
 
 async def saved(session, agent_session_id: str, text: str, timeout: float = 15) -> None:
@@ -83,8 +72,7 @@ async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, 
 
     frames, reply = await turn(comm, "c1", "hello there")
     assert reply == "Echo: hello there"
-    (info,) = [f["data"] for f in frames if f.get("kind") == "agent_info"]
-    assert info["agent"]["name"] == "@agentclientprotocol/claude-agent-acp"
+    assert agent_name(frames) == "@agentclientprotocol/claude-agent-acp"
 
     # Claude Code runs read-only commands (echo, ls) without asking: this one writes.
     command = "mkdir -p made && for i in 1 2 3; do echo tick$i; sleep 1; done"
@@ -118,37 +106,18 @@ async def test_claude_code_runs_a_command_and_writes_a_file_once_allowed(owner, 
 
 async def test_claude_code_is_cancelled_mid_turn(owner, claude_code):
     _, comm = await start_session(owner, "claude")
-    frames = await cancel_a_slow_turn(comm, "c1")
-    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
-    # The cancel cut the fake model's stream short, and the agent still answers.
-    assert "word80" not in reply_of(frames)
-    frames, reply = await turn(comm, "c2", "hello again")
-    assert reply == "Echo: hello again"
-    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await cancelled_mid_turn_then_answered(comm, "c")
     await comm.disconnect()
 
 
 async def test_claude_code_is_killed_and_reattached_with_its_memory(owner, claude_code):
     session, comm = await start_session(owner, "claude")
-    frames, reply = await turn(comm, "c1", "remember mango")
-    assert reply == "I will remember mango."
-
-    connection = runners.get(session.pk).connection
-    assert connection is not None
+    connection = await remember_mango(comm, session, "c")
     assert (connection.can_resume, connection.can_load) == (True, True)
     # Claude Code writes its transcript a moment after the turn: killed before that, it has
     # no session to resume ("Resource not found", seen once in a dozen runs) and Craft
     # starts it fresh. This test is about a kill once the turn is kept.
     await saved(session, connection.agent_session_id, "I will remember mango.")
-    os.kill(connection.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
-    await asyncio.to_thread(connection.wait_closed, 10)
-
-    frames, reply = await turn(comm, "c2", "recall")
-    restored = [f["data"]["restored"] for f in frames if f.get("kind") == "agent_restarted"]
-    assert restored == ["resume"], [(f.get("kind"), f.get("data")) for f in frames]
-    assert reply == "You asked me to remember: mango."
-    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
-    log = await log_of(session)
-    assert [k for k, _ in log].count("user_message_chunk") == 0
-    assert [d["text"] for k, d in log if k == "user_message"] == ["remember mango", "recall"]
+    await kill(connection)
+    await recall_mango(comm, session, "c", "resume")
     await comm.disconnect()

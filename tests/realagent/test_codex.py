@@ -12,26 +12,24 @@ tools as the real API would.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import platform
-import signal
 from pathlib import Path
 
 import pytest
 
-from craft.turns.registry import runners
-
-from ..agents.fake_vendors import FakeVendors
 from .common import (
-    cancel_a_slow_turn,
+    agent_name,
+    cancelled_mid_turn_then_answered,
+    kill,
     live_output,
-    log_of,
-    reply_of,
+    realagent_marks,
+    recall_mango,
+    remember_mango,
     start_session,
     tool_cards,
     turn,
     turn_allowing,
+    use_agent,
     workspace_of,
 )
 
@@ -43,15 +41,7 @@ CODEX = (
     / f"codex-acp-linux-{ARCH}" / "bin" / "codex-acp"
 )  # fmt: skip
 
-pytestmark = [
-    pytest.mark.realagent,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.asyncio,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not CODEX.exists(), reason="Codex (codex-acp) is not installed: make realagent"
-    ),
-]
+pytestmark = realagent_marks(CODEX, "Codex (codex-acp)")
 
 
 def codex_command(model_url: str) -> list[str]:
@@ -78,12 +68,14 @@ def codex_command(model_url: str) -> list[str]:
 
 
 @pytest.fixture
-def codex(settings):
-    with FakeVendors() as fake:
-        settings.CRAFT_AGENT_COMMAND = codex_command(f"{fake.url}/v1")
-        settings.CRAFT_AGENT_START_TIMEOUT = 120
-        settings.CRAFT_AGENT_ENV = {"PATH": "/usr/bin:/bin", "FAKE_MODEL_API_KEY": "sk-fake"}
-        yield fake
+def codex(settings, fake_vendors):
+    use_agent(
+        settings,
+        codex_command(f"{fake_vendors.url}/v1"),
+        PATH="/usr/bin:/bin",
+        FAKE_MODEL_API_KEY="sk-fake",
+    )
+    return fake_vendors
 
 
 async def test_codex_runs_a_command_and_writes_a_file_once_allowed(owner, codex):
@@ -91,8 +83,7 @@ async def test_codex_runs_a_command_and_writes_a_file_once_allowed(owner, codex)
 
     frames, reply = await turn(comm, "x1", "hello there")
     assert reply == "Echo: hello there"
-    (info,) = [f["data"] for f in frames if f.get("kind") == "agent_info"]
-    assert info["agent"]["name"] == "codex-acp"
+    assert agent_name(frames) == "codex-acp"
 
     command = "mkdir -p made && for i in 1 2 3; do echo tick$i; sleep 1; done"
     frames, reply = await turn_allowing(comm, "x2", f"run: {command}")
@@ -132,32 +123,14 @@ async def test_codex_runs_a_command_and_writes_a_file_once_allowed(owner, codex)
 
 async def test_codex_is_cancelled_mid_turn(owner, codex):
     _, comm = await start_session(owner, "codex")
-    frames = await cancel_a_slow_turn(comm, "x1")
-    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
-    assert "word80" not in reply_of(frames)  # the cancel cut the model's stream short
-    frames, reply = await turn(comm, "x2", "hello again")
-    assert reply == "Echo: hello again"
-    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await cancelled_mid_turn_then_answered(comm, "x")
     await comm.disconnect()
 
 
 async def test_codex_is_killed_and_reattached_with_its_memory(owner, codex):
     session, comm = await start_session(owner, "codex")
-    frames, reply = await turn(comm, "x1", "remember mango")
-    assert reply == "I will remember mango."
-
-    connection = runners.get(session.pk).connection
-    assert connection is not None
+    connection = await remember_mango(comm, session, "x")
     assert (connection.can_resume, connection.can_load) == (True, True)
-    os.kill(connection.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
-    await asyncio.to_thread(connection.wait_closed, 10)
-
-    frames, reply = await turn(comm, "x2", "recall")
-    restored = [f["data"]["restored"] for f in frames if f.get("kind") == "agent_restarted"]
-    assert restored == ["resume"], [(f.get("kind"), f.get("data")) for f in frames]
-    assert reply == "You asked me to remember: mango."
-    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
-    log = await log_of(session)
-    assert [k for k, _ in log].count("user_message_chunk") == 0
-    assert [d["text"] for k, d in log if k == "user_message"] == ["remember mango", "recall"]
+    await kill(connection)
+    await recall_mango(comm, session, "x", "resume")
     await comm.disconnect()

@@ -14,37 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from craft.turns.registry import runners
-
-from ..agents.fake_vendors import FakeVendors
 from .common import (
-    cancel_a_slow_turn,
-    log_of,
-    reply_of,
+    NODE_PATH,
+    agent_name,
+    cancelled_mid_turn_then_answered,
+    kill,
+    kinds_and_data,
+    realagent_marks,
+    remember_mango,
+    restarts,
     start_session,
+    stored_prompts,
     tool_cards,
     turn,
     turn_allowing,
+    use_agent,
     workspace_of,
 )
 
 GEMINI = Path(__file__).parent / "node_modules" / ".bin" / "gemini"
 
-pytestmark = [
-    pytest.mark.realagent,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.asyncio,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not GEMINI.exists(), reason="Gemini CLI is not installed: make realagent"),
-]
+pytestmark = realagent_marks(GEMINI, "Gemini CLI")
 
 # Its user settings (in the sandbox's home): no usage statistics, which it would send to
 # Google, no update checks, and the API key as the way in (no login prompt).
@@ -57,23 +52,22 @@ SETTINGS = {
 
 
 @pytest.fixture
-def gemini(settings):
-    with FakeVendors() as fake:
-        settings.CRAFT_AGENT_COMMAND = [str(GEMINI), "--acp"]
-        settings.CRAFT_AGENT_START_TIMEOUT = 120
-        settings.CRAFT_AGENT_ENV = {
-            "PATH": f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/bin",
-            "GEMINI_API_KEY": "fake",
-            "GOOGLE_GEMINI_BASE_URL": fake.url,
-            "GEMINI_TELEMETRY_ENABLED": "false",
-            # The session's workspace is trusted (an untrusted folder refuses "Allow for this
-            # session" and skips project settings).
-            "GEMINI_CLI_TRUST_WORKSPACE": "true",
-            # One process: it would otherwise start itself again with a larger heap, and a
-            # SIGKILL would leave that child behind.
-            "GEMINI_CLI_NO_RELAUNCH": "true",
-        }
-        yield fake
+def gemini(settings, fake_vendors):
+    use_agent(
+        settings,
+        [str(GEMINI), "--acp"],
+        PATH=NODE_PATH,
+        GEMINI_API_KEY="fake",
+        GOOGLE_GEMINI_BASE_URL=fake_vendors.url,
+        GEMINI_TELEMETRY_ENABLED="false",
+        # The session's workspace is trusted (an untrusted folder refuses "Allow for this
+        # session" and skips project settings).
+        GEMINI_CLI_TRUST_WORKSPACE="true",
+        # One process: it would otherwise start itself again with a larger heap, and a
+        # SIGKILL would leave that child behind.
+        GEMINI_CLI_NO_RELAUNCH="true",
+    )
+    return fake_vendors
 
 
 async def start_gemini(owner, title: str):
@@ -89,8 +83,7 @@ async def test_gemini_cli_runs_a_command_and_writes_a_file_once_allowed(owner, g
 
     frames, reply = await turn(comm, "g1", "hello there")
     assert reply == "Echo: hello there"
-    (info,) = [f["data"] for f in frames if f.get("kind") == "agent_info"]
-    assert info["agent"]["name"] == "gemini-cli"
+    assert agent_name(frames) == "gemini-cli"
 
     frames, reply = await turn_allowing(comm, "g2", "run: mkdir -p made && echo made-it")
     (request,) = [f["data"] for f in frames if f.get("kind") == "permission_request"]
@@ -118,25 +111,15 @@ async def test_gemini_cli_runs_a_command_and_writes_a_file_once_allowed(owner, g
 
 async def test_gemini_cli_is_cancelled_mid_turn(owner, gemini):
     _, comm = await start_gemini(owner, "gemini")
-    frames = await cancel_a_slow_turn(comm, "g1")
-    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
-    assert "word80" not in reply_of(frames)  # the cancel cut the model's stream short
-    frames, reply = await turn(comm, "g2", "hello again")
-    assert reply == "Echo: hello again"
-    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await cancelled_mid_turn_then_answered(comm, "g")
     await comm.disconnect()
 
 
 async def test_gemini_cli_is_killed_and_reloaded_with_its_memory(owner, gemini):
     session, comm = await start_gemini(owner, "gemini")
-    frames, reply = await turn(comm, "g1", "remember mango")
-    assert reply == "I will remember mango."
-
-    connection = runners.get(session.pk).connection
-    assert connection is not None
+    connection = await remember_mango(comm, session, "g")
     assert (connection.can_resume, connection.can_load) == (False, True)
-    os.kill(connection.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
-    await asyncio.to_thread(connection.wait_closed, 10)
+    await kill(connection)
     # Gemini CLI 0.61.0 names a chat's file after the minute it started in, and session/load
     # first starts a recording under the loaded id: in that same minute, that is the same
     # file, emptied, and the load fails ("No previous sessions found for this project").
@@ -144,8 +127,7 @@ async def test_gemini_cli_is_killed_and_reloaded_with_its_memory(owner, gemini):
     await asyncio.sleep(61 - time.time() % 60)
 
     frames, reply = await turn(comm, "g2", "recall")
-    restored = [f["data"]["restored"] for f in frames if f.get("kind") == "agent_restarted"]
-    assert restored == ["load"], [(f.get("kind"), f.get("data")) for f in frames]
+    assert restarts(frames) == ["load"], kinds_and_data(frames)
     assert frames[-1]["data"] == {"stop_reason": "end_turn"}
     # It remembers. But Gemini CLI 0.61.0 answers session/load before it has replayed the
     # conversation (it does not wait for its own replay, which the protocol asks it to):
@@ -153,10 +135,7 @@ async def test_gemini_cli_is_killed_and_reloaded_with_its_memory(owner, gemini):
     recalled = "You asked me to remember: mango."
     assert reply.endswith(recalled)
     assert reply.removesuffix(recalled) in ("", "I will remember mango.")
-    log = await log_of(session)
-    assert [d["content"]["text"] for k, d in log if k == "user_message_chunk"] in (
-        [],
-        ["remember mango"],
-    )
-    assert [d["text"] for k, d in log if k == "user_message"] == ["remember mango", "recall"]
+    prompts, replayed = await stored_prompts(session)
+    assert replayed in ([], ["remember mango"])
+    assert prompts == ["remember mango", "recall"]
     await comm.disconnect()
