@@ -3,9 +3,10 @@
 SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the same
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
-`bench.failover`, `bench.workspace`, `bench.warm`).
+`bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`).
 
-    .venv/bin/python -m bench [--quick] [--only hotpath,resume,page,idle,failover,workspace,warm]
+    .venv/bin/python -m bench [--quick]
+        [--only hotpath,opencode,resume,page,idle,failover,workspace,warm]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 
 from .harness import Figure, Site
 
-BENCHMARKS = ["hotpath", "resume", "page", "idle", "failover", "workspace", "warm"]
+BENCHMARKS = ["hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm"]
 
 
 def print_table(database: str, figures: list[Figure]) -> None:
@@ -43,6 +44,7 @@ def main() -> None:
             print(f"running {name} ...", file=sys.stderr, flush=True)
             options = {
                 "hotpath": {"rounds": 10 if args.quick else 30},
+                "opencode": {"runs": 3 if args.quick else 5},
                 "resume": {"runs": 3 if args.quick else 5},
                 "page": {"runs": 3 if args.quick else 7},
                 "idle": {"sockets": 1000 if args.quick else 10_000},

@@ -257,16 +257,18 @@ class Client:
         started = time.perf_counter()
         prompt_id = uuid.uuid4().hex
         await self.send({"type": "prompt", "id": prompt_id, "text": text})
-        mine = False
+        mine, error = False, None
         while True:
             frame = await self.frame()
             if frame["type"] == "error":
                 raise RuntimeError(f"prompt refused: {frame}")
             if frame.get("kind") == "user_message":
                 mine = frame["data"].get("id") == prompt_id
+            elif mine and frame.get("kind") == "agent_error":
+                error = frame["data"]
             elif mine and frame.get("kind") == "turn_end":
                 if frame["data"].get("stop_reason") != "end_turn":
-                    raise RuntimeError(f"turn ended badly: {frame}")
+                    raise RuntimeError(f"turn ended badly: {frame}; the agent's error: {error}")
                 return time.perf_counter() - started
 
     async def answer(self, text: str) -> str:

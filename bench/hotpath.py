@@ -60,12 +60,14 @@ async def follow_ups(server: Server, agent: DirectAgent, client: Client, rounds:
     return {"floor": median(floor), "cached": median(cached)}
 
 
-async def uncached(server: Server, cookie: str, sessions: list[str]) -> float:
+async def uncached(
+    server: Server, cookie: str, sessions: list[str], text: str = FOLLOW_UP
+) -> float:
     times = []
     for session_id in sessions:
         client = await Client.open(server, cookie, session_id)
         await client.send({"type": "resume", "after": 0})
-        times.append(await client.prompt(FOLLOW_UP))
+        times.append(await client.prompt(text))
         await client.close()
     return median(times)
 
@@ -85,11 +87,18 @@ def waiting_in(folder: Path) -> set[int]:
 
 
 async def warm_firsts(
-    server: Server, cookie: str, home: Path, sessions: list[str], page: bool = True
+    server: Server,
+    cookie: str,
+    home: Path,
+    sessions: list[str],
+    page: bool = True,
+    text: str = FOLLOW_UP,
+    settle: float = WARM_SETTLE,
 ) -> dict:
-    """The first prompt of each fresh session, each once its sandbox's warm agent waits
-    (with `page`, after `start_agent` and a person's pause, as the page sends it); return the
-    median and how many were served by the warm agent."""
+    """The first prompt (`text`) of each fresh session, each once its sandbox's warm agent
+    waits (`settle` seconds after it appeared; with `page`, after `start_agent` and a
+    person's pause, as the page sends it); return the median and how many were served by the
+    warm agent."""
     times, served_warm = [], 0
     taken: set[int] = set()  # an agent taken keeps its folder: these are no longer warm
     for session_id in sessions:
@@ -99,7 +108,7 @@ async def warm_firsts(
                 raise RuntimeError("no warm agent appeared in the sandbox")
             await asyncio.sleep(0.05)
         # Its process is there before its `initialize` is answered: give it time to be.
-        await asyncio.sleep(WARM_SETTLE)
+        await asyncio.sleep(settle)
         taken |= waiting_in(home)
         client = await Client.open(server, cookie, session_id)
         await client.send({"type": "resume", "after": 0})
@@ -108,7 +117,7 @@ async def warm_firsts(
             while (await client.frame()).get("kind") != "available_commands_update":
                 pass
             await asyncio.sleep(PERSON_PAUSE)
-        times.append(await client.prompt(FOLLOW_UP))
+        times.append(await client.prompt(text))
         # A warm agent keeps working in the folder it started in: no process of the
         # sandbox's (the agent, or its jail) works in the session's workspace.
         served_warm += int(not waiting_in(home.parent / "sessions" / session_id))
