@@ -3,10 +3,10 @@
 SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the same
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
-`bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`).
+`bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.scale`).
 
     .venv/bin/python -m bench [--quick]
-        [--only hotpath,opencode,resume,page,idle,failover,workspace,warm]
+        [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,scale]
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import sys
 
 from .harness import Figure, Site
 
-BENCHMARKS = ["hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm"]
+BENCHMARKS = [
+    "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm", "scale",
+]  # fmt: skip
 
 
 def print_table(database: str, figures: list[Figure]) -> None:
@@ -51,6 +53,7 @@ def main() -> None:
                 "failover": {"rounds": 5 if args.quick else 10},
                 "workspace": {"rounds": 3 if args.quick else 7},
                 "warm": {"runs": 2 if args.quick else 3},
+                "scale": {"sessions": 100 if args.quick else 400},
             }[name]
             figures += asyncio.run(module.run(site, **options))
     finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import resource
@@ -31,6 +32,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# What every streaming figure asks of an agent: 40 chunks, 50 ms apart (20 updates/s).
+SLOW = "slow 40 0.05"
+SLOW_CHUNKS = 40
+FOLLOW_UP = "count 1"
 
 
 def free_port() -> int:
@@ -370,6 +377,169 @@ class DirectAgent:
             self.process.wait(5)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+async def open_warm(server: Server, cookie: str, sessions: list[str]) -> list[Client]:
+    """Open a socket on each session and start its agent with a first prompt."""
+    clients = await asyncio.gather(*(Client.open(server, cookie, s) for s in sessions))
+    for client in clients:
+        await client.send({"type": "resume", "after": 0})
+    await asyncio.gather(*(c.prompt(FOLLOW_UP) for c in clients))
+    return list(clients)
+
+
+CHUNK_MARK = '"kind":"agent_message_chunk"'
+
+
+async def follow(
+    client: Client, text: str, sent_at: float | None = None, stored: list[float] | None = None
+) -> tuple[list[float], list[str]]:
+    """Prompt and collect the arrival times of the turn's agent chunks; return (times, errors).
+    The seconds from sending the prompt until it came back stored are appended to `stored`.
+
+    Chunk frames are recognised by their text, not parsed: with hundreds of sockets in one
+    client, parsing every frame would make the client part of what is measured.
+    """
+    sent = sent_at or time.perf_counter()
+    await client.send({"type": "prompt", "id": uuid.uuid4().hex, "text": text})
+    arrivals: list[float] = [sent]
+    errors: list[str] = []
+    try:
+        while True:
+            message = await asyncio.wait_for(client.ws.receive(), 60)
+            data = message.data
+            if not isinstance(data, str):
+                raise RuntimeError(f"socket closed: {message}")
+            if CHUNK_MARK in data:
+                arrivals.append(time.perf_counter())
+                continue
+            frame = json.loads(data)
+            if frame["type"] == "error":
+                errors.append(frame["code"])
+                break
+            kind = frame.get("kind")
+            if kind == "user_message" and stored is not None:
+                stored.append(time.perf_counter() - sent)
+            if kind == "turn_end":
+                if frame["data"].get("stop_reason") != "end_turn":
+                    errors.append(str(frame["data"]))
+                break
+            if kind == "agent_error":
+                errors.append(frame["data"].get("message", "agent_error"))
+    except Exception as exc:  # a closed socket or a timeout counts as an error
+        errors.append(repr(exc))
+    return arrivals, errors
+
+
+def gaps_of(arrivals: list[float], start: float = 0.0, end: float = float("inf")) -> list[float]:
+    """Return the gaps between consecutive chunks (not the prompt) that end inside a window."""
+    chunks = arrivals[1:]
+    return [b - a for a, b in itertools.pairwise(chunks) if start <= b < end]
+
+
+def stream_summary(
+    results: list[tuple[list[float], list[str]]], chunks: int, every: float = 0.05
+) -> dict[str, Any]:
+    """Summarise streams that each should have had `chunks` chunks, `every` seconds apart:
+    the p99 of the gaps between a stream's chunks, of prompt -> first chunk, of each chunk's
+    lateness (its arrival after the prompt minus the agent's own schedule: chunks that pile
+    up and arrive together have short gaps, but are late), and the streams that went wrong."""
+    gaps = [g for arrivals, _ in results for g in gaps_of(arrivals)]
+    firsts = [a[1] - a[0] for a, _ in results if len(a) > 1]
+    late = [t - a[0] - k * every for a, _ in results for k, t in enumerate(a[1:], 1)]
+    errors = sum(len(errs) for _, errs in results)
+    return {
+        "gap_p99": percentile(gaps, 99),
+        "first_p99": percentile(firsts, 99),
+        "late_p99": percentile(late, 99),
+        "errors": errors + sum(1 for a, _ in results if len(a) != chunks + 1),
+    }
+
+
+def working_in(folders: Any) -> dict[Path, set[int]]:
+    """Return, for each of `folders`, the pids of live processes working in it (a sandbox's
+    warm agents wait in its home); one pass over /proc."""
+    wanted = {Path(f): set[int]() for f in folders}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                cwd = (entry / "cwd").resolve()
+                if cwd in wanted and (entry / "stat").read_text().split(") ", 1)[1][0] != "Z":
+                    wanted[cwd].add(int(entry.name))
+    return wanted
+
+
+def waiting_in(folder: Path) -> set[int]:
+    """Return the pids of processes working in `folder`."""
+    return working_in([folder])[folder]
+
+
+class AsyncDirectAgent:
+    """The demo agent as DirectAgent runs it, driven by a plain asyncio client: the floor
+    of figures that drive hundreds of agents at once from one event loop."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self._ids = itertools.count()
+        self.session_id = ""
+
+    @classmethod
+    async def start(cls, cwd: Path) -> AsyncDirectAgent:
+        """Spawn the agent in `cwd`, initialize it and open its session."""
+        await asyncio.to_thread(cwd.mkdir, parents=True, exist_ok=True)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "sandboxes" / "demo_agent.py"), cwd=cwd,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            limit=64 << 20,
+        )  # fmt: skip
+        agent = cls(process)
+        await agent.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        created = await agent.request("session/new", {"cwd": str(cwd), "mcpServers": []})
+        agent.session_id = created["sessionId"]
+        return agent
+
+    async def request(
+        self, method: str, params: dict[str, Any], arrivals: list[float] | None = None
+    ) -> Any:
+        """Send a request and read until its response; return its result. The arrival time
+        of each agent message chunk meanwhile is appended to `arrivals`."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        request_id = next(self._ids)
+        line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        self.process.stdin.write(line.encode() + b"\n")
+        await self.process.stdin.drain()
+        while True:
+            raw = await self.process.stdout.readline()
+            if not raw:
+                raise RuntimeError(f"the agent closed its output during {method}")
+            if arrivals is not None and b'"agent_message_chunk"' in raw:
+                arrivals.append(time.perf_counter())
+                continue
+            message = json.loads(raw)
+            if message.get("id") == request_id and "method" not in message:
+                return message["result"]
+
+    async def follow(self, text: str) -> tuple[list[float], list[str]]:
+        """Prompt; return the send time and each chunk's arrival time (as `follow` does)."""
+        arrivals = [time.perf_counter()]
+        params = {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]}
+        try:
+            result = await self.request("session/prompt", params, arrivals)
+        except Exception as exc:
+            return arrivals, [repr(exc)]
+        stop = result.get("stopReason")
+        return arrivals, ([] if stop == "end_turn" else [f"stopped: {stop}"])
+
+    async def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            # Hundreds of agents ending at once share the machine: give them time.
+            await asyncio.wait_for(self.process.wait(), 30)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
 
 
 def run_alone(

@@ -32,17 +32,31 @@ same demo agent driven directly over its stdio (the floor):
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from .harness import Client, DirectAgent, Figure, Server, Site, median, percentile, run_alone
+from .harness import (
+    FOLLOW_UP,
+    SLOW,
+    SLOW_CHUNKS,
+    Client,
+    DirectAgent,
+    Figure,
+    Server,
+    Site,
+    follow,
+    gaps_of,
+    median,
+    open_warm,
+    percentile,
+    run_alone,
+    stream_summary,
+    waiting_in,
+)
 
-FOLLOW_UP = "count 1"
 STREAM_CHUNKS = 10_000
 MANY = 50
 COLD = 20
@@ -70,20 +84,6 @@ async def uncached(
         times.append(await client.prompt(text))
         await client.close()
     return median(times)
-
-
-def waiting_in(folder: Path) -> set[int]:
-    """Return the pids of processes working in `folder` (a sandbox's warm agents wait in its
-    home)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                if (entry / "cwd").resolve() == folder and (entry / "stat").read_text().split(
-                    ") ", 1
-                )[1][0] != "Z":
-                    found.add(int(entry.name))
-    return found
 
 
 async def warm_firsts(
@@ -137,60 +137,11 @@ async def stream(agent: DirectAgent, client: Client, rounds: int) -> dict:
     return {"raw": median(raw), "craft": median(craft)}
 
 
-async def follow(
-    client: Client, text: str, sent_at: float | None = None
-) -> tuple[list[float], list[str]]:
-    """Prompt and collect the arrival times of the turn's agent chunks; return (times, errors)."""
-    sent = sent_at or time.perf_counter()
-    await client.send({"type": "prompt", "id": uuid.uuid4().hex, "text": text})
-    arrivals: list[float] = [sent]
-    errors: list[str] = []
-    try:
-        while True:
-            frame = await client.frame(wait=60)
-            if frame["type"] == "error":
-                errors.append(frame["code"])
-                break
-            kind = frame.get("kind")
-            if kind == "agent_message_chunk":
-                arrivals.append(time.perf_counter())
-            elif kind == "turn_end":
-                if frame["data"].get("stop_reason") != "end_turn":
-                    errors.append(str(frame["data"]))
-                break
-            elif kind == "agent_error":
-                errors.append(frame["data"].get("message", "agent_error"))
-    except Exception as exc:  # a closed socket or a timeout counts as an error
-        errors.append(repr(exc))
-    return arrivals, errors
-
-
-async def open_warm(server: Server, cookie: str, sessions: list[str]) -> list[Client]:
-    clients = await asyncio.gather(*(Client.open(server, cookie, s) for s in sessions))
-    for client in clients:
-        await client.send({"type": "resume", "after": 0})
-    await asyncio.gather(*(c.prompt(FOLLOW_UP) for c in clients))
-    return list(clients)
-
-
-def gaps_of(arrivals: list[float], start: float = 0.0, end: float = float("inf")) -> list[float]:
-    """Return the gaps between consecutive chunks (not the prompt) that end inside a window."""
-    chunks = arrivals[1:]
-    return [b - a for a, b in itertools.pairwise(chunks) if start <= b < end]
-
-
 async def many_sessions(server: Server, cookie: str, sessions: list[str]) -> dict:
     clients = await open_warm(server, cookie, sessions)
-    results = await asyncio.gather(*(follow(c, "slow 40 0.05") for c in clients))
+    results = await asyncio.gather(*(follow(c, SLOW) for c in clients))
     await asyncio.gather(*(c.close() for c in clients))
-    gaps = [g for arrivals, _ in results for g in gaps_of(arrivals)]
-    firsts = [a[1] - a[0] for a, _ in results if len(a) > 1]
-    errors = [e for _, errs in results for e in errs]
-    return {
-        "gap_p99": percentile(gaps, 99),
-        "first_p99": percentile(firsts, 99),
-        "errors": len(errors) + sum(1 for a, _ in results if len(a) != 41),
-    }
+    return stream_summary(results, SLOW_CHUNKS)
 
 
 async def cold_starts(server: Server, cookie: str, streamers: list[str], cold: list[str]) -> dict:

@@ -29,6 +29,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from craft.cluster import workers
@@ -100,16 +101,37 @@ def acquire(session_id: UUID) -> Claim:
         return Claim(mine=True, token=lease.token, owner=me)
 
 
+# Leases renewed by one statement: each is an `(session AND token)` term of one OR, and
+# SQLite parses a long OR as deep as it is long (at most 1,000 by default).
+RENEW_BATCH = 200
+
+
 def renew(held: dict[UUID, int]) -> set[UUID]:
-    """Renew this worker's leases (session -> token); return the sessions whose lease is lost."""
+    """Renew this worker's leases (session -> token); return the sessions whose lease is lost.
+
+    A statement and a commit per batch of leases, not per lease: with hundreds of sessions,
+    one write transaction each would hold the database's write lock (SQLite has one) in
+    turns with the event writer every renewal, and make it wait. A batch that renews fewer
+    than it holds (some lease was taken over) is done again one lease at a time to say which.
+    """
     me = workers.me().key
     expires = timezone.now() + timedelta(seconds=lease_seconds())
     lost = set()
-    for session_id, token in held.items():
-        if not Lease.objects.filter(session_id=session_id, owner=me, token=token).update(
-            expires_at=expires
-        ):
-            lost.add(session_id)
+    pairs = list(held.items())
+    for start in range(0, len(pairs), RENEW_BATCH):
+        batch = pairs[start : start + RENEW_BATCH]
+        ours = Q()
+        for session_id, token in batch:
+            ours |= Q(session_id=session_id, token=token)
+        with transaction.atomic():
+            renewed = Lease.objects.filter(ours, owner=me).update(expires_at=expires)
+        if renewed == len(batch):
+            continue
+        for session_id, token in batch:
+            if not Lease.objects.filter(session_id=session_id, owner=me, token=token).update(
+                expires_at=expires
+            ):
+                lost.add(session_id)
     return lost
 
 

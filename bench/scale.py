@@ -1,0 +1,352 @@
+"""Hundreds of sessions per worker: N sessions streaming at once on one daphne, and the floor.
+
+In one run, one after the other (N = 400 by default):
+
+* floor: N demo agents, as DirectAgent runs them (no jail), driven by a plain asyncio client
+  in this process: each started, initialized, given `session/new` and a first `count 1`
+  (untimed), then all prompted `slow 40 0.05` (40 chunks, 50 ms apart) at once; the p99 of
+  the gaps between an agent's consecutive chunks and of prompt -> first chunk.
+* opening: N sessions of N / 10 users (10 each, their sandboxes provisioned beforehand,
+  untimed), each created through the API (`POST /api/sessions/`), its websocket connected and
+  resumed, and a first prompt (`count 1`) sent, all at once; the time until every first prompt
+  is stored (its `user_message` came back). Beside it, the time until every one is answered
+  (`turn_end`): that includes starting N agents, at most CRAFT_LOCAL_AGENT_STARTS at once.
+* streaming: the same N sessions then prompt `slow 40 0.05` at once; the same p99s as the
+  floor's, and what Craft adds to them. Beside them, the p99 of each chunk's lateness (its
+  arrival after the prompt minus the agent's 50 ms per chunk): chunks that pile up and
+  arrive together have short gaps, so the gap figure holds only if they were also in time.
+* where the CPU went while they streamed: daphne, the agents (daphne's descendants, or the
+  floor's agents) and this client, in cores (CPU seconds per second of streaming).
+
+The server runs with the defaults of a deployment except CRAFT_MAX_AGENT_CONNECTIONS (N and
+the warm agents, with room to spare: the default, 200, is one server's agent count) and the
+site's CRAFT_MAX_AGENTS_PER_USER and CRAFT_MAX_SOCKETS_PER_USER, and daphne pings rarely
+(the client reads no socket while it waits for warm agents); warm agents are on
+(CRAFT_WARM_AGENTS=1, one per sandbox). The sandboxes were made running by the bench, not by
+the server, so none has a warm agent yet when the sessions open: every first prompt starts
+its agent. Each sandbox gets one once its sessions' agents have started; the bench waits,
+untimed, until each has it before streaming, so that no refill lands in a figure.
+
+    .venv/bin/python -m bench.scale [--sessions 400]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .harness import (
+    FOLLOW_UP,
+    SLOW,
+    SLOW_CHUNKS,
+    AsyncDirectAgent,
+    Client,
+    Figure,
+    Server,
+    Site,
+    follow,
+    percentile,
+    raise_open_files_limit,
+    run_alone,
+    stream_summary,
+    working_in,
+)
+
+SESSIONS = 400
+PER_USER = 10
+GAP_TARGET = 0.150
+FIRST_TARGET = 0.300
+ADDED_TARGET = 0.050
+OPENING_TARGET = 5.0
+DIRECT_STARTS = 8  # floor agents started at once (untimed)
+WARM_WAIT = 120.0  # seconds to wait, untimed, for every sandbox's warm agent
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def note(text: str) -> None:
+    print(f"  scale: {text}", file=sys.stderr, flush=True)
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """Return the CPU time (user and system) the live processes `pids` have used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def descendants(root: int) -> set[int]:
+    """Return the pids of `root`'s live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+class CpuSplit:
+    """CPU used by a server, its agents and this client between `start()` and `stop()`."""
+
+    def __init__(self, server_pid: int | None, agent_pids: set[int]) -> None:
+        self.server = {server_pid} if server_pid else set()
+        self.agents = agent_pids
+        self.me = {os.getpid()}
+
+    def _now(self) -> tuple[float, float, float, float]:
+        return (
+            time.perf_counter(),
+            cpu_seconds(self.server),
+            cpu_seconds(self.agents),
+            cpu_seconds(self.me),
+        )
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> dict[str, float]:
+        end = self._now()
+        wall = end[0] - self._start[0]
+        names = ("server", "agents", "client")
+        return {n: (e - s) / wall for n, e, s in zip(names, end[1:], self._start[1:], strict=True)}
+
+
+def cores(split: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in split.items())
+
+
+async def direct_floor(workdir: Path, count: int) -> dict[str, Any]:
+    """The streams without Craft: `count` agents driven directly from this event loop."""
+    starting = asyncio.Semaphore(DIRECT_STARTS)
+
+    async def start(i: int) -> AsyncDirectAgent:
+        async with starting:
+            agent = await AsyncDirectAgent.start(workdir / f"scale-direct-{i}")
+            await agent.follow(FOLLOW_UP)
+            return agent
+
+    agents = await asyncio.gather(*(start(i) for i in range(count)))
+    try:
+        split = CpuSplit(None, {a.process.pid for a in agents})
+        split.start()
+        results = await asyncio.gather(*(a.follow(SLOW) for a in agents))
+        used = split.stop()
+    finally:
+        await asyncio.gather(*(a.close() for a in agents))
+    return {**stream_summary(results, SLOW_CHUNKS), "cpu": used}
+
+
+async def create_session(server: Server, cookie: str) -> str:
+    """Create a session through the API, as the page's "New session" does; return its id."""
+    import aiohttp
+
+    csrf = secrets.token_hex(16)  # any 32 characters: the cookie and the header must agree
+    headers = {"Cookie": f"{cookie}; csrftoken={csrf}", "X-CSRFToken": csrf, "Origin": server.url}
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.post(f"{server.url}/api/sessions/", json={"title": "scale"}) as answer,
+    ):
+        body = await answer.json()
+        if answer.status != 201:
+            raise RuntimeError(f"session not created: {answer.status} {body}")
+        return body["id"]
+
+
+async def open_one(server: Server, cookie: str, started: float) -> tuple[Client, float, float]:
+    """Create a session, connect, resume and send a first prompt; return the client and the
+    seconds from `started` until the prompt was stored and until it was answered."""
+    session_id = await create_session(server, cookie)
+    client = await Client.open(server, cookie, session_id)
+    await client.send({"type": "resume", "after": 0})
+    prompt_id = uuid.uuid4().hex
+    await client.send({"type": "prompt", "id": prompt_id, "text": FOLLOW_UP})
+    stored = None
+    while True:
+        frame = await client.frame(wait=120)
+        if frame["type"] == "error":
+            raise RuntimeError(f"prompt refused: {frame}")
+        kind = frame.get("kind")
+        if kind == "user_message" and frame["data"].get("id") == prompt_id:
+            stored = time.perf_counter() - started
+        elif kind == "turn_end" and stored is not None:
+            if frame["data"].get("stop_reason") != "end_turn":
+                raise RuntimeError(f"turn ended badly: {frame}")
+            return client, stored, time.perf_counter() - started
+
+
+async def warm_agents_waiting(homes: list[Path]) -> float:
+    """Wait (untimed) until a process works in each sandbox home: its warm agent; return
+    the seconds it took."""
+    started = time.monotonic()
+    while True:
+        found = await asyncio.to_thread(working_in, homes)
+        if all(found.values()):
+            await asyncio.sleep(1.0)  # its process is there before it is initialized
+            return time.monotonic() - started
+        if time.monotonic() - started > WARM_WAIT:
+            missing = sum(1 for pids in found.values() if not pids)
+            raise RuntimeError(f"{missing} sandboxes have no warm agent")
+        await asyncio.sleep(0.25)
+
+
+async def sessions_on_one_worker(
+    server: Server, cookies: list[str], homes: list[Path], count: int
+) -> dict[str, Any]:
+    note(f"daphne pid {server.process.pid}: opening {count} sessions")
+    started = time.perf_counter()
+    opened = await asyncio.gather(
+        *(open_one(server, cookies[i // PER_USER], started) for i in range(count))
+    )
+    clients = [client for client, _, _ in opened]
+    stored = max(s for _, s, _ in opened)
+    answered = max(a for _, _, a in opened)
+    note(f"opened {count} sessions: stored {stored:.1f} s, answered {answered:.1f} s")
+    waited = await warm_agents_waiting(homes)
+    note(f"warm agents waiting after {waited:.1f} s; streaming")
+    split = CpuSplit(server.process.pid, descendants(server.process.pid))
+    split.start()
+    prompts_stored: list[float] = []
+    results = await asyncio.gather(*(follow(c, SLOW, stored=prompts_stored) for c in clients))
+    used = split.stop()
+    note("streamed")
+    await asyncio.gather(*(c.close() for c in clients))
+    return {
+        **stream_summary(results, SLOW_CHUNKS),
+        "opening": stored,
+        "answered": answered,
+        "opening_p50": percentile([s for _, s, _ in opened], 50),
+        "stored_p99": percentile(prompts_stored, 99),
+        "cpu": used,
+    }
+
+
+async def run(site: Site, sessions: int) -> list[Figure]:
+    from sandboxes.services import provision_sandbox
+
+    files = raise_open_files_limit()
+    users = [site.user(f"scale-{uuid.uuid4().hex[:6]}") for _ in range(-(-sessions // PER_USER))]
+    for user, _ in users:
+        provision_sandbox(user)  # here, untimed: the figures are about sessions
+    homes = [site.home_of(user) for user, _ in users]
+    cookies = [cookie for _, cookie in users]
+    load = os.getloadavg()[0]
+    note(f"floor: {sessions} agents direct")
+    floor = await direct_floor(site.workdir, sessions)
+    note(f"floor: gap p99 {floor['gap_p99'] * 1000:.0f} ms; {sessions} sessions through Craft")
+    env = {"CRAFT_MAX_AGENT_CONNECTIONS": str(sessions + 2 * len(users) + 50)}
+    # The client reads no socket while it waits for warm agents: daphne's pings (every 20 s,
+    # closing a socket that has not answered within 30 s) would close them meanwhile.
+    with site.serve("--ping-interval", "600", **env) as server:
+        craft = await sessions_on_one_worker(server, cookies, homes, sessions)
+    added_gap = craft["gap_p99"] - floor["gap_p99"]
+    added_first = craft["first_p99"] - floor["first_p99"]
+    # "Saturated": the agents alone leave less than the 50 ms Craft may add under the target.
+    saturated = floor["gap_p99"] > GAP_TARGET - ADDED_TARGET
+    # Chunks that pile up and arrive together have short gaps: the gaps hold only if no
+    # chunk came later than a first chunk may (or than the floor's, and 50 ms, saturated).
+    in_time = craft["late_p99"] <= max(FIRST_TARGET, floor["late_p99"] + ADDED_TARGET)
+    gap_held = in_time and (
+        craft["gap_p99"] <= GAP_TARGET or (saturated and added_gap <= ADDED_TARGET)
+    )
+    first_held = craft["first_p99"] <= FIRST_TARGET or (
+        floor["first_p99"] > FIRST_TARGET - ADDED_TARGET and added_first <= ADDED_TARGET
+    )
+    ms = 1000
+    name = f"{sessions} sessions"
+    return [
+        Figure(
+            f"{name}: gap p99",
+            craft["gap_p99"] * ms,
+            "ms",
+            "<= 150 ms, late <= 300 ms (saturated: floor + 50)",
+            gap_held and craft["errors"] == 0,
+            f"errors {craft['errors']}; floor {floor['gap_p99'] * ms:.0f} ms"
+            f"{' (saturated)' if saturated else ''}; load {load:.1f} before the run",
+        ),
+        Figure(
+            f"{name}: first chunk p99",
+            craft["first_p99"] * ms,
+            "ms",
+            "<= 300 ms (saturated: floor + 50)",
+            first_held,
+            f"floor {floor['first_p99'] * ms:.0f} ms; includes the agent's own 50 ms; "
+            f"prompt stored p99 {craft['stored_p99'] * ms:.0f} ms",
+        ),
+        Figure(
+            f"{name}: gap p99 added to the floor's",
+            added_gap * ms,
+            "ms",
+            "-",
+            None,
+            f"first chunk p99 added {added_first * ms:.0f} ms",
+        ),
+        Figure(
+            f"{name}: chunk lateness p99",
+            craft["late_p99"] * ms,
+            "ms",
+            "-",
+            None,
+            f"floor {floor['late_p99'] * ms:.0f} ms; a chunk's arrival after the prompt "
+            "minus the agent's schedule (50 ms per chunk)",
+        ),
+        Figure(
+            f"{name}: opening (create, connect, prompt)",
+            craft["opening"],
+            "s",
+            "<= 5 s",
+            craft["opening"] <= OPENING_TARGET,
+            f"until every first prompt is stored; median session {craft['opening_p50']:.2f} s",
+        ),
+        Figure(
+            f"{name}: every first prompt answered",
+            craft["answered"],
+            "s",
+            "-",
+            None,
+            f"{sessions} cold agent starts, CRAFT_LOCAL_AGENT_STARTS default ({os.cpu_count()})",
+        ),
+        Figure(
+            f"{name}: floor (agents direct): gap p99",
+            floor["gap_p99"] * ms,
+            "ms",
+            "-",
+            None,
+            f"first chunk p99 {floor['first_p99'] * ms:.0f} ms, errors {floor['errors']}",
+        ),
+        Figure(
+            f"{name}: daphne CPU while streaming",
+            craft["cpu"]["server"],
+            "cores",
+            "-",
+            None,
+            f"{cores(craft['cpu'])}; floor: {cores(floor['cpu'])}; open files {files}",
+        ),
+    ]
+
+
+def main(argv: Any = None) -> None:
+    run_alone(__doc__.splitlines()[0], run, argv, sessions=SESSIONS)
+
+
+if __name__ == "__main__":
+    main()
