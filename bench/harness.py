@@ -458,14 +458,16 @@ def stream_summary(
 
 def working_in(folders: Any) -> dict[Path, set[int]]:
     """Return, for each of `folders`, the pids of live processes working in it (a sandbox's
-    warm agents wait in its home); one pass over /proc."""
+    warm agents wait in its home); one pass over /proc. Craft's workspace tool, which runs
+    in a session's workspace too (and may still be ending after its answer), is not counted."""
     wanted = {Path(f): set[int]() for f in folders}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError):
                 cwd = (entry / "cwd").resolve()
                 if cwd in wanted and (entry / "stat").read_text().split(") ", 1)[1][0] != "Z":
-                    wanted[cwd].add(int(entry.name))
+                    if b"workspace_tool.py" not in (entry / "cmdline").read_bytes():
+                        wanted[cwd].add(int(entry.name))
     return wanted
 
 

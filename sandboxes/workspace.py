@@ -246,12 +246,20 @@ class Watch:
         process, self._process = self._process, None
         if process is not None:
             process.close_stdin()
+            timeout = settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS
+            watchdog = threading.Timer(timeout, process.stop)
+            watchdog.start()
             try:
-                answer, _ = _answer(process, settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS)
+                answer, _ = _header_line(process)
             except SandboxError as exc:  # its time ran out, or it was stopped
                 logger.info("the workspace watch gave no answer: %s", exc)
             else:
                 return answer.get("unchanged") is True
+            finally:
+                watchdog.cancel()
+                # Its exit is not waited for here: a jail's end (its namespaces torn down)
+                # takes tens of milliseconds, and the answer is already in.
+                threading.Thread(target=process.finish, args=(timeout,), daemon=True).start()
         return self._workspace.unchanged(self.commit)
 
     def close(self) -> None:
