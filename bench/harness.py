@@ -465,9 +465,12 @@ def working_in(folders: Any) -> dict[Path, set[int]]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError):
                 cwd = (entry / "cwd").resolve()
-                if cwd in wanted and (entry / "stat").read_text().split(") ", 1)[1][0] != "Z":
-                    if b"workspace_tool.py" not in (entry / "cmdline").read_bytes():
-                        wanted[cwd].add(int(entry.name))
+                if (
+                    cwd in wanted
+                    and (entry / "stat").read_text().split(") ", 1)[1][0] != "Z"
+                    and b"workspace_tool.py" not in (entry / "cmdline").read_bytes()
+                ):
+                    wanted[cwd].add(int(entry.name))
     return wanted
 
 
