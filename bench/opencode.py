@@ -37,22 +37,10 @@ SETTLE = 4.0
 
 
 def catalog(model_url: str) -> str:
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {
-            "fake": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "Fake",
-                "options": {"baseURL": model_url, "apiKey": "none"},
-                "models": {"echo": {"name": "Echo"}},
-            }
-        },
-        "model": "fake/echo",
-        "autoupdate": False,
-        "share": "disabled",
-    }
+    from tests.agents.fake_model import opencode_config
+
     env = {
-        "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+        "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(model_url)),
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
         "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",

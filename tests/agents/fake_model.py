@@ -174,5 +174,23 @@ class FakeModel(Loopback):
     path = "/v1"
 
 
+def opencode_config(model_url: str) -> dict[str, Any]:
+    """opencode's configuration that points it at the fake model served at `model_url`."""
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake",
+                "options": {"baseURL": model_url, "apiKey": "none"},
+                "models": {"echo": {"name": "Echo"}},
+            }
+        },
+        "model": "fake/echo",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+
+
 if __name__ == "__main__":
     FakeModel.main()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from craft.storage.db import db_sync_to_async
+from tests.agents.fake_model import opencode_config
 from tests.ready import open_ready_session
 
 from ..craft.wsclient import open_socket, session_cookie
@@ -52,22 +53,8 @@ def opencode(settings, fake_model):
 
 def configure(workspace: Path, model_url: str) -> None:
     """Point opencode at the fake model (its project configuration, in the workspace)."""
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {
-            "fake": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "Fake",
-                "options": {"baseURL": model_url, "apiKey": "none"},
-                "models": {"echo": {"name": "Echo"}},
-            }
-        },
-        "model": "fake/echo",
-        "autoupdate": False,
-        "share": "disabled",
-    }
     workspace.mkdir(parents=True, exist_ok=True)  # before the agent's first start makes it
-    (workspace / "opencode.json").write_text(json.dumps(config))
+    (workspace / "opencode.json").write_text(json.dumps(opencode_config(model_url)))
 
 
 async def test_opencode_runs_a_turn_is_killed_and_is_reattached_with_its_memory(owner, opencode):
