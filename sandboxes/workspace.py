@@ -8,9 +8,13 @@ process never opens a sandbox file by path (invariant 11).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -162,14 +166,13 @@ class Workspace:
         args = ["checkpoint-watch", self._store, limit, message, f"{seconds:g}"]
         process = self._in_store(args, keep_stdin=True)
         timeout = settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS
-        watchdog = threading.Timer(timeout, process.stop)
-        watchdog.start()
+        watchdog = alarms.after(timeout, process.stop)
         try:
             answer, _ = _header_line(process)
         except BaseException as exc:
             process.stop()
             process.finish(1.0)
-            if isinstance(exc, SandboxError) and not watchdog.is_alive():
+            if isinstance(exc, SandboxError) and watchdog.rang:
                 raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
             raise
         finally:
@@ -247,8 +250,7 @@ class Watch:
         if process is not None:
             process.close_stdin()
             timeout = settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS
-            watchdog = threading.Timer(timeout, process.stop)
-            watchdog.start()
+            watchdog = alarms.after(timeout, process.stop)
             try:
                 answer, _ = _header_line(process)
             except SandboxError as exc:  # its time ran out, or it was stopped
@@ -259,7 +261,7 @@ class Watch:
                 watchdog.cancel()
                 # Its exit is not waited for here: a jail's end (its namespaces torn down)
                 # takes tens of milliseconds, and the answer is already in.
-                threading.Thread(target=process.finish, args=(timeout,), daemon=True).start()
+                reaper.finish(process, timeout)
         return self._workspace.unchanged(self.commit)
 
     def close(self) -> None:
@@ -273,12 +275,11 @@ class Watch:
 def _answer(process: ToolProcess, timeout: float) -> tuple[dict[str, Any], bytes]:
     """Read a one-line answer within `timeout` seconds (the tool is stopped past it); return
     it parsed and as it came."""
-    watchdog = threading.Timer(timeout, process.stop)
-    watchdog.start()
+    watchdog = alarms.after(timeout, process.stop)
     try:
         return _header_line(process)
     except SandboxError:
-        if not watchdog.is_alive():
+        if watchdog.rang:
             raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
         raise
     finally:
@@ -306,3 +307,96 @@ def _header_line(process: ToolProcess) -> tuple[dict[str, Any], bytes]:
     if isinstance(error, dict):
         raise WorkspaceRefused(str(error.get("code")), str(error.get("message")))
     return answer, line
+
+
+# --- waiting in the background ----------------------------------------------------------------
+# A thread started per request (threading.Timer, a thread to reap the tool) waits for the GIL
+# before `start` returns: up to milliseconds on the caller's path while the event loop is
+# busy. These two threads are started once.
+
+
+class Alarm:
+    """An action due at a time unless cancelled first (see `Alarms`)."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action = action
+        self.cancelled = False
+        self.rang = False  # the action ran
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def _ring(self) -> None:
+        if self.cancelled:
+            return
+        self.rang = True
+        try:
+            self._action()
+        except Exception:
+            logger.exception("a workspace watchdog failed")
+
+
+class Alarms:
+    """Alarms of every request, rung by one thread (`threading.Timer` without a thread each)."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Alarm]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def after(self, seconds: float, action: Callable[[], None]) -> Alarm:
+        alarm = Alarm(action)
+        with self._changed:
+            heapq.heappush(self._due, (time.monotonic() + seconds, next(self._order), alarm))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="workspace-alarms", daemon=True
+                )
+                self._thread.start()
+            elif self._due[0][2] is alarm:
+                self._changed.notify()  # due before the one the thread waits for
+        return alarm
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while True:
+                    while self._due and self._due[0][2].cancelled:
+                        heapq.heappop(self._due)  # cancelled ones leave when they come up
+                    left = self._due[0][0] - time.monotonic() if self._due else None
+                    if left is not None and left <= 0:
+                        alarm = heapq.heappop(self._due)[2]
+                        break
+                    self._changed.wait(left)
+            alarm._ring()
+
+
+class Reaper:
+    """Tools whose answer is in, reaped in turn (their exit waited for) by one thread."""
+
+    def __init__(self) -> None:
+        self._tools: queue.SimpleQueue[tuple[ToolProcess, float]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def finish(self, process: ToolProcess, timeout: float) -> None:
+        self._tools.put((process, timeout))
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="workspace-reaper", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            process, timeout = self._tools.get()
+            try:
+                process.finish(timeout)
+            except Exception:
+                logger.exception("reaping a workspace tool failed")
+
+
+alarms = Alarms()
+reaper = Reaper()
