@@ -166,6 +166,7 @@ async def _release_idle_sessions() -> None:
         runner = runners.get(session_id)
         connection = runner.connection
         if not runner.busy and (connection is None or not connection.is_running):
+            runner.released()
             await ownership.release(session_id)
 
 

@@ -7,13 +7,14 @@ when, off the hot path:
   for that); a session that has none yet (its first turn, in this or any worker) gets one
   first, which is its state before any turn.
 * **ahead of a session's first prompt** (its agent started early, `start_agent`), that first
-  checkpoint is taken in the background (`take_first_early`). It is only a candidate: the
-  first turn waits for it if it is still being written, then asks whether the workspace is
-  still its state and takes a new one if not, or if in doubt. The tool that took it keeps
-  watching the workspace (`Workspace.watched_checkpoint`) and answers at once when nothing
-  changed; else git decides (`Workspace.unchanged`). So whatever was written in between (by
-  the agent, or anything else in the sandbox) is in the first turn's "before" state, never
-  counted as the turn's change.
+  checkpoint is taken in the background (`take_first_early`). It is only a candidate: once
+  the first prompt comes (asked beside storing it, `confirm_first`), the workspace is asked
+  whether it is still that state, and the first turn takes a new one if not, or if in doubt.
+  The tool that took it keeps watching the workspace (`Workspace.watched_checkpoint`) and
+  answers at once when nothing changed; else git decides (`Workspace.unchanged`). So
+  whatever was written in between (by the agent, or anything else in the sandbox) is in the
+  first turn's "before" state, never counted as the turn's change. The first checkpoint is
+  noted on the turn beside it, not before it.
 * **after a turn that used tools** (a tool call or a permission request: how an ACP agent
   changes files), a checkpoint is taken in the background once its `turn_end` is stored, and
   the files it changed are stored as one `turn_changes` event. A turn without tools changes
@@ -59,6 +60,8 @@ MAX_FILES = 1000
 # prompt confirms the checkpoint with git alone.
 EARLY_WATCH_SECONDS = 900.0
 Append = Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[Stored | None]]
+# The early first checkpoint (or why there is none; None: the session has one) and its watch.
+Early = tuple[Checkpoint | str | None, Watch | None]
 
 
 class SessionCheckpoints:
@@ -69,33 +72,57 @@ class SessionCheckpoints:
         self._append = append
         self._last: str | None = None  # the latest checkpoint, once known
         self._writing: asyncio.Task[None] | None = None
-        # The first checkpoint taken ahead of the first prompt (None: the session had one),
-        # and the watch of the workspace since.
-        self._early: asyncio.Task[Checkpoint | str | None] | None = None
-        self._watch: Watch | None = None
+        # The first checkpoint taken ahead of the first prompt (None: the session had one)
+        # with the watch of the workspace since, and its confirmation once a prompt came.
+        self._early: asyncio.Task[Early] | None = None
+        self._confirming: asyncio.Task[Checkpoint | None] | None = None
+        self._unused: asyncio.Task[Checkpoint | None] | None = None
+        self._known = 0  # counts what `forget` forgot: a read older than that is stale
+
+    def forget(self) -> None:
+        """Forget the latest checkpoint: another worker may have taken one meanwhile (the
+        runner's lease changed); the next turn reads it from the store."""
+        self._last = None
+        self._known += 1
 
     def take_first_early(self) -> None:
         """Take the session's first checkpoint now, in the background, if it may have none
         (its agent just started, so its workspace exists); the first turn confirms it."""
         writing = self._writing is not None and not self._writing.done()
-        if self._last or self._early is not None or writing:
+        if self._last or self._early is not None or self._confirming is not None or writing:
             return
         self._early = asyncio.get_running_loop().create_task(self._take_early())
 
-    async def _take_early(self) -> Checkpoint | str | None:
-        """Return the early checkpoint, or why there is none (None: the session has one).
-        Never raises: nobody may ever wait for it (no prompt comes)."""
+    async def _take_early(self) -> Early:
+        """Return the early checkpoint and its watch, or why there is none (None: the session
+        has one). Never raises: nobody may ever wait for it (no prompt comes)."""
         try:
+            known = self._known
             if await db_sync_to_async(latest_checkpoint)(self.session_id):
-                return None  # not the session's first: a turn (of any worker) took one
+                return None, None  # not the session's first: a turn (of any worker) took one
+            if self._last is None and known == self._known:
+                self._last = ""  # known to be none: the first prompt need not read it again
             message = f"session {self.session_id}: before its first turn"
-            taken, self._watch = await self._in_workspace(
+            taken, watch = await self._in_workspace(
                 lambda workspace: workspace.watched_checkpoint(message, EARLY_WATCH_SECONDS)
             )
-            return taken
+            return taken, watch
         except Exception as exc:  # the session or its sandbox is gone: a turn takes one
             logger.info("session %s: no early checkpoint: %s", self.session_id, exc)
-            return str(exc)
+            return str(exc), None
+
+    def confirm_first(self) -> None:
+        """Ask now whether the workspace is still as the early first checkpoint recorded it:
+        a prompt that begins the session's first turn is being stored, and its turn takes the
+        answer (`before_turn`). Without an early checkpoint, nothing."""
+        if not self._last and self._early is not None and self._confirming is None:
+            early, self._early = self._early, None
+            self._confirming = asyncio.get_running_loop().create_task(self._confirmed_early(early))
+
+    def confirmation_unused(self) -> None:
+        """The prompt `confirm_first` was asked for was not stored: its answer says nothing
+        of a later prompt, whose turn takes a new first checkpoint."""
+        self._unused, self._confirming = self._confirming, None  # kept while it runs
 
     async def before_turn(self, prompt_seq: int) -> None:
         """Wait for the previous checkpoint; make the session's first one if it has none
@@ -103,28 +130,33 @@ class SessionCheckpoints:
         workspace is still as it recorded, else a new one. A follow-up touches no database
         here."""
         await self.settle()
-        if self._last and self._early is not None:
+        if self._last and (self._early is not None or self._confirming is not None):
             await self.close()  # another worker's turn took the first one meanwhile
         if not self._last:
-            taken: Checkpoint | str | None = await self._confirmed_early()
+            self.confirm_first()
+            taken: Checkpoint | str | None = None
+            confirming = self._confirming
+            if confirming is not None:
+                # Shielded, and forgotten only once done: a turn stopped meanwhile leaves it
+                # to the next one, which then never writes the store while it is being
+                # written.
+                taken = await asyncio.shield(confirming)
+                self._confirming = None
             if taken is None:
                 taken = await self._take(f"session {self.session_id}: before its first turn")
             if isinstance(taken, Checkpoint):
                 self._last = taken.commit
-                await _note(self.session_id, prompt_seq, checkpoint_before=taken.commit)
+                # Noted beside the turn, not before it: the next prompt, a revert and this
+                # turn's own checkpoint wait for it (`settle`, `_after`).
+                self._writing = asyncio.get_running_loop().create_task(
+                    self._note_first(prompt_seq, taken.commit)
+                )
 
-    async def _confirmed_early(self) -> Checkpoint | None:
+    async def _confirmed_early(self, early: asyncio.Task[Early]) -> Checkpoint | None:
         """Return the checkpoint taken ahead of the first prompt (waiting while it is being
         written) if the workspace is still as it recorded; None if there is none or it is
         stale, failed, or cannot be confirmed."""
-        early = self._early
-        if early is None:
-            return None
-        # Shielded, and forgotten only once done: a turn stopped meanwhile leaves it to the
-        # next one, which then never writes the store while it is still being written.
-        taken = await asyncio.shield(early)
-        self._early = None
-        watch, self._watch = self._watch, None
+        taken, watch = await early
         if not isinstance(taken, Checkpoint) or watch is None:
             return None
         try:
@@ -139,11 +171,13 @@ class SessionCheckpoints:
         """Forget the early checkpoint and stop its watch (this worker no longer runs the
         session, or another turn took the first checkpoint)."""
         early, self._early = self._early, None
+        confirming, self._confirming = self._confirming, None
+        if confirming is not None:
+            await asyncio.gather(asyncio.shield(confirming), return_exceptions=True)
         if early is not None:
-            await asyncio.gather(asyncio.shield(early), return_exceptions=True)
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            await asyncio.get_running_loop().run_in_executor(checkpoint_calls, watch.close)
+            _, watch = await asyncio.shield(early)  # never raises
+            if watch is not None:
+                await asyncio.get_running_loop().run_in_executor(checkpoint_calls, watch.close)
 
     async def settle(self) -> None:
         """Wait for the checkpoint being written (a prompt waits before it is stored, so that
@@ -198,9 +232,19 @@ class SessionCheckpoints:
 
     def after_turn(self, prompt_seq: int) -> None:
         """Take the checkpoint of a turn that used tools, in the background."""
-        self._writing = asyncio.get_running_loop().create_task(self._after(prompt_seq))
+        self._writing = asyncio.get_running_loop().create_task(
+            self._after(prompt_seq, self._writing)
+        )
 
-    async def _after(self, prompt_seq: int) -> None:
+    async def _note_first(self, prompt_seq: int, commit: str) -> None:
+        try:
+            await _note(self.session_id, prompt_seq, checkpoint_before=commit)
+        except Exception:
+            logger.exception("session %s: noting the first checkpoint failed", self.session_id)
+
+    async def _after(self, prompt_seq: int, noting: asyncio.Task[None] | None) -> None:
+        if noting is not None:
+            await asyncio.gather(noting, return_exceptions=True)
         try:
             await self._record(prompt_seq)
         except (Session.DoesNotExist, Fenced):

@@ -149,10 +149,17 @@ class SessionRunner:
 
     def take_fence(self, fence: Fence) -> None:
         """Run the next command under this lease. A new lease means another worker may have
-        owned the session meanwhile: what this runner knew of its queue is forgotten."""
+        owned the session meanwhile: what this runner knew of it is forgotten (`released`)."""
         if fence != self.fence:
-            self._queued = None
+            self.released()
         self.fence = fence
+
+    def released(self) -> None:
+        """Forget what this runner knew of the session's queue and latest checkpoint: another
+        worker may change them before this one runs the session again (after a takeover, or
+        after this worker gave the lease up: its next lease can carry the same token)."""
+        self._queued = None
+        self.checkpoints.forget()
 
     async def append(self, events: Events, *, client_id: str | None = None) -> Stored | None:
         """Store events of this session under this worker's lease (see craft.cluster)."""
@@ -162,7 +169,7 @@ class SessionRunner:
         """This worker lost the session's lease: stop its agent; store nothing more (the
         fence it holds is refused by the event log from now on)."""
         logger.warning("session %s: lease lost; stopping its agent here", self.session_id)
-        self._queued = None  # the new owner changes the queue from now on
+        self.released()  # the new owner changes the queue and takes checkpoints from now on
         await self.drop_connection()
         await self.checkpoints.close()
 
@@ -205,7 +212,14 @@ class SessionRunner:
             if self._late is not None:
                 await asyncio.gather(self._late, return_exceptions=True)
             await self.checkpoints.settle()
-            stored = await self._store_prompt(prompt)
+            # A first turn's checkpoint is confirmed beside storing its prompt.
+            self.checkpoints.confirm_first()
+            stored: Stored | None = None
+            try:
+                stored = await self._store_prompt(prompt)
+            finally:
+                if stored is None:
+                    self.checkpoints.confirmation_unused()
             if stored is None:
                 return False
             self._start_turn(prompt, stored.first_seq)
@@ -502,6 +516,8 @@ class SessionRunner:
             # Its workspace exists now: record it before any turn, off the first prompt's
             # path (the first turn confirms it is still the workspace's state).
             self.checkpoints.take_first_early()
+        async with self._lock:
+            await self._queue_length()  # known before the first prompt, off its path
 
     async def set_config_option(self, config_id: str, value: str) -> None:
         """Change one of the agent's session config options; the log records the new ones."""

@@ -12,9 +12,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from django.db import IntegrityError
 
 from craft.models import Turn
 from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import writer
 from craft.turns.registry import runners
 from sandboxes import services as sandbox_services
 from sandboxes.workspace import Workspace
@@ -65,7 +67,7 @@ async def test_an_early_checkpoint_still_true_is_the_first_turns_before(session,
     await start_agent(comm)
     early = runners.get(session.pk).checkpoints._early
     assert early is not None
-    taken = await asyncio.shield(early)
+    taken, _ = await asyncio.shield(early)
     assert await first_changes(comm) == NOTES_ADDED
     assert (await first_turn(session)).checkpoint_before == taken.commit
     await comm.disconnect()
@@ -74,7 +76,7 @@ async def test_an_early_checkpoint_still_true_is_the_first_turns_before(session,
 async def test_a_file_written_after_the_early_checkpoint_is_before_the_first_turn(session, cookie):
     comm, _ = await open_socket(session.pk, cookie)
     await start_agent(comm)
-    taken = await asyncio.shield(runners.get(session.pk).checkpoints._early)
+    taken, _ = await asyncio.shield(runners.get(session.pk).checkpoints._early)
     (folder_of(session) / "meanwhile.txt").write_text("written before the prompt\n")
     assert await first_changes(comm) == NOTES_ADDED  # not meanwhile.txt
     before = (await first_turn(session)).checkpoint_before
@@ -112,4 +114,33 @@ async def test_a_prompt_that_comes_while_the_early_checkpoint_is_written_waits_f
     assert changes[-1]["data"]["files"] == NOTES_ADDED  # not late.txt
     before = (await first_turn(session)).checkpoint_before
     assert "late.txt" in await recorded_in(session, before)
+    await comm.disconnect()
+
+
+async def test_a_first_prompt_that_was_not_stored_leaves_no_answer_for_the_next(
+    session, cookie, monkeypatch
+):
+    # The first prompt's confirmation is asked beside storing it; the store is then refused
+    # (as when another turn is in the database's way). A file written afterwards is before
+    # the next prompt's turn: that answer must not stand for it.
+    comm, _ = await open_socket(session.pk, cookie)
+    await start_agent(comm)
+    runner = runners.get(session.pk)
+    await asyncio.shield(runner.checkpoints._early)
+    storing = writer.append
+
+    async def refused_once(session_id, events, *, client_id=None, fence=None):
+        if client_id == "p1":
+            assert await asyncio.shield(runner.checkpoints._confirming) is not None
+            raise IntegrityError("another turn is running")
+        return await storing(session_id, events, client_id=client_id, fence=fence)
+
+    monkeypatch.setattr(writer, "append", refused_once)
+    await comm.send_json_to({"type": "prompt", "id": "p1", "text": "write notes.txt hello"})
+    error = await receive_until(comm, lambda f: f.get("type") == "error")
+    assert error[-1]["code"] == "turn_running"
+    (folder_of(session) / "meanwhile.txt").write_text("written after the refused prompt\n")
+    assert await first_changes(comm) == NOTES_ADDED  # not meanwhile.txt
+    before = (await first_turn(session)).checkpoint_before
+    assert "meanwhile.txt" in await recorded_in(session, before)
     await comm.disconnect()

@@ -10,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from craft.cluster import leases, lifecycle
 from craft.models import Turn
 from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import append_events
+from craft.turns.registry import runners
+from sandboxes import services as sandbox_services
 from tests.ready import open_ready_session
 
 from .logs import stored_log
@@ -99,4 +103,40 @@ async def test_a_skipped_checkpoint_is_said_and_the_session_goes_on(session, coo
     await comm.send_json_to({"type": "prompt", "id": "h2", "text": "hello"})
     frames = await receive_until(comm, is_turn_end)
     assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    await comm.disconnect()
+
+
+@db_sync_to_async
+def another_workers_turn(session, path: str) -> None:
+    """Leave what a turn on another worker that wrote `path` leaves: its events, and the
+    checkpoint after it (taken and noted as that worker's runner does)."""
+    folder = Path(session.sandbox.reference) / "sessions" / str(session.pk)
+    (folder / path).write_text("written on another worker\n")
+    workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
+    taken = workspace.checkpoint("turn on another worker")
+    stored = append_events(session.pk, [("user_message", {"id": "elsewhere", "text": "…"})],
+                           client_id="elsewhere")  # fmt: skip
+    append_events(session.pk, [("turn_end", {"stop_reason": "end_turn"})])
+    Turn.objects.filter(session=session, prompt_seq=stored.first_seq).update(
+        checkpoint_after=taken.commit
+    )
+
+
+async def test_a_turn_after_the_lease_went_elsewhere_and_back_lists_only_its_own_changes(
+    session, cookie
+):
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await write(comm, "w1", "write one.txt 1")
+    await receive_until(comm, lambda f: f.get("kind") == "turn_changes")
+    # Its agent is stopped as idle and the lease given up; another worker runs a turn; this
+    # worker's next lease carries the same token as its last one.
+    await runners.get(session.pk).drop_connection()
+    await lifecycle._release_idle_sessions()
+    assert session.pk not in leases.ownership.held
+    await another_workers_turn(session, "two.txt")
+    frames = await write(comm, "w3", "write three.txt 3")
+    assert frames[-1]["data"] == {"stop_reason": "end_turn"}
+    changes = (await receive_until(comm, lambda f: f.get("kind") == "turn_changes"))[-1]
+    assert [entry["path"] for entry in changes["data"]["files"]] == ["three.txt"]
     await comm.disconnect()
