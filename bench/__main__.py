@@ -53,7 +53,10 @@ def main() -> None:
                 "failover": {"rounds": 5 if args.quick else 10},
                 "workspace": {"rounds": 3 if args.quick else 7},
                 "warm": {"runs": 2 if args.quick else 3},
-                "scale": {"sessions": 100 if args.quick else 400},
+                "scale": {
+                    "sessions": 100 if args.quick else 400,
+                    "cluster_sessions": 150 if args.quick else 600,
+                },
             }[name]
             figures += asyncio.run(module.run(site, **options))
     finally:
