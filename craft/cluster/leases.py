@@ -113,18 +113,24 @@ def renew(held: dict[UUID, int]) -> set[UUID]:
     one write transaction each would hold the database's write lock (SQLite has one) in
     turns with the event writer every renewal, and make it wait. A batch that renews fewer
     than it holds (some lease was taken over) is done again one lease at a time to say which.
+
+    The leases are locked in session order, as the event writer locks them (its fence reads,
+    sessions in that order): an UPDATE locks rows in the order it finds them, and with the
+    writer holding one lease and waiting for another PostgreSQL found deadlocks.
     """
     me = workers.me().key
     expires = timezone.now() + timedelta(seconds=lease_seconds())
     lost = set()
-    pairs = list(held.items())
+    pairs = sorted(held.items(), key=lambda pair: str(pair[0]))
     for start in range(0, len(pairs), RENEW_BATCH):
         batch = pairs[start : start + RENEW_BATCH]
         ours = Q()
         for session_id, token in batch:
             ours |= Q(session_id=session_id, token=token)
         with transaction.atomic():
-            renewed = Lease.objects.filter(ours, owner=me).update(expires_at=expires)
+            mine = Lease.objects.filter(ours, owner=me)
+            list(mine.select_for_update().order_by("session_id").values_list("session_id"))
+            renewed = mine.update(expires_at=expires)
         if renewed == len(batch):
             continue
         for session_id, token in batch:

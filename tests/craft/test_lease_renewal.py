@@ -8,8 +8,11 @@ is done again lease by lease, so that the lost ones are named and stopped.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from craft.cluster import leases
@@ -52,3 +55,44 @@ def test_it_names_the_lease_another_worker_took_over_and_renews_the_others(sessi
     assert (lease.owner, lease.token) == ("another-worker", held[taken] + 1)
     ours = Lease.objects.exclude(session_id=taken).filter(owner=leases.workers.me().key)
     assert ours.count() == 4
+
+
+def test_a_renewal_and_the_writer_holding_leases_never_deadlock(owner):
+    """The event writer's transaction holds one lease (its fence read) and then reads the
+    next, in session order; a renewal that locked the leases in another order waited for the
+    first while holding the second: PostgreSQL found a deadlock and failed one of them."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    first, second = sorted((open_ready_session(owner, f"lock {n}") for n in range(2)),
+                           key=lambda s: str(s.pk))  # fmt: skip
+    held = {s.pk: leases.acquire(s.pk).token for s in (second, first)}  # stored in that order
+    fence_read = f"SELECT owner, token FROM {Lease._meta.db_table} WHERE session_id = %s FOR SHARE"
+    failures: list[BaseException] = []
+    renewing_waits, lost = threading.Event(), []
+
+    def renewal() -> None:
+        try:
+            lost.extend(leases.renew(held))
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    # The writer's transaction, on this thread.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(fence_read, [first.pk])
+        renewer = threading.Thread(target=renewal)
+        renewer.start()
+        deadline = time.monotonic() + 30
+        while not renewing_waits.is_set() and time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            )
+            if cursor.fetchone():
+                renewing_waits.set()
+            time.sleep(0.05)
+        assert renewing_waits.is_set(), "the renewal never waited for the writer's lease"
+        cursor.execute(fence_read, [second.pk])  # the writer's next session
+    renewer.join(30)
+    assert failures == [] and lost == []
