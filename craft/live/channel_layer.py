@@ -14,6 +14,10 @@ network rule, and as a second line:
   whichever consumer happened to be reading (which would close an innocent socket);
 * consumers act only on the message types Craft sends through the layer, and take
   `websocket.*` messages only from their own socket (`craft.live.consumer`).
+
+Its connections to Redis come from a pool that waits for a free one: redis-py's default pool
+fails a call with "Too many connections" past 100, which a few hundred sessions' doorbells
+at once reached (each sent to its session's group).
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from typing import Any
 from channels_redis.core import RedisChannelLayer
 from cryptography.fernet import InvalidToken
 from django.core.exceptions import ImproperlyConfigured
+from redis.asyncio import BlockingConnectionPool
 
 logger = logging.getLogger(__name__)
+
+POOL_SIZE = 100  # connections to Redis per server process, as redis-py's default pool
+POOL_WAIT_SECONDS = 20.0
 
 
 class SignedRedisChannelLayer(RedisChannelLayer):
@@ -39,6 +47,16 @@ class SignedRedisChannelLayer(RedisChannelLayer):
             )
         super().__init__(*args, symmetric_encryption_keys=symmetric_encryption_keys, **kwargs)
         self.dropped = 0
+
+    def create_pool(self, index: int) -> Any:
+        host = dict(self.hosts[index])
+        address = host.pop("address", None)
+        if address is None:
+            return super().create_pool(index)  # Sentinel: channels_redis's own pool
+        host.setdefault("max_connections", POOL_SIZE)
+        # A call waits up to `timeout` seconds for a connection, then fails.
+        host.setdefault("timeout", POOL_WAIT_SECONDS)
+        return BlockingConnectionPool.from_url(address, **host)
 
     async def receive_single(self, channel: str) -> tuple[Any, dict[str, Any]]:
         # The message is off the queue before it is decoded: a forged one is skipped, and

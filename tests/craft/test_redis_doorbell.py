@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from channels.layers import channel_layers, get_channel_layer
 from django.conf import settings as django_settings
 
 from craft.storage.db import db_sync_to_async
@@ -58,3 +59,20 @@ async def test_events_stored_by_another_process_arrive_live(redis_layer, owner):
     assert [f["seq"] for f in frames] == list(range(1, 11))
     assert [f["data"]["n"] for f in frames] == list(range(10))
     await comm.disconnect()
+
+
+async def test_more_doorbells_at_once_than_connections_wait_their_turn(redis_layer, settings):
+    # A pool of 2 connections; 40 sessions' doorbells at once. redis-py's own pool fails the
+    # third with "Too many connections" (at 100 that was a few hundred sessions streaming).
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["max_connections"] = 2
+    channel_layers.backends.clear()
+    layer = get_channel_layer()
+    channels = [await layer.new_channel() for _ in range(40)]
+    for n, channel in enumerate(channels):
+        await layer.group_add(f"doorbells-{n}", channel)
+    await asyncio.gather(
+        *(layer.group_send(f"doorbells-{n}", {"type": "ring", "n": n}) for n in range(40))
+    )
+    for n, channel in enumerate(channels):
+        assert (await layer.receive(channel))["n"] == n
+        await layer.group_discard(f"doorbells-{n}", channel)
