@@ -174,6 +174,13 @@ async def test_a_revert_while_the_agent_works_is_refused_and_says_why(page, craf
         "Not reverted: The agent is working: revert once its turn ends."
     )
     assert (folder_of(session) / "notes.txt").read_text() == "hello"
+    # The turn ends here: one left waiting would hold the module's server up at its stop.
+    await (
+        page.locator("#transcript .permission .options button:not([disabled])")
+        .filter(has_text="Allow")
+        .click()
+    )
+    await expect(page.locator(TURN_END)).to_have_count(2)
 
 
 async def test_at_completes_files_of_the_workspace_never_mentioned(page, craft_server, session):
