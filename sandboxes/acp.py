@@ -1,8 +1,11 @@
 """The ACP client: one `AgentConnection` talks JSON-RPC 2.0 to one agent process.
 
 ACP (Agent Client Protocol) frames one JSON object per line on the agent's stdin/stdout. The
-connection owns a reader thread that reads lines of any length (multi-megabyte tool outputs are
-normal), parses them in wire order and routes them:
+process hands the connection its stdout's lines, of any length (multi-megabyte tool outputs are
+normal), in order and from one thread at a time (`AgentProcess.read_lines`): the reader thread,
+which for a local agent is the one thread that serves every agent's pipes (`sandboxes.pipes`)
+and for a pod exec a thread of its own. The connection parses them in wire order and routes
+them:
 
 * a response (`id`, no `method`) resolves the request that is waiting for it;
 * `session/update` notifications go to the running turn's sink, in the order they arrived;
@@ -26,7 +29,8 @@ answered.
 It is deliberately thread-based rather than asyncio-based: the same connection is used from
 Channels consumers (one event loop), from sync views and admin actions (worker threads) and
 from the Kubernetes exec transport (a blocking websocket). Sinks are called on the reader
-thread and must not block; an event loop takes items with `loop.call_soon_threadsafe`.
+thread and must not block (a local agent's reader thread reads every local agent); an event
+loop takes items with `loop.call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -80,11 +84,18 @@ class AgentProcess(Protocol):
     def write(self, data: bytes) -> None:
         """Write bytes to the agent's stdin (raise OSError once it is gone)."""
 
-    def readline(self, limit: int) -> bytes:
-        """Return the next stdout line including its newline; b"" at end of output.
+    def read_lines(
+        self,
+        limit: int,
+        line: Callable[[bytes], None],
+        too_long: Callable[[int], None],
+        end: Callable[[], None],
+    ) -> None:
+        """Start reading stdout: call `line` with each line (its newline or not), in order and
+        from one thread at a time, then `end()` once at the end of output (or on terminate).
 
         A line longer than `limit` bytes is skipped whole (never held in memory) and reported
-        by raising `LineTooLong`.
+        by `too_long(its size)`. `line` and `too_long` must not block; `end` may.
         """
 
     def is_alive(self) -> bool: ...
@@ -384,9 +395,6 @@ class AgentConnection:
         self._turn: _Turn | None = None
         self._stopped = threading.Event()
         self._reader_done = threading.Event()
-        self._reader = threading.Thread(
-            target=self._read_loop, name=f"acp-reader-{process.ident}", daemon=True
-        )
         # Updates that arrive outside a turn (some agents send them after the prompt response).
         self._idle_sink: Sink | None = None
         self._early: list[TurnItem] = []  # held until there is an idle sink
@@ -412,7 +420,9 @@ class AgentConnection:
         """Send `initialize` and keep what the agent says of itself; raise AgentError on
         failure (the agent is stopped). A warm agent is one initialized and waiting for
         `open_session`."""
-        self._reader.start()
+        self.process.read_lines(
+            self.max_message_bytes, self._handle_line, self._report_too_long, self._output_ended
+        )
         try:
             init = self.request(
                 "initialize",
@@ -786,23 +796,9 @@ class AgentConnection:
             except (OSError, ValueError) as exc:
                 raise AgentError(f"cannot write to agent: {exc}") from exc
 
-    def _read_loop(self) -> None:
-        try:
-            while True:
-                try:
-                    line = self.process.readline(self.max_message_bytes)
-                except LineTooLong as too_long:
-                    self._report_too_long(too_long.size)
-                    continue
-                if not line:
-                    break
-                self._handle_line(line)
-        except Exception:
-            if not self._stopped.is_set():
-                logger.exception("reading from agent %s failed", self.process.ident)
-        finally:
-            self._reader_done.set()
-            self._fail_everything(self._exit_message())
+    def _output_ended(self) -> None:
+        self._reader_done.set()
+        self._fail_everything(self._exit_message())
 
     def _report_too_long(self, size: int) -> None:
         """Tell the turn that a message was dropped, so that the log says so."""
@@ -1184,6 +1180,39 @@ class AgentConnection:
         for waiting in pending:
             if not waiting.future.done():
                 waiting.future.set_exception(AgentError(reason))
+
+
+def lines_on_a_thread(
+    readline: Callable[[int], bytes],
+    limit: int,
+    line: Callable[[bytes], None],
+    too_long: Callable[[int], None],
+    end: Callable[[], None],
+    name: str,
+) -> None:
+    """`AgentProcess.read_lines` for a process read by blocking `readline(limit)` calls
+    (which raise `LineTooLong`): a thread of its own reads it."""
+
+    def read() -> None:
+        try:
+            while chunk := _next_line(readline, limit, too_long):
+                line(chunk)
+        except Exception:
+            logger.exception("reading from agent %s failed", name)
+        finally:
+            end()
+
+    threading.Thread(target=read, name=f"acp-reader-{name}", daemon=True).start()
+
+
+def _next_line(
+    readline: Callable[[int], bytes], limit: int, too_long: Callable[[int], None]
+) -> bytes:
+    while True:
+        try:
+            return readline(limit)
+        except LineTooLong as exc:
+            too_long(exc.size)
 
 
 def _replace(request: ElicitationRequest, **changes: Any) -> ElicitationRequest:

@@ -19,7 +19,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -37,7 +37,7 @@ from websocket import (
     WebSocketTimeoutException,
 )
 
-from ..acp import LineTooLong
+from ..acp import LineTooLong, lines_on_a_thread
 from ..stderr_log import StderrLog
 from .base import SandboxError
 
@@ -180,6 +180,16 @@ class ExecProcess:
         if isinstance(line, LineTooLong):
             raise line
         return line
+
+    def read_lines(
+        self,
+        limit: int,
+        line: Callable[[bytes], None],
+        too_long: Callable[[int], None],
+        end: Callable[[], None],
+    ) -> None:
+        # `limit` was applied as frames arrived (CRAFT_MAX_MESSAGE_BYTES, see _on_stdout).
+        lines_on_a_thread(self.readline, limit, line, too_long, end, self.ident)
 
     def is_alive(self) -> bool:
         return not self._done.is_set()

@@ -19,16 +19,16 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, cast
 from uuid import UUID
 
 from django.conf import settings
 
-from ..acp import LineTooLong
 from ..catalog import Launch, default_agent
+from ..pipes import Lines, Outbox, pipes
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
 from . import containment, firewall, jail
@@ -44,12 +44,17 @@ logger = logging.getLogger(__name__)
 # thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which the kernel
 # fires when the starting *thread* ends), and the threads that ask for agents come and go.
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-agent-spawner")
+# Where an agent's end of output is heard: it waits up to a second for the exit code.
+_ends = ThreadPoolExecutor(max_workers=4, thread_name_prefix="craft-agent-ends")
 # Where the workspace tool finds the sandbox's checkpoint stores, inside its jail.
 STORES_IN_JAIL = "/tmp/craft-checkpoints"
 # The workspace tool (listings, reads, checkpoints) is background work next to the live
 # sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
 # event loop most of the CPU (docs/performance.md).
 TOOL_NICENESS = 10
+# What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
+# answer to the agent's request a few hundred bytes. More means the agent stopped reading.
+STDIN_WAITING_BYTES = 16 << 20
 
 
 class LocalAgentProcess:
@@ -89,30 +94,30 @@ class LocalAgentProcess:
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
         self.ident = str(self._popen.pid)
         self.pid = self._popen.pid
+        self._stdin = Outbox(cast(IO[bytes], self._popen.stdin), STDIN_WAITING_BYTES, pipes)
         self._stderr = StderrLog(self.ident, redact=redact)
-        self._stderr_thread = threading.Thread(
-            target=self._pump_stderr, name=f"agent-stderr-{self.pid}", daemon=True
-        )
-        self._stderr_thread.start()
+        pipes.watch(cast(IO[bytes], self._popen.stderr), self._stderr.feed, self._stderr.close)
 
     def write(self, data: bytes) -> None:
-        stdin = self._popen.stdin
-        assert stdin is not None
-        stdin.write(data)
-        stdin.flush()
+        self._stdin.write(data)
 
-    def readline(self, limit: int) -> bytes:
+    def read_lines(
+        self,
+        limit: int,
+        line: Callable[[bytes], None],
+        too_long: Callable[[int], None],
+        end: Callable[[], None],
+    ) -> None:
         # Multi-megabyte lines are normal in ACP; `limit` keeps a runaway one out of memory.
-        stdout = self._popen.stdout
-        assert stdout is not None
-        line = stdout.readline(limit + 1)
-        if len(line) <= limit or line.endswith(b"\n"):
-            return line
-        size = len(line)
-        while line and not line.endswith(b"\n"):
-            line = stdout.readline(1 << 20)
-            size += len(line)
-        raise LineTooLong(size)
+        # The lines are cut on the pipes' thread; the end, which may wait for the exit code,
+        # is heard on a thread of `_ends`.
+        lines = Lines(limit, line, too_long)
+
+        def ended() -> None:
+            lines.end()
+            _ends.submit(end)
+
+        pipes.watch(cast(IO[bytes], self._popen.stdout), lines.feed, ended)
 
     def is_alive(self) -> bool:
         return self._popen.poll() is None
@@ -125,11 +130,7 @@ class LocalAgentProcess:
 
     def terminate(self, timeout: float = 5.0) -> None:
         """Close stdin (ACP agents exit on EOF), then SIGTERM, then SIGKILL the group."""
-        try:
-            if self._popen.stdin is not None:
-                self._popen.stdin.close()
-        except OSError:
-            pass
+        self._stdin.close()
         try:
             self._popen.wait(timeout=min(1.0, timeout))
         except subprocess.TimeoutExpired:
@@ -145,27 +146,13 @@ class LocalAgentProcess:
         self._signal_group(signal.SIGKILL)
         for stream in (self._popen.stdout, self._popen.stderr):
             if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+                pipes.close(stream)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
             os.killpg(self._popen.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-    def _pump_stderr(self) -> None:
-        stderr = cast(io.BufferedReader, self._popen.stderr)  # bufsize > 0: buffered
-        try:
-            # Chunks as they come, never a line at a time: a line can be any length.
-            while chunk := stderr.read1(1 << 16):
-                self._stderr.feed(chunk)
-        except (OSError, ValueError):
-            pass  # closed by terminate()
-        finally:
-            self._stderr.close()
 
 
 class LocalToolProcess:

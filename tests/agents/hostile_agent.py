@@ -411,6 +411,13 @@ def run(word: str, args: list[str], text: str) -> dict:
         for i in range(int(args[0])):
             sys.stderr.buffer.write(f"flood {i:08d} ".encode().ljust(99, b"x") + b"\n")
         sys.stderr.flush()
+    elif word == "deafen":
+        # Ask Craft what it does not serve, many times, then never read its answers again.
+        for i in range(int(args[0])):
+            send({"jsonrpc": "2.0", "id": f"deaf-{i}", "method": "fs/read_text_file",
+                  "params": {"sessionId": SESSION, "path": "/x"}})  # fmt: skip
+        chunk("deaf")
+        time.sleep(3600)
     elif word == "stall":
         send({"jsonrpc": "2.0", "id": 10_000, **BAD_ANSWERS["list"]})
         send({"jsonrpc": "2.0", "id": 10_001, **BAD_ANSWERS["both"]})
