@@ -113,6 +113,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _sandbox_stale = False
     _sessions_stale = False
     _follows_sessions = False  # until the client sends `follow_sessions`
+    _sessions_missed = False  # a sessions notice came before `follow_sessions`
     _hello_sent = False  # no status frame before the `hello`
     _sandbox_sent: dict[str, str] | None = None
 
@@ -278,6 +279,10 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def handle_follow_sessions(self, follow: commands.FollowSessions) -> None:
         self._follows_sessions = True
+        if self._sessions_missed:
+            # A change since this socket listened (its connect), before it followed: the
+            # list the page holds may not show it. One frame now, as if it had followed.
+            self.notice({"type": status.SESSIONS_CHANGED})
 
     handlers: dict[type, Callable[[Any, Any], Awaitable[None]]] = {
         commands.Prompt: handle_prompt,
@@ -334,6 +339,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         elif self._follows_sessions:
             self._sessions_stale = True
         else:
+            self._sessions_missed = True
             return
         if not self._hello_sent:
             return  # the hello starts the task, after it

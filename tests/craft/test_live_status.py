@@ -191,6 +191,27 @@ def test_the_session_list_follows_every_session_s_turns(owner, tmp_path):
         server.terminate()
 
 
+def test_a_change_before_the_socket_follows_the_list_is_not_lost(owner, tmp_path):
+    watched = open_ready_session(owner, "watched")
+    busy = open_ready_session(owner, "busy")
+    server = Daphne(tmp_path).start()
+    try:
+        # The page's socket is connected and listening, but has not asked to follow yet (its
+        # `follow_sessions` is on its way) while another session's turn starts and ends.
+        watcher = Socket(server, owner, watched.pk)
+        worker = Socket(server, owner, busy.pk)
+        worker.send({"type": "resume", "after": 0})
+        worker.send({"type": "prompt", "id": "m1", "text": "hello"})
+        worker.until(is_turn_end)
+        watcher.send({"type": "follow_sessions"})
+        item = next_listing(watcher, server, owner, "busy", lambda item: item["unread"])
+        assert item["state"] == "idle"
+        watcher.close()
+        worker.close()
+    finally:
+        server.terminate()
+
+
 def test_status_notices_cross_workers(workers, owner, staff, tmp_path: Path):  # noqa: F811
     watched = open_ready_session(owner, "watched")
     busy = open_ready_session(owner, "busy")
