@@ -115,6 +115,7 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _follows_sessions = False  # until the client sends `follow_sessions`
     _sessions_missed = False  # a sessions notice came before `follow_sessions`
     _hello_sent = False  # no status frame before the `hello`
+    _accepted = False  # the websocket handshake is answered
     _sandbox_sent: dict[str, str] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -158,6 +159,12 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if not self.hold_socket(user):
             await self._refuse(CLOSE_TOO_MANY_SOCKETS)
             return
+        # The handshake ends here, before any query: under load the reads below can wait for
+        # the database longer than the server waits for a handshake (daphne's
+        # --websocket_connect_timeout), which would drop the socket. A refusal below closes
+        # it with its code, as one above does.
+        await self.accept()
+        self._accepted = True
         session, self._scrub = await _owned_session(user, self.session_id)
         if session is None:
             await self._refuse(CLOSE_FORBIDDEN)
@@ -174,7 +181,6 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         self.sandbox_id = session.sandbox_id
         status.listen(user.pk, self)
         self._listening = True
-        await self.accept()
         self._sandbox_sent = status.sandbox_state(session.sandbox)
         self._sandbox_sent["error"] = self.scrubbed(self._sandbox_sent["error"])
         await self.send_json(
@@ -194,7 +200,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     async def _refuse(self, code: int) -> None:
         await self.unfollow_account()
         # Accept first: a close code only reaches the client on an accepted websocket.
-        await self.accept()
+        if not self._accepted:
+            await self.accept()
         await self.close(code=code)
 
     async def disconnect(self, code: int) -> None:
