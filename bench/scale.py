@@ -43,7 +43,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .failover import CLUSTER
 from .harness import (
@@ -180,11 +180,23 @@ async def create_session(server: Server, cookie: str) -> str:
         return body["id"]
 
 
-async def open_one(server: Server, cookie: str, started: float) -> tuple[Client, float, float]:
-    """Create a session, connect, resume and send a first prompt; return the client and the
-    seconds from `started` until the prompt was stored and until it was answered."""
+class Opened(NamedTuple):
+    """One session opened: its client, and the seconds from the start of the opening until
+    it was created, its socket said hello, its first prompt was stored and answered."""
+
+    client: Client
+    created: float
+    connected: float
+    stored: float
+    answered: float
+
+
+async def open_one(server: Server, cookie: str, started: float) -> Opened:
+    """Create a session, connect, resume and send a first prompt (see `Opened`)."""
     session_id = await create_session(server, cookie)
+    created = time.perf_counter() - started
     client = await Client.open(server, cookie, session_id)
+    connected = time.perf_counter() - started
     await client.send({"type": "resume", "after": 0})
     prompt_id = uuid.uuid4().hex
     await client.send({"type": "prompt", "id": prompt_id, "text": FOLLOW_UP})
@@ -199,7 +211,7 @@ async def open_one(server: Server, cookie: str, started: float) -> tuple[Client,
         elif kind == "turn_end" and stored is not None:
             if frame["data"].get("stop_reason") != "end_turn":
                 raise RuntimeError(f"turn ended badly: {frame}")
-            return client, stored, time.perf_counter() - started
+            return Opened(client, created, connected, stored, time.perf_counter() - started)
 
 
 async def warm_agents_waiting(homes: list[Path]) -> float:
@@ -231,10 +243,15 @@ async def sessions_on_workers(
             for i in range(count)
         )
     )
-    clients = [client for client, _, _ in opened]
-    stored = max(s for _, s, _ in opened)
-    answered = max(a for _, _, a in opened)
-    note(f"opened {count} sessions: stored {stored:.1f} s, answered {answered:.1f} s")
+    clients = [one.client for one in opened]
+    created = max(one.created for one in opened)
+    connected = max(one.connected for one in opened)
+    stored = max(one.stored for one in opened)
+    answered = max(one.answered for one in opened)
+    note(
+        f"opened {count} sessions: every one created {created:.1f} s, connected "
+        f"{connected:.1f} s, prompt stored {stored:.1f} s, answered {answered:.1f} s"
+    )
     waited = await warm_agents_waiting(homes)
     note(f"warm agents waiting after {waited:.1f} s; streaming")
     split = CpuSplit(pids, set().union(*(descendants(pid) for pid in pids)))
@@ -248,7 +265,9 @@ async def sessions_on_workers(
         **stream_summary(results, SLOW_CHUNKS),
         "opening": stored,
         "answered": answered,
-        "opening_p50": percentile([s for _, s, _ in opened], 50),
+        "opening_p50": percentile([one.stored for one in opened], 50),
+        "created": created,
+        "connected": connected,
         "stored_p99": percentile(prompts_stored, 99),
         "cpu": used,
     }
@@ -368,7 +387,8 @@ async def measure(site: Site, sessions: int, workers: int) -> list[Figure]:
             "s",
             "<= 5 s",
             craft["opening"] <= OPENING_TARGET,
-            f"until every first prompt is stored; median session {craft['opening_p50']:.2f} s",
+            f"until every first prompt is stored (every session created {craft['created']:.1f} s,"
+            f" connected {craft['connected']:.1f} s); median session {craft['opening_p50']:.2f} s",
         ),
         Figure(
             f"{name}: every first prompt answered",

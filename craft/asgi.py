@@ -2,12 +2,17 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "craft.settings")
 
-# Django must be set up before anything imports models (the routing below does).
-django_application = get_asgi_application()
+# Django must be set up before anything imports models (the routing below does); then
+# Django's ASGI handler, as `get_asgi_application` makes it, with one thread hop a request.
+django.setup(set_prefix=False)
+
+from craft.http_handler import OneHopASGIHandler  # noqa: E402
+
+django_application = OneHopASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
