@@ -88,24 +88,36 @@ class Pipes:
             for key, _ in selector.select():
                 if served.get(key.fd) is not key:
                     continue  # closed by a change applied earlier in this round
-                watch = key.data
-                if watch is None:
-                    _empty(wake_r)
-                    self._apply_changes(selector)
-                elif isinstance(watch, _Writing):
-                    if _call(watch.flush) is not False:
-                        selector.unregister(watch.pipe)  # nothing left, or it failed
-                else:
-                    try:
-                        chunk = os.read(key.fd, READ_BYTES)
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        chunk = b""
-                    if chunk:
-                        _call(watch.data, chunk)
-                    else:
-                        _finish(selector, watch)
+                try:
+                    self._serve(selector, key, wake_r)
+                except Exception:
+                    # A fault nobody foresaw costs its own pipe, never this thread: every
+                    # agent's output goes through it.
+                    logger.exception("serving an agent's pipe failed; it is closed")
+                    if key.data is not None and served.get(key.fd) is key:
+                        _finish(selector, key.data)
+
+    def _serve(
+        self, selector: selectors.BaseSelector, key: selectors.SelectorKey, wake: int
+    ) -> None:
+        watch = key.data
+        if watch is None:
+            _empty(wake)
+            self._apply_changes(selector)
+        elif isinstance(watch, _Writing):
+            if _call(watch.flush) is not False:
+                selector.unregister(watch.pipe)  # nothing left, or it failed
+        else:
+            try:
+                chunk = os.read(key.fd, READ_BYTES)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if chunk:
+                _call(watch.data, chunk)
+            else:
+                _finish(selector, watch)
 
     def _apply_changes(self, selector: selectors.BaseSelector) -> None:
         with self._lock:
@@ -122,12 +134,17 @@ class Pipes:
                     _finish(selector, key.data)
                 continue
             if key is not None:
-                continue  # a write pipe is asked to drain while it drains already
+                if isinstance(watch, _Reading):  # its number is served for another pipe
+                    logger.error("pipe %s is served already; not read", key.fd)
+                    _call(watch.end)
+                continue  # else a write pipe is asked to drain while it drains already
             event = selectors.EVENT_READ if what == "read" else selectors.EVENT_WRITE
             try:
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe, event, watch)
-            except (OSError, ValueError):  # closed before it was served
+            except Exception as exc:
+                if not isinstance(exc, OSError | ValueError):  # ValueError: closed already
+                    logger.exception("serving an agent's pipe failed")
                 if isinstance(watch, _Reading):
                     _call(watch.end)
 

@@ -77,6 +77,32 @@ def test_a_reader_that_fails_costs_its_own_pipe_nothing_else(caplog):
     os.close(bad_w)
 
 
+class BrokenPipeObject:
+    """A file object whose number cannot be read: a fault nobody foresaw."""
+
+    def fileno(self) -> int:
+        raise TypeError("no number")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_pipe_the_thread_cannot_serve_is_ended_and_the_others_are_served(caplog):
+    pipes = Pipes()
+    refused = threading.Event()
+    pipes.watch(BrokenPipeObject(), lambda chunk: None, refused.set)  # type: ignore[arg-type]
+    assert refused.wait(30), "the pipe that could not be served was never ended"
+    got: list[bytes] = []
+    ended = threading.Event()
+    good_r, good_w = os.pipe()
+    pipes.watch(os.fdopen(good_r, "rb"), got.append, ended.set)
+    os.write(good_w, b"still here")
+    os.close(good_w)
+    assert ended.wait(30), "the thread stopped serving pipes"
+    assert b"".join(got) == b"still here"
+    assert "serving an agent's pipe failed" in caplog.text
+
+
 def test_many_agents_are_read_by_one_thread_and_leave_no_pipe_open(tmp_path):
     open_before = len(os.listdir("/proc/self/fd"))
     threads_before = threading.active_count()
