@@ -117,8 +117,9 @@ def test_many_agents_are_read_by_one_thread_and_leave_no_pipe_open(tmp_path):
             assert done.wait(60)
             assert ending(items) == TurnEnd("end_turn")
             assert reply_text(items) == EXPECTED
-        # No thread per agent: the one pipes thread (and a spawner) at most.
-        assert threading.active_count() - threads_before <= 2
+        # No thread per agent (there were two each): the one pipes thread, and whatever else
+        # of this process happened to start meanwhile, is fewer than the agents.
+        assert threading.active_count() - threads_before < len(agents)
     finally:
         for agent in agents:
             agent.stop()
