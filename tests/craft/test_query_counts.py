@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from craft.cluster import workers
-from craft.models import Lease
+from craft.models import Lease, Turn, Worker
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import writer
 from tests.conftest import queries_in_every_thread
@@ -20,14 +20,14 @@ from .wsclient import is_turn_end, open_socket, receive_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 WHAT = [
-    ("SELECT owner, token FROM craft_lease", "fence"),
+    ("SELECT craft_lease.owner, craft_lease.token, craft_worker.id FROM craft_lease", "fence"),
     ("UPDATE craft_session SET last_seq", "seq"),
     ("COPY craft_event", "events"),
     ("INSERT INTO craft_event", "events"),
     ('INSERT INTO "craft_worker"', "worker"),
-    ('INSERT INTO "craft_turn"', "turn starts"),
-    ('UPDATE "craft_turn"', "turn ends"),
-    ('SELECT %s AS "a" FROM "craft_event" WHERE ("craft_event"."client_id"', "prompt seen"),
+    ("INSERT INTO craft_turn", "turn starts"),
+    ("UPDATE craft_turn", "turn ends"),
+    ("SELECT 1 FROM craft_event WHERE session_id = %s AND client_id", "prompt seen"),
 ]
 
 
@@ -65,11 +65,31 @@ async def test_a_cached_follow_up_reads_nothing_and_writes_only_the_log(owner, c
     # lease on the database threads.
     assert {thread for thread, _ in seen} == {"craft-event-writer"}
     done = what(seen)
-    # The prompt's commit checks its id, registers the worker (a no-op) and starts the turn's
-    # row; the turn_end's commit ends it. The reply, the agent's usage_update and the end are
-    # one to three commits, as the writer finds them waiting (on a busy machine, one each).
+    # The prompt's commit checks its id and starts the turn's row (the fence's read said the
+    # worker's row exists); the turn_end's commit ends it. The reply, the agent's
+    # usage_update and the end are one to three commits, as the writer finds them waiting
+    # (on a busy machine, one each).
     commits = done["seq"]
     assert commits in (2, 3, 4)
     per_commit = Counter(["fence", "seq", "events"] * commits)
-    assert done == per_commit + Counter(["prompt seen", "worker", "turn starts", "turn ends"])
+    assert done == per_commit + Counter(["prompt seen", "turn starts", "turn ends"])
     await comm.disconnect()
+
+
+async def test_a_prompt_writes_its_worker_row_back_when_it_is_missing(owner):
+    """A turn's worker must be known, or the other workers take it for gone and close its
+    turns: a prompt stored while this worker's row is missing writes it again."""
+    session = await db_sync_to_async(open_ready_session)(owner, "no worker row")
+    lease = await db_sync_to_async(Lease.objects.create)(
+        session_id=session.pk, owner=workers.me().key, expires_at=timezone.now()
+    )
+    await db_sync_to_async(Worker.objects.filter(pk=workers.me().key).delete)()
+    with queries_in_every_thread() as seen:
+        await writer.append(
+            session.pk, [("user_message", {"text": "hi"})], client_id="p1",
+            fence=(lease.owner, lease.token),
+        )  # fmt: skip
+    assert what(seen) == Counter(["prompt seen", "fence", "seq", "events", "worker", "turn starts"])
+    turn = await db_sync_to_async(Turn.objects.get)(session=session)
+    assert turn.state == Turn.State.RUNNING and turn.worker == workers.me().key
+    assert await db_sync_to_async(Worker.objects.filter(pk=workers.me().key).exists)()
