@@ -82,8 +82,11 @@ async def _ring(
     # Small batches carry their frames: other processes' sockets send them without a read.
     if frames is not None and sum(len(frame) for frame in frames) <= DOORBELL_FRAMES_BYTES:
         message["frames"] = frames
+    # This process's own sockets were told from memory (`LiveHub.deliver`): only other
+    # processes' sockets need the doorbell, where the layer can tell them apart.
+    send = getattr(layer, "group_send_elsewhere", layer.group_send)
     try:
-        await layer.group_send(session_group(session_id), message)
+        await send(session_group(session_id), message)
     except Exception:
         # The log is committed; other processes catch up on their next doorbell or resume.
         logger.exception("doorbell for session %s failed", session_id)
