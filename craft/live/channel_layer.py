@@ -25,13 +25,17 @@ four commands in a row, a group send one pipelined read of the group and one scr
 of four. A receive is the blocking pop alone: channels_redis also copies each popped message
 to a backup queue and removes it again (three more round trips, one of them before the
 message is handed over), which guards only the copy's own wait; nothing else can interrupt
-a receive between the pop and the hand-over.
+a receive between the pop and the hand-over. And one pop takes every message waiting, up to
+`RECEIVE_BATCH` (Redis 7's BZMPOP; one at a time on older servers): a process's channels
+share one key, so a forwarded prompt's reply, its doorbell and a status notice that arrive
+together are one round trip, not three in a row.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
@@ -40,11 +44,13 @@ from channels_redis.core import RedisChannelLayer
 from cryptography.fernet import InvalidToken
 from django.core.exceptions import ImproperlyConfigured
 from redis.asyncio import BlockingConnectionPool
+from redis.exceptions import ResponseError
 
 logger = logging.getLogger(__name__)
 
 POOL_SIZE = 100  # connections to Redis per server process, as redis-py's default pool
 POOL_WAIT_SECONDS = 20.0
+RECEIVE_BATCH = 64  # messages taken from Redis by one pop, at most
 
 # channels_redis's send in one step: drop expired messages, refuse past capacity, add, expire.
 # KEYS: the channel's key. ARGV: expired before, capacity, message, now, expiry. 1 if full.
@@ -88,6 +94,10 @@ class SignedRedisChannelLayer(RedisChannelLayer):
         super().__init__(*args, symmetric_encryption_keys=symmetric_encryption_keys, **kwargs)
         self.dropped = 0
         self._scripts: dict[str, Any] = {}
+        # Messages popped from a channel key and not handed over yet (oldest first). Only
+        # the receive that holds channels_redis's lock for the key pops or takes from them.
+        self._popped: dict[str, deque[bytes]] = {}
+        self._batch_pop = True  # until Redis says it has no BZMPOP (before 7.0)
 
     def create_pool(self, index: int) -> Any:
         host = dict(self.hosts[index])
@@ -133,7 +143,30 @@ class SignedRedisChannelLayer(RedisChannelLayer):
         channel: str,
         timeout: float,  # noqa: ASYNC109 (channels_redis's name)
     ) -> Any:
-        result = await self.connection(index).bzpopmin(channel, timeout=timeout)
+        popped = self._popped.get(channel)
+        if popped:
+            return popped.popleft()
+        connection = self.connection(index)
+        if self._batch_pop:
+            try:
+                result = await connection.bzmpop(
+                    timeout, 1, [channel], min=True, count=RECEIVE_BATCH
+                )
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._batch_pop = False
+            else:
+                if result is None:
+                    return None
+                members = deque(member for member, _ in result[1])
+                first = members.popleft()
+                if members:
+                    self._popped[channel] = members
+                else:
+                    self._popped.pop(channel, None)
+                return first
+        result = await connection.bzpopmin(channel, timeout=timeout)
         return None if result is None else result[1]
 
     async def _clean_receive_backup(self, index: int, channel: str) -> None:

@@ -13,6 +13,7 @@ import uuid
 import pytest
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
+from redis.exceptions import ResponseError
 
 from craft.live.channel_layer import SignedRedisChannelLayer
 from tests.conftest import REDIS_URL
@@ -134,3 +135,34 @@ async def test_a_doorbell_skips_the_channels_of_the_process_that_rings_it():
     assert [m["n"] for m in await receive_all(there, theirs, 2)] == [1, 2]
     assert [m["n"] for m in await receive_all(here, mine, 1)] == [2]  # not the first
     await here.flush()
+
+
+class BeforeRedis7(SignedRedisChannelLayer):
+    """The layer against a Redis without BZMPOP (before 7.0): every other command is real."""
+
+    def connection(self, index):
+        real = super().connection(index)
+
+        class Connection:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            async def bzmpop(self, *args, **kwargs):
+                raise ResponseError("ERR unknown command 'BZMPOP', with args beginning with: ")
+
+        return Connection()
+
+
+async def test_messages_waiting_together_arrive_in_order_with_or_without_batch_pops():
+    prefix = f"test-layer-{uuid.uuid4().hex[:8]}"
+    config = {"hosts": [{"address": REDIS_URL}], "prefix": prefix,
+              "symmetric_encryption_keys": KEYS}  # fmt: skip
+    for receiver in (SignedRedisChannelLayer(**config), BeforeRedis7(**config)):
+        sender = SignedRedisChannelLayer(**config)
+        channels = [await receiver.new_channel() for _ in range(3)]
+        for n in range(90):  # more than one pop takes (the key holds 100 at most)
+            await sender.send(channels[n % 3], {"type": "test.message", "n": n})
+        for i, channel in enumerate(channels):
+            got = [m["n"] for m in await receive_all(receiver, channel, len(range(i, 90, 3)))]
+            assert got == list(range(i, 90, 3))
+        await sender.flush()
