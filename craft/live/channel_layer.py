@@ -219,3 +219,11 @@ class SignedRedisChannelLayer(RedisChannelLayer):
                     channel,
                     self.dropped,
                 )
+
+
+async def group_send_elsewhere(layer: Any, group: str, message: dict[str, Any]) -> None:
+    """Send to the group's channels in other processes: what this process's own sockets
+    were told from memory. Layers that cannot tell processes apart send to all of them (the
+    sockets ignore their own process's messages by their `origin`)."""
+    send = getattr(layer, "group_send_elsewhere", layer.group_send)
+    await send(group, message)

@@ -25,6 +25,7 @@ from uuid import UUID
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
+from craft.live.channel_layer import group_send_elsewhere
 from craft.live.loops import Background, Listeners, PerLoop
 
 logger = logging.getLogger(__name__)
@@ -82,11 +83,8 @@ async def _ring(
     # Small batches carry their frames: other processes' sockets send them without a read.
     if frames is not None and sum(len(frame) for frame in frames) <= DOORBELL_FRAMES_BYTES:
         message["frames"] = frames
-    # This process's own sockets were told from memory (`LiveHub.deliver`): only other
-    # processes' sockets need the doorbell, where the layer can tell them apart.
-    send = getattr(layer, "group_send_elsewhere", layer.group_send)
-    try:
-        await send(session_group(session_id), message)
+    try:  # this process's own sockets were told from memory (`LiveHub.deliver`)
+        await group_send_elsewhere(layer, session_group(session_id), message)
     except Exception:
         # The log is committed; other processes catch up on their next doorbell or resume.
         logger.exception("doorbell for session %s failed", session_id)

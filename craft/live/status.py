@@ -30,6 +30,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from craft.live.accounts import user_group
+from craft.live.channel_layer import group_send_elsewhere
 from craft.live.delivery import PROCESS_ID
 from craft.live.loops import Background, Listeners, PerLoop
 from sandboxes.models import Sandbox
@@ -67,8 +68,8 @@ class StatusHub:
 
 
 async def _ring(layer: Any, user_id: Any, message: dict[str, Any]) -> None:
-    try:
-        await layer.group_send(user_group(user_id), message)
+    try:  # this process's own sockets were handed the notice (`StatusHub.hand`)
+        await group_send_elsewhere(layer, user_group(user_id), message)
     except Exception:
         # What is committed stays: the next notice, or a reconnect's hello, shows it.
         logger.exception("a status notice for user %s did not reach other processes", user_id)
