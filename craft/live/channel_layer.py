@@ -28,11 +28,14 @@ message is handed over), which guards only the copy's own wait; nothing else can
 a receive between the pop and the hand-over. And one pop takes every message waiting, up to
 `RECEIVE_BATCH` (Redis 7's BZMPOP; one at a time on older servers): a process's channels
 share one key, so a forwarded prompt's reply, its doorbell and a status notice that arrive
-together are one round trip, not three in a row.
+together are one round trip, not three in a row. The pop runs as a task of its own: a
+receive cancelled while it waits (its socket closed) leaves what the pop brings to the next
+receive, where channels_redis could lose the message whose answer was on its way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -94,9 +97,11 @@ class SignedRedisChannelLayer(RedisChannelLayer):
         super().__init__(*args, symmetric_encryption_keys=symmetric_encryption_keys, **kwargs)
         self.dropped = 0
         self._scripts: dict[str, Any] = {}
-        # Messages popped from a channel key and not handed over yet (oldest first). Only
-        # the receive that holds channels_redis's lock for the key pops or takes from them.
+        # Messages popped from a channel key and not handed over yet (oldest first), and
+        # the pop under way. Only the receive that holds channels_redis's lock for the key
+        # starts a pop or takes from them.
         self._popped: dict[str, deque[bytes]] = {}
+        self._pops: dict[str, asyncio.Future[None]] = {}
         self._batch_pop = True  # until Redis says it has no BZMPOP (before 7.0)
 
     def create_pool(self, index: int) -> Any:
@@ -143,31 +148,36 @@ class SignedRedisChannelLayer(RedisChannelLayer):
         channel: str,
         timeout: float,  # noqa: ASYNC109 (channels_redis's name)
     ) -> Any:
+        """Hand over the channel key's next message; None if none came within `timeout`."""
+        if not self._popped.get(channel):
+            pop = self._pops.get(channel)
+            if pop is None or pop.done() or pop.get_loop() is not asyncio.get_running_loop():
+                pop = self._pops[channel] = asyncio.ensure_future(
+                    self._pop(index, channel, timeout)
+                )
+                # A failure with no receive left to take it is the next pop's to meet.
+                pop.add_done_callback(lambda done: done.cancelled() or done.exception())
+            await asyncio.shield(pop)  # cancelled here, the pop still lands in `_popped`
         popped = self._popped.get(channel)
-        if popped:
-            return popped.popleft()
+        return popped.popleft() if popped else None
+
+    async def _pop(self, index: int, channel: str, block: float) -> None:
+        """Pop what waits on the key into `_popped`, blocking in Redis up to `block` s."""
         connection = self.connection(index)
         if self._batch_pop:
             try:
-                result = await connection.bzmpop(
-                    timeout, 1, [channel], min=True, count=RECEIVE_BATCH
-                )
+                result = await connection.bzmpop(block, 1, [channel], min=True, count=RECEIVE_BATCH)
             except ResponseError as exc:
                 if "unknown command" not in str(exc).lower():
                     raise
                 self._batch_pop = False
             else:
-                if result is None:
-                    return None
-                members = deque(member for member, _ in result[1])
-                first = members.popleft()
-                if members:
-                    self._popped[channel] = members
-                else:
-                    self._popped.pop(channel, None)
-                return first
-        result = await connection.bzpopmin(channel, timeout=timeout)
-        return None if result is None else result[1]
+                if result is not None:
+                    self._popped.setdefault(channel, deque()).extend(m for m, _ in result[1])
+                return
+        result = await connection.bzpopmin(channel, timeout=block)
+        if result is not None:
+            self._popped.setdefault(channel, deque()).append(result[1])
 
     async def _clean_receive_backup(self, index: int, channel: str) -> None:
         return None  # nothing was backed up

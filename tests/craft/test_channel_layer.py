@@ -166,3 +166,46 @@ async def test_messages_waiting_together_arrive_in_order_with_or_without_batch_p
             got = [m["n"] for m in await receive_all(receiver, channel, len(range(i, 90, 3)))]
             assert got == list(range(i, 90, 3))
         await sender.flush()
+
+
+class SlowAnswers(SignedRedisChannelLayer):
+    """The layer with every pop's answer reaching it a moment after Redis gave it."""
+
+    answered: asyncio.Event
+
+    def connection(self, index):
+        real, layer = super().connection(index), self
+
+        class Connection:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            async def bzmpop(self, *args, **kwargs):
+                result = await real.bzmpop(*args, **kwargs)
+                if result is not None:
+                    layer.answered.set()
+                    await asyncio.sleep(0.2)  # the answer on its way
+                return result
+
+        return Connection()
+
+
+async def test_a_receive_cancelled_while_its_messages_are_on_the_way_loses_none():
+    """A socket that closes while its receive holds the process's pop (channels_redis
+    shares one pop among the process's channels) must not take other sockets' messages
+    with it."""
+    config = {"hosts": [{"address": REDIS_URL}], "prefix": f"test-layer-{uuid.uuid4().hex[:8]}",
+              "symmetric_encryption_keys": KEYS}  # fmt: skip
+    receiver, sender = SlowAnswers(**config), SignedRedisChannelLayer(**config)
+    receiver.answered = asyncio.Event()
+    closing, staying = await receiver.new_channel(), await receiver.new_channel()
+    waiting = asyncio.ensure_future(receiver.receive(closing))
+    await asyncio.sleep(0.1)  # it holds the pop now
+    for n in range(3):
+        await sender.send(staying, {"type": "test.message", "n": n})
+    await receiver.answered.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert [m["n"] for m in await receive_all(receiver, staying, 3)] == [0, 1, 2]
+    await sender.flush()
