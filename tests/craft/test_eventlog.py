@@ -89,6 +89,37 @@ async def test_the_unique_index_refuses_a_duplicate_that_slipped_past_the_check(
         await insert_duplicate()
 
 
+async def test_a_turn_follows_a_prompt_and_its_requests_stored_in_one_commit(sessions):
+    """The turn's row is made by the prompt's own statement and then changed by the events
+    after it in the same commit: a permission request opens an entry, its answer and the
+    turn's end close them; a second prompt while it runs is refused by the database."""
+    from django.db import IntegrityError
+
+    from craft.models import Turn
+
+    session_id = sessions[0]
+    request = {"request": 7, "options": [{"optionId": "allow"}, {"optionId": "deny"}]}
+    await db_sync_to_async(append_events)(
+        session_id,
+        [("user_message", {"id": "p", "text": "go"}), ("permission_request", request)],
+        client_id="p",
+    )
+    turn = await db_sync_to_async(Turn.objects.get)(session_id=session_id)
+    assert (turn.state, turn.prompt_seq, turn.pending) == ("running", 1, {"7": ["allow", "deny"]})
+    with pytest.raises(IntegrityError):
+        await db_sync_to_async(append_events)(
+            session_id, [("user_message", {"id": "q", "text": "again"})], client_id="q"
+        )
+    await db_sync_to_async(append_events)(
+        session_id, [("permission_answer", {"request": 7, "option": "allow"})]
+    )
+    assert (await db_sync_to_async(Turn.objects.get)(session_id=session_id)).pending == {}
+    await writer.append(session_id, [("turn_end", {"stop_reason": "end_turn"})])
+    turn = await db_sync_to_async(Turn.objects.get)(session_id=session_id)
+    assert (turn.state, turn.stop_reason, turn.pending) == ("ended", "end_turn", {})
+    assert turn.ended_at is not None
+
+
 POISON = [
     ("lone surrogate", chunk("before \ud83d after"), "before \ufffd after"),
     ("split emoji", chunk("\ud83d\ude00"), "\U0001f600"),
