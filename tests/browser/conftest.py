@@ -106,10 +106,12 @@ def serve(extra_env: dict[str, str], sandboxes: Path):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     OUTPUT.mkdir(parents=True, exist_ok=True)
+    # A turn a test leaves running (a permission never answered) would hold the server's
+    # shutdown for the default 30 s grace; the browser tests are not about the grace.
+    env = {"CRAFT_SHUTDOWN_GRACE_SECONDS": "2", **extra_env}
     server = Daphne(
         OUTPUT, app="tests.browser.faults:application",
-        CRAFT_SANDBOX_ROOT=str(sandboxes), DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
-        **extra_env,
+        CRAFT_SANDBOX_ROOT=str(sandboxes), DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost", **env,
     )  # fmt: skip
     try:
         server.start()
