@@ -225,7 +225,7 @@ def _start_turn(session_id: UUID, first_seq: int, now: datetime) -> Turn:
     fields = _turn_fields()
     values = [field.get_db_prep_save(field.pre_save(turn, True), connection) for field in fields]
     with connection.cursor() as cursor:
-        cursor.execute(_turn_insert_sql(connection.vendor), values)
+        cursor.execute(_turn_insert_sql(), values)
         turn.pk = cursor.fetchone()[0]
     turn._state.adding, turn._state.db = False, connection.alias
     return turn
@@ -236,8 +236,8 @@ def _turn_fields() -> list[Any]:
     return [field for field in Turn._meta.concrete_fields if not field.primary_key]
 
 
-@lru_cache(maxsize=2)
-def _turn_insert_sql(vendor: str) -> str:
+@lru_cache(maxsize=1)
+def _turn_insert_sql() -> str:
     fields = _turn_fields()
     columns = ", ".join(field.column for field in fields)
     values = ", ".join(["%s"] * len(fields))
