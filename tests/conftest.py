@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -225,7 +226,18 @@ def machine(settings):
     shutil.rmtree(place, ignore_errors=True)
 
 
-REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+def _redis_url() -> str:
+    """CRAFT_TEST_REDIS_URL, with a Redis database of its own for each xdist worker: groups
+    are named by primary keys (a user's, say), which every worker's test database reuses."""
+    url = urlsplit(os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url.geturl()
+    base = int(url.path.strip("/") or 0)
+    return url._replace(path=f"/{base + 1 + int(worker[2:])}").geturl()
+
+
+REDIS_URL = _redis_url()
 
 
 @pytest.fixture

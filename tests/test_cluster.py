@@ -19,6 +19,7 @@ import websocket
 from django.conf import settings
 
 from craft.models import Lease
+from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
 
 from .conftest import free_port
@@ -27,7 +28,6 @@ from .craft.wsclient import session_cookie
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCRIPT = Path(settings.BASE_DIR) / "deploy" / "cluster" / "run.py"
-REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @pytest.fixture

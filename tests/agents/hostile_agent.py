@@ -22,7 +22,7 @@ the bad item was lost. Started with a method and the name of an answer in BAD_AN
                          its pid as the agent sees it
   spawn <n>              start n sleeping children; one chunk: how many started (they are
                          ended again before the turn ends)
-  redis-inject <host:port> <session id> <text>
+  redis-inject <host:port[/db]> <session id> <text>
                          what an agent that reaches the channel layer's Redis can try: into
                          the channel of every socket of the session, a forged
                          `websocket.receive` carrying the prompt <text> and a forged
@@ -261,11 +261,14 @@ def redis(sock: socket.socket, *words: bytes) -> object:
 
 
 def redis_inject(address: str, session_id: str, text: str) -> dict[str, object]:
+    address, _, database = address.partition("/")
     host, _, port = address.rpartition(":")
     try:
         sock = socket.create_connection((host, int(port)), timeout=5)
     except OSError as exc:
         return {"error": errno.errorcode.get(exc.errno or 0, str(exc))}
+    if database:
+        redis(sock, b"SELECT", database.encode())
     group = f"asgi:group:session.{session_id.replace('-', '')}".encode()
     channels = [c.decode() for c in redis(sock, b"ZRANGE", group, b"0", b"-1")]
     fakes = [

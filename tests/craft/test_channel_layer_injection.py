@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 import pytest
 from channels.layers import channel_layers
@@ -26,13 +25,13 @@ from craft.models import Event
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
 from sandboxes import services
+from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
 from tests.sandboxes.hostile import ask, contain, needs_root
 
 from .wsclient import open_socket, receive_until, session_cookie
 
-REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-REDIS_ADDRESS = REDIS_URL.removeprefix("redis://").split("/")[0]
+REDIS_ADDRESS = REDIS_URL.removeprefix("redis://")  # host:port/db
 
 pytestmark = [needs_root, pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

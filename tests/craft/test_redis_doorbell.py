@@ -17,11 +17,10 @@ from channels.layers import channel_layers, get_channel_layer
 from django.conf import settings as django_settings
 
 from craft.storage.db import db_sync_to_async
+from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
 
 from .wsclient import open_socket, receive_until, session_cookie
-
-REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

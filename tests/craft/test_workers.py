@@ -18,6 +18,7 @@ import pytest
 
 from craft.models import Event, Lease, Turn
 from craft.turns.recovery import LOST
+from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket
@@ -25,7 +26,6 @@ from .logs import log_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REDIS_URL = os.environ.get("CRAFT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 LEASE = 3  # seconds, so that a takeover after a lost owner happens within a test
 
 
