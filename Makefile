@@ -118,9 +118,13 @@ realagent:
 	  && $(FAST_AGENT_VENV)/bin/pip install --quiet fast-agent-mcp==$(FAST_AGENT_VERSION); \
 	fi
 
+# The suite runs on two processes (pytest-xdist), each with its own test database and Redis
+# database; PYTEST_WORKERS=0 runs it in this one.
+PYTEST_WORKERS ?= 2
+
 test: dev-venv browser haproxy isolation node lint
 	node --test tests/js/
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	@if for agent in $(REALAGENTS) $(FAST_AGENT_VENV)/bin/fast-agent; do [ -x $$agent ] && break; done; then \
 	  $(BIN)/pytest -m realagent tests/realagent; \
 	else echo "Skipped the realagent tests: \`make realagent\` installs opencode, Claude Code, Codex, Gemini CLI and fast-agent for them."; fi
