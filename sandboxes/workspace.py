@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -28,6 +29,9 @@ logger = logging.getLogger(__name__)
 TOOL = "workspace_tool.py"
 CHUNK = 1 << 16
 MAX_HEADER = 64 << 20  # a page of a listing: 10,000 entries are ~1.5 MB
+# How long a watching tool that answered is left before its stdin is closed and it exits:
+# past the first steps of the turn its answer begins (the prompt sent, the first reply).
+WATCH_END_DELAY_SECONDS = 1.0
 
 
 class ToolProcess(Protocol):
@@ -41,8 +45,12 @@ class ToolProcess(Protocol):
     def finish(self, timeout: float) -> int | None:
         """Wait up to `timeout` for the exit code; stop the program if it is not done."""
 
+    def write(self, data: bytes) -> None:
+        """Write to the program's stdin (a line is Craft's word to a waiting tool); OSError
+        when the program is gone."""
+
     def close_stdin(self) -> None:
-        """Close the program's stdin: the end of it is Craft's word to a waiting tool."""
+        """Close the program's stdin: a waiting tool takes its end as Craft's word too."""
 
     def stop(self) -> None:
         """Stop the program now, from any thread (the reader went away, or took too long);
@@ -248,20 +256,21 @@ class Watch:
         heard nothing; when it was not watching, or stopped, git is asked."""
         process, self._process = self._process, None
         if process is not None:
-            process.close_stdin()
             timeout = settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS
             watchdog = alarms.after(timeout, process.stop)
             try:
+                process.write(b"\n")
                 answer, _ = _header_line(process)
-            except SandboxError as exc:  # its time ran out, or it was stopped
+            except (SandboxError, OSError) as exc:  # its time ran out, or it was stopped
                 logger.info("the workspace watch gave no answer: %s", exc)
             else:
                 return answer.get("unchanged") is True
             finally:
                 watchdog.cancel()
-                # Its exit is not waited for here: a jail's end (its namespaces torn down)
-                # takes tens of milliseconds, and the answer is already in.
-                reaper.finish(process, timeout)
+                # The tool exits when its stdin ends, and its exit tears down its jail: tens
+                # of milliseconds of the machine's time, which the turn this answer begins
+                # should not spend. It ends a moment later, off that turn's first steps.
+                alarms.after(WATCH_END_DELAY_SECONDS, partial(reaper.finish, process, timeout))
         return self._workspace.unchanged(self.commit)
 
     def close(self) -> None:
@@ -381,6 +390,7 @@ class Reaper:
         self._thread: threading.Thread | None = None
 
     def finish(self, process: ToolProcess, timeout: float) -> None:
+        """End `process` (its stdin closed), waiting up to `timeout` for its exit."""
         self._tools.put((process, timeout))
         with self._lock:
             if self._thread is None:
@@ -393,6 +403,7 @@ class Reaper:
         while True:
             process, timeout = self._tools.get()
             try:
+                process.close_stdin()
                 process.finish(timeout)
             except Exception:
                 logger.exception("reaping a workspace tool failed")

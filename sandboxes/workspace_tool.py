@@ -26,9 +26,10 @@ Usage: workspace_tool.py <sandbox folder> <workspace, relative to it> <command> 
 * `unchanged <store> <commit> <max file bytes>`: one JSON line, whether a checkpoint taken
   now would record what `commit` recorded (`{"unchanged": true}`), without writing one.
 * `checkpoint-watch <store> <max file bytes> <message> <seconds>`: `checkpoint`, watching the
-  workspace from just before it; then, when stdin gives a line or ends within `seconds` and
-  nothing in the workspace changed meanwhile, a second JSON line `{"unchanged": true}`; no
-  second line at the first change or when the time runs out (ask `unchanged` then).
+  workspace from just before it; then, when stdin gives a line or ends within `seconds`, a
+  second JSON line: `{"unchanged": true}` if nothing in the workspace changed meanwhile; no
+  second line at the first change or when the time runs out (ask `unchanged` then). After
+  answering, it exits when its stdin ends (or the `seconds` are up).
 * `changes <store> <before> <after> <limit>`: one JSON line, the files that differ between
   two commits ("" before: the empty tree).
 * `diff <store> <before> <after> <path>`: one JSON line, then the unified diff ("" path: all).
@@ -47,6 +48,7 @@ import os
 import re
 import stat
 import sys
+import time
 from typing import TYPE_CHECKING, BinaryIO
 
 # Imported where used: a listing, the most frequent request, starts in a few milliseconds.
@@ -497,9 +499,14 @@ def checkpoint_watch(
     change heard (or a deleted workspace) the tool ends without a second line, as it does
     when `seconds` pass: Craft then asks `unchanged`. Where the workspace cannot be watched,
     this tool asks git itself when told. What no watch hears, a file written through a shared
-    memory map, shows in the turn's own checkpoint."""
+    memory map, shows in the turn's own checkpoint.
+
+    Once it has answered, the tool waits for its stdin to end before it exits: its exit tears
+    down its jail, and Craft chooses when that happens (not while the turn it answered for
+    is beginning)."""
     import select
 
+    deadline = time.monotonic() + seconds
     inotify = watch_folders(workspace)
     recorded = checkpoint(workspace, store, max_file_bytes, message)
     header(out, recorded)
@@ -514,6 +521,10 @@ def checkpoint_watch(
         commit = str(recorded["commit"])
         still = unchanged(workspace, store, commit, max_file_bytes)["unchanged"] is True
     out.write(json.dumps({"unchanged": still}).encode() + b"\n")
+    out.flush()
+    while select.select([stdin], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if not os.read(stdin.fileno(), 1 << 12):
+            return  # its end
 
 
 def watch_folders(workspace: int) -> int | None:

@@ -202,6 +202,12 @@ class LocalToolProcess:
         self._close()
         return code
 
+    def write(self, data: bytes) -> None:
+        if self._popen.stdin is None or self._popen.stdin.closed:
+            raise OSError("the tool's stdin is closed")
+        self._popen.stdin.write(data)
+        self._popen.stdin.flush()
+
     def close_stdin(self) -> None:
         if self._popen.stdin is not None:
             with contextlib.suppress(OSError):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes import services
+from sandboxes import workspace as workspace_module
 from sandboxes.workspace import Workspace, WorkspaceRefused
 
 from .hostile import ask
@@ -345,6 +346,21 @@ def test_a_watched_checkpoint_is_still_true_at_once_while_nothing_changed(worksp
     assert watch.still()
     # The local tool heard nothing and said so; elsewhere git was asked.
     assert git_not_asked == ([] if workspace.backend == "local" else [taken.commit])
+
+
+def test_the_watching_tool_outlives_its_answer_until_its_stdin_ends(local_workspace, monkeypatch):
+    """Its exit tears down its jail: that happens a moment after the answer (when Craft
+    closes its stdin), not while the turn the answer begins takes its first steps."""
+    monkeypatch.setattr(workspace_module, "WATCH_END_DELAY_SECONDS", 3.0)
+    workspace = local_workspace
+    workspace.write("a.txt", b"one\n")
+    _, watch = workspace.craft.watched_checkpoint("start", 600)
+    tool = watching_tools(workspace.session.pk)  # the jail's processes, and the tool's
+    assert tool
+    assert watch.still()
+    time.sleep(0.5)  # a tool that exits after answering is gone by now
+    assert watching_tools(workspace.session.pk) == tool
+    wait_until(lambda: not watching_tools(workspace.session.pk))
 
 
 @pytest.mark.parametrize(
