@@ -351,7 +351,7 @@ def test_a_watched_checkpoint_is_still_true_at_once_while_nothing_changed(worksp
 def test_the_watching_tool_outlives_its_answer_until_its_stdin_ends(local_workspace, monkeypatch):
     """Its exit tears down its jail: that happens a moment after the answer (when Craft
     closes its stdin), not while the turn the answer begins takes its first steps."""
-    monkeypatch.setattr(workspace_module, "WATCH_END_DELAY_SECONDS", 3.0)
+    monkeypatch.setattr(workspace_module, "WATCH_END_DELAY_SECONDS", 6.0)
     workspace = local_workspace
     workspace.write("a.txt", b"one\n")
     _, watch = workspace.craft.watched_checkpoint("start", 600)
