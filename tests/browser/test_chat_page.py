@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections import Counter
 from pathlib import Path
 
@@ -256,13 +257,16 @@ async def test_failed_loads_are_shown_retried_and_then_render_once(page, hooks, 
 
 async def test_retry_now_runs_the_next_load_at_once(page, hooks, session):
     hooks.hook("configure/", fail_loads=1)
+    # The page's clock stands still: the automatic retry cannot run before the click.
+    await page.clock.install()
+    await page.clock.pause_at(datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC))
     await page.goto(f"{hooks.url}/sessions/{session.pk}/")
     banner = page.locator("#load-error")
     await expect(banner).to_be_visible()
     await page.click("#retry-now")
     await expect(banner).to_be_hidden()
     assert hooks.loads(session.pk) == 2
-    await asyncio.sleep(1.5)  # longer than the first automatic retry would wait
+    await page.clock.run_for(60_000)  # past every automatic retry the failure scheduled
     assert hooks.loads(session.pk) == 2
 
 

@@ -175,7 +175,7 @@ def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_p
         readers = [Socket(server, owner, session.pk) for _ in range(5)]
         for sock in readers:
             sock.send({"type": "resume", "after": 0})  # 20 MB each, and nobody reads
-        time.sleep(4)
+        wait_for_log(server, "a client stopped reading; closing", count=5)
         grown = (vm_kib(server.process.pid, "VmRSS") - before) * 1024
         closed = [closed_by_server(sock.ws) for sock in readers]
         # A client that reads resumes from where it was and gets every event.
@@ -189,6 +189,15 @@ def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_p
     assert grown < 64 * 2**20, f"daphne grew by {grown / 2**20:.0f} MiB for 5 slow readers"
     assert closed == [True] * 5
     assert seqs == list(range(1, 20_001))
+
+
+def wait_for_log(server: Daphne, line: str, *, count: int, timeout: float = 120) -> None:
+    """Wait until the server has logged `line` `count` times (a deadline only for a broken
+    server: a loaded machine just takes longer)."""
+    deadline = time.monotonic() + timeout
+    while (seen := server.log.read_text().count(line)) < count:
+        assert time.monotonic() < deadline, f"the server logged {line!r} {seen} times, not {count}"
+        time.sleep(0.1)
 
 
 def closed_by_server(ws) -> bool:
