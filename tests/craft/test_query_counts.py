@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from craft.cluster import workers
-from craft.models import Lease, Turn, Worker
+from craft.models import Event, Lease, Turn, Worker
 from craft.storage.db import db_sync_to_async
-from craft.storage.eventlog import writer
+from craft.storage.eventlog import ONE_STATEMENT_ROWS, writer
 from tests.conftest import queries_in_every_thread
 from tests.ready import open_ready_session
 
@@ -20,6 +20,8 @@ from .wsclient import is_turn_end, open_socket, receive_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 WHAT = [
+    ("WITH fence AS", "store"),
+    ("WITH bump AS", "store"),
     ("SELECT craft_lease.owner, craft_lease.token, craft_worker.id FROM craft_lease", "fence"),
     ("UPDATE craft_session SET last_seq", "seq"),
     ("COPY craft_event", "events"),
@@ -37,8 +39,8 @@ def what(seen: list[tuple[str, str]]) -> Counter[str]:
     return Counter(name for name in named if name.split()[0] not in ("BEGIN", "COMMIT"))
 
 
-@pytest.mark.parametrize("size", [1, 500])
-async def test_the_event_writer_stores_a_batch_in_three_queries_whatever_its_size(owner, size):
+@pytest.mark.parametrize("size", [1, ONE_STATEMENT_ROWS, ONE_STATEMENT_ROWS + 1, 500])
+async def test_the_event_writer_stores_a_batch_in_one_query_or_a_large_one_in_three(owner, size):
     session = await db_sync_to_async(open_ready_session)(owner, "writer")
     lease = await db_sync_to_async(Lease.objects.create)(
         session_id=session.pk, owner=workers.me().key, expires_at=timezone.now()
@@ -47,8 +49,16 @@ async def test_the_event_writer_stores_a_batch_in_three_queries_whatever_its_siz
     with queries_in_every_thread() as seen:
         await writer.append(session.pk, events, fence=(lease.owner, lease.token))
     assert {thread for thread, _ in seen} == {"craft-event-writer"}
-    # The lease read (fencing), the session's seq bump, the rows in one statement.
-    assert what(seen) == Counter(["fence", "seq", "events"])
+    # The lease read (fencing), the session's seq bump and the rows: one statement for a few
+    # rows, three for many (the rows then go by COPY).
+    if size <= ONE_STATEMENT_ROWS:
+        assert what(seen) == Counter(["store"])
+    else:
+        assert what(seen) == Counter(["fence", "seq", "events"])
+    stored = await db_sync_to_async(list)(
+        Event.objects.filter(session=session).order_by("seq").values_list("seq", "data")
+    )
+    assert stored == [(seq, {"n": seq - 1}) for seq in range(1, size + 1)]
 
 
 async def test_a_cached_follow_up_reads_nothing_and_writes_only_the_log(owner, cookie):
@@ -65,14 +75,13 @@ async def test_a_cached_follow_up_reads_nothing_and_writes_only_the_log(owner, c
     # lease on the database threads.
     assert {thread for thread, _ in seen} == {"craft-event-writer"}
     done = what(seen)
-    # The prompt's commit checks its id and starts the turn's row (the fence's read said the
-    # worker's row exists); the turn_end's commit ends it. The reply, the agent's
-    # usage_update and the end are one to three commits, as the writer finds them waiting
-    # (on a busy machine, one each).
-    commits = done["seq"]
+    # Each commit is one statement (its prompt check, fence, seq bump and rows); the
+    # prompt's also starts the turn's row (the fence's read said the worker's row exists),
+    # the turn_end's ends it. The reply, the agent's usage_update and the end are one to
+    # three commits, as the writer finds them waiting (on a busy machine, one each).
+    commits = done["store"]
     assert commits in (2, 3, 4)
-    per_commit = Counter(["fence", "seq", "events"] * commits)
-    assert done == per_commit + Counter(["prompt seen", "turn starts", "turn ends"])
+    assert done == Counter(["store"] * commits + ["turn starts", "turn ends"])
     await comm.disconnect()
 
 
@@ -89,7 +98,7 @@ async def test_a_prompt_writes_its_worker_row_back_when_it_is_missing(owner):
             session.pk, [("user_message", {"text": "hi"})], client_id="p1",
             fence=(lease.owner, lease.token),
         )  # fmt: skip
-    assert what(seen) == Counter(["prompt seen", "fence", "seq", "events", "worker", "turn starts"])
+    assert what(seen) == Counter(["store", "worker", "turn starts"])
     turn = await db_sync_to_async(Turn.objects.get)(session=session)
     assert turn.state == Turn.State.RUNNING and turn.worker == workers.me().key
     assert await db_sync_to_async(Worker.objects.filter(pk=workers.me().key).exists)()
