@@ -16,8 +16,9 @@ Two ways in:
 
 Rows are written with one prepared INSERT per batch rather than through model instances: this
 is the hot path of every streamed token. On PostgreSQL a small batch (a follow-up's are one or
-two events) is checked, numbered and inserted by one statement: each statement is a round trip. Values go through `craft.storage.normalise` first, so every
-stored event can be replayed and rendered.
+two events) is checked, numbered and inserted, and its turn started or ended, by one
+statement: each statement is a round trip. Values go through `craft.storage.normalise` first,
+so every stored event can be replayed and rendered.
 """
 
 from __future__ import annotations
@@ -111,8 +112,10 @@ def _store_events(
     """
     pk = Session._meta.pk.get_db_prep_value(session_id, connection)
     created = Event._meta.get_field("created_at").get_db_prep_value(now, connection)
+    turn = None
     if connection.vendor == "postgresql" and len(encoded) <= ONE_STATEMENT_ROWS:
-        numbered = _number_and_insert_at_once(pk, encoded, client_id, created, fence)
+        turn = _turn_change(events, client_id)
+        numbered = _number_and_insert_at_once(pk, encoded, client_id, created, fence, turn)
     else:
         numbered = _number_and_insert(pk, encoded, client_id, created, fence)
     if numbered is None:
@@ -124,7 +127,10 @@ def _store_events(
     last, owner_id, worker_known = numbered
     first = last - len(encoded) + 1
     kinds = {kind for kind, _ in events}
-    if _TURN_KINDS & kinds:
+    if turn is not None:  # the statement started or ended the turn's row
+        if turn.starts and not worker_known:
+            workers.ensure_registered()  # a turn's worker must be known, or it looks gone
+    elif _TURN_KINDS & kinds:
         _follow_turn(session_id, events, first, client_id, now, worker_known)
     if _LISTED_KINDS & kinds:
         status.sessions_changed(owner_id)  # after commit
@@ -181,64 +187,109 @@ def _number_and_insert(
 ONE_STATEMENT_ROWS = 32
 
 
+@dataclass(frozen=True, slots=True)
+class TurnChange:
+    """What one statement does to the session's `Turn` row besides storing the events."""
+
+    starts: bool  # a prompt: insert the running turn (else: end it)
+    stop_reason: str = ""
+
+
+def _turn_change(
+    events: Sequence[tuple[str, dict[str, Any]]], client_id: str | None
+) -> TurnChange | None:
+    """The turn's start (a prompt alone) or end (a turn_end, with what the agent said last in
+    its batch): the batches a statement can follow. Others go through `_follow_turn`."""
+    kinds = {kind for kind, _ in events} & _TURN_KINDS
+    if kinds == {"turn_end"}:
+        data = [data for kind, data in events if kind == "turn_end"][-1]
+        return TurnChange(starts=False, stop_reason=str(data.get("stop_reason", ""))[:64])
+    if client_id is not None and [kind for kind, _ in events] == ["user_message"]:
+        return TurnChange(starts=True)
+    return None
+
+
 def _number_and_insert_at_once(
     pk: Any, encoded: list[tuple[str, str]], client_id: str | None, created: Any,
-    fence: Fence | None,
+    fence: Fence | None, turn: TurnChange | None,
 ) -> Numbered:  # fmt: skip
-    """Check, number and insert in one statement (PostgreSQL, a few rows).
+    """Check, number and insert (and start or end the turn) in one statement (PostgreSQL).
 
     The fence's locking read is a CTE of the same statement: it waits for a takeover in
     progress and then returns the lease row's newest version (a locking read follows the
     row's updates, unlike a plain subquery), so the UPDATE runs only if the lease is still
-    this one. The rows are inserted only if the UPDATE numbered them.
+    this one. The rows are inserted, and the turn changed, only if the UPDATE numbered them.
     """
-    params: list[Any] = [pk] if fence is not None else []
-    params += [len(encoded), created, pk]
+    params: dict[str, Any] = {"session": pk, "count": len(encoded), "now": created}
     if fence is not None:
-        params += [fence[0], fence[1]]
-    if client_id is not None:
-        params += [pk, client_id]
-    params += [pk, len(encoded), client_id, created]
-    for kind, text in encoded:
-        params += [kind, text]
-    sql = _at_once_sql(len(encoded), fence is not None, client_id is not None)
+        params["owner"], params["token"] = fence
+    params["client_id"] = client_id
+    for i, (kind, text) in enumerate(encoded):
+        params[f"kind{i}"], params[f"data{i}"] = kind, text
+    if turn is not None and turn.starts:
+        row = Turn(session_id=pk, prompt_seq=0, worker=workers.me().key, started_at=created)
+        for field in _turn_fields():
+            params[f"turn_{field.column}"] = field.get_db_prep_save(
+                field.pre_save(row, True), connection
+            )
+    elif turn is not None:
+        params.update(
+            running=Turn.State.RUNNING, ended=Turn.State.ENDED, stop_reason=turn.stop_reason,
+            no_pending=Turn._meta.get_field("pending").get_db_prep_save({}, connection),
+        )  # fmt: skip
+    sql = _at_once_sql(len(encoded), fence is not None, client_id is not None, turn)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+        numbered = cursor.fetchone()
+    if numbered is None:
         return None
-    return int(row[0]), row[1], row[2] is not None
+    return int(numbered[0]), numbered[1], numbered[2] is not None
 
 
 @lru_cache(maxsize=256)
-def _at_once_sql(rows: int, fenced: bool, prompt: bool) -> str:
-    session, event = Session._meta.db_table, Event._meta.db_table
+def _at_once_sql(rows: int, fenced: bool, prompt: bool, turn: TurnChange | None) -> str:
+    session, event, turns = Session._meta.db_table, Event._meta.db_table, Turn._meta.db_table
     lease, worker = Lease._meta.db_table, Worker._meta.db_table
-    ctes = []
+    ctes, checks = [], ""
     if fenced:
         ctes.append(
             f"fence AS (SELECT {lease}.owner, {lease}.token, {worker}.id AS worker "
             f"FROM {lease} LEFT JOIN {worker} ON {worker}.id = {lease}.owner "
-            f"WHERE {lease}.session_id = %s FOR SHARE OF {lease})"
+            f"WHERE {lease}.session_id = %(session)s FOR SHARE OF {lease})"
         )
-    checks = ""
-    if fenced:
-        checks += " AND EXISTS (SELECT 1 FROM fence WHERE owner = %s AND token = %s)"
+        checks += " AND EXISTS (SELECT 1 FROM fence WHERE owner = %(owner)s AND token = %(token)s)"
     if prompt:
         checks += (
-            f" AND NOT EXISTS (SELECT 1 FROM {event} WHERE session_id = %s AND client_id = %s)"
+            f" AND NOT EXISTS (SELECT 1 FROM {event} "
+            "WHERE session_id = %(session)s AND client_id = %(client_id)s)"
         )
     ctes.append(
-        f"bump AS (UPDATE {session} SET last_seq = last_seq + %s, updated_at = %s "
-        f"WHERE id = %s{checks} RETURNING last_seq, owner_id)"
+        f"bump AS (UPDATE {session} SET last_seq = last_seq + %(count)s, updated_at = %(now)s "
+        f"WHERE id = %(session)s{checks} RETURNING last_seq, owner_id)"
     )
-    values = ", ".join(f"({i}, %s, %s)" for i in range(rows))
+    values = ", ".join(f"({i}, %(kind{i})s, %(data{i})s)" for i in range(rows))
     ctes.append(
         f"added AS (INSERT INTO {event} {_COLUMNS} "
-        "SELECT %s, bump.last_seq - %s + 1 + v.i, v.kind, v.data::jsonb, "
-        "CASE WHEN v.i = 0 THEN %s END, %s "
+        "SELECT %(session)s, bump.last_seq - %(count)s + 1 + v.i, v.kind, v.data::jsonb, "
+        "CASE WHEN v.i = 0 THEN %(client_id)s END, %(now)s "
         f"FROM bump, (VALUES {values}) AS v(i, kind, data))"
     )
+    if turn is not None and turn.starts:
+        fields = _turn_fields()
+        columns = ", ".join(field.column for field in fields)
+        values = ", ".join(
+            "bump.last_seq - %(count)s + 1" if field.column == "prompt_seq"
+            else f"%(turn_{field.column})s"
+            for field in fields
+        )  # fmt: skip
+        ctes.append(f"started AS (INSERT INTO {turns} ({columns}) SELECT {values} FROM bump)")
+    elif turn is not None:
+        ctes.append(
+            f"ended AS (UPDATE {turns} SET state = %(ended)s, stop_reason = %(stop_reason)s, "
+            "ended_at = %(now)s, pending = %(no_pending)s "
+            "WHERE session_id = %(session)s AND state = %(running)s "
+            "AND EXISTS (SELECT 1 FROM bump))"
+        )
     worker_known = "(SELECT worker FROM fence)" if fenced else "NULL"
     return f"WITH {', '.join(ctes)} SELECT bump.last_seq, bump.owner_id, {worker_known} FROM bump"
 

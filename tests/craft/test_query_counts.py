@@ -75,13 +75,22 @@ async def test_a_cached_follow_up_reads_nothing_and_writes_only_the_log(owner, c
     # lease on the database threads.
     assert {thread for thread, _ in seen} == {"craft-event-writer"}
     done = what(seen)
-    # Each commit is one statement (its prompt check, fence, seq bump and rows); the
-    # prompt's also starts the turn's row (the fence's read said the worker's row exists),
-    # the turn_end's ends it. The reply, the agent's usage_update and the end are one to
-    # three commits, as the writer finds them waiting (on a busy machine, one each).
+    # Each commit is one statement: its prompt check, fence, seq bump and rows, and the
+    # prompt's starts the turn's row (the fence's read said the worker's row exists), the
+    # turn_end's ends it. The reply, the agent's usage_update and the end are one to three
+    # commits, as the writer finds them waiting (on a busy machine, one each).
     commits = done["store"]
     assert commits in (2, 3, 4)
-    assert done == Counter(["store"] * commits + ["turn starts", "turn ends"])
+    assert done == Counter(["store"] * commits)
+    prompts = await db_sync_to_async(list)(
+        Event.objects.filter(session=session, kind="user_message").values_list("seq", flat=True)
+    )
+    turns = await db_sync_to_async(list)(
+        Turn.objects.filter(session=session)
+        .order_by("prompt_seq")
+        .values_list("prompt_seq", "state", "stop_reason", "pending")
+    )
+    assert turns == [(seq, Turn.State.ENDED, "end_turn", {}) for seq in prompts]
     await comm.disconnect()
 
 
@@ -98,7 +107,7 @@ async def test_a_prompt_writes_its_worker_row_back_when_it_is_missing(owner):
             session.pk, [("user_message", {"text": "hi"})], client_id="p1",
             fence=(lease.owner, lease.token),
         )  # fmt: skip
-    assert what(seen) == Counter(["store", "worker", "turn starts"])
+    assert what(seen) == Counter(["store", "worker"])
     turn = await db_sync_to_async(Turn.objects.get)(session=session)
     assert turn.state == Turn.State.RUNNING and turn.worker == workers.me().key
     assert await db_sync_to_async(Worker.objects.filter(pk=workers.me().key).exists)()
