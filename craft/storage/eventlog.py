@@ -117,6 +117,8 @@ def _store_events(
         turn = _turn_change(events, client_id)
         numbered = _number_and_insert_at_once(pk, encoded, client_id, created, fence, turn)
     else:
+        if client_id is not None and _prompt_stored(session_id, client_id):
+            return None
         numbered = _number_and_insert(pk, encoded, client_id, created, fence)
     if numbered is None:
         if client_id is not None and _prompt_stored(session_id, client_id):
@@ -147,12 +149,8 @@ def _number_and_insert(
     pk: Any, encoded: list[tuple[str, str]], client_id: str | None, created: Any,
     fence: Fence | None,
 ) -> Numbered:  # fmt: skip
-    """Check, number and insert in three statements (any size, any database)."""
+    """Check the fence, number and insert in three statements (any size, any database)."""
     with connection.cursor() as cursor:
-        if client_id is not None:
-            cursor.execute(_PROMPT_SEEN_SQL, [pk, client_id])
-            if cursor.fetchone() is not None:
-                return None
         worker_known = False
         if fence is not None:
             # A locking read: it waits for a takeover in progress (which holds the lease row)
@@ -237,7 +235,8 @@ def _number_and_insert_at_once(
             running=Turn.State.RUNNING, ended=Turn.State.ENDED, stop_reason=turn.stop_reason,
             no_pending=Turn._meta.get_field("pending").get_db_prep_save({}, connection),
         )  # fmt: skip
-    sql = _at_once_sql(len(encoded), fence is not None, client_id is not None, turn)
+    step = None if turn is None else "start" if turn.starts else "end"
+    sql = _at_once_sql(len(encoded), fence is not None, client_id is not None, step)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         numbered = cursor.fetchone()
@@ -247,7 +246,8 @@ def _number_and_insert_at_once(
 
 
 @lru_cache(maxsize=256)
-def _at_once_sql(rows: int, fenced: bool, prompt: bool, turn: TurnChange | None) -> str:
+def _at_once_sql(rows: int, fenced: bool, prompt: bool, turn: str | None) -> str:
+    """The statement for `rows` events; `turn` "start" or "end" adds the Turn row's change."""
     session, event, turns = Session._meta.db_table, Event._meta.db_table, Turn._meta.db_table
     lease, worker = Lease._meta.db_table, Worker._meta.db_table
     ctes, checks = [], ""
@@ -274,7 +274,7 @@ def _at_once_sql(rows: int, fenced: bool, prompt: bool, turn: TurnChange | None)
         "CASE WHEN v.i = 0 THEN %(client_id)s END, %(now)s "
         f"FROM bump, (VALUES {values}) AS v(i, kind, data))"
     )
-    if turn is not None and turn.starts:
+    if turn == "start":
         fields = _turn_fields()
         columns = ", ".join(field.column for field in fields)
         values = ", ".join(
@@ -283,7 +283,7 @@ def _at_once_sql(rows: int, fenced: bool, prompt: bool, turn: TurnChange | None)
             for field in fields
         )  # fmt: skip
         ctes.append(f"started AS (INSERT INTO {turns} ({columns}) SELECT {values} FROM bump)")
-    elif turn is not None:
+    elif turn == "end":
         ctes.append(
             f"ended AS (UPDATE {turns} SET state = %(ended)s, stop_reason = %(stop_reason)s, "
             "ended_at = %(now)s, pending = %(no_pending)s "
@@ -409,15 +409,14 @@ def _end_turn(session_id: UUID, stop_reason: str, now: datetime) -> None:
         )
 
 
-_PROMPT_SEEN_SQL = (
-    f"SELECT 1 FROM {Event._meta.db_table} WHERE session_id = %s AND client_id = %s LIMIT 1"
-)
-
-
 def _prompt_stored(session_id: UUID, client_id: str) -> bool:
     pk = Session._meta.pk.get_db_prep_value(session_id, connection)
     with connection.cursor() as cursor:
-        cursor.execute(_PROMPT_SEEN_SQL, [pk, client_id])
+        cursor.execute(
+            f"SELECT 1 FROM {Event._meta.db_table} WHERE session_id = %s AND client_id = %s "
+            "LIMIT 1",
+            [pk, client_id],
+        )
         return cursor.fetchone() is not None
 
 
