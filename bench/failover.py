@@ -8,8 +8,10 @@ redis://127.0.0.1:6379/2):
   first event of the next prompt, sent through the other worker (which takes the session
   over and starts a new agent). The owner is started again for the next round.
 * forwarding: a follow-up (`count 1`) sent through the worker that runs the agent, and one
-  sent through the other worker (forwarded to the owner through Redis, events back through
-  the Redis doorbell); the difference of the medians is what forwarding costs.
+  sent through the other worker (forwarded to the owner over a direct link, events pushed
+  back on it: craft.cluster.peers), each with only its own socket open, as a person's one
+  tab; the difference of the medians is what forwarding costs. Beside it, the same with a
+  socket open on each worker at once (two tabs: each follow-up's events reach both).
 
     .venv/bin/python -m bench.failover [--rounds 10]
 """
@@ -73,18 +75,33 @@ async def failover(site: Site, cookie: str, session_id: str, rounds: int) -> lis
     return times
 
 
-async def forwarding(site: Site, cookie: str, session_id: str, rounds: int) -> tuple[float, float]:
+async def forwarding(
+    site: Site, cookie: str, session_id: str, rounds: int
+) -> tuple[float, float, float, float]:
+    """Medians of the follow-up through the owner and through the other worker: one socket
+    open at a time (a person's one tab, on either worker; alternating, three follow-ups per
+    socket), then both open at once (two tabs, one on each worker)."""
     with site.serve(**CLUSTER) as owner, site.serve(**CLUSTER) as other:
+        first = await open_client(owner, cookie, session_id)
+        await first.prompt("count 1")  # the first worker owns the session from here on
+        await first.close()
+        direct: list[float] = []
+        forwarded: list[float] = []
+        while len(forwarded) < rounds:
+            for server, samples in ((owner, direct), (other, forwarded)):
+                client = await open_client(server, cookie, session_id)
+                for _ in range(3):
+                    samples.append(await client.prompt("count 1"))
+                await client.close()
         local = await open_client(owner, cookie, session_id)
         remote = await open_client(other, cookie, session_id)
-        await local.prompt("count 1")  # the first worker owns the session from here on
-        direct, forwarded = [], []
+        both_direct, both_forwarded = [], []
         for _ in range(rounds):
-            direct.append(await local.prompt("count 1"))
-            forwarded.append(await remote.prompt("count 1"))
+            both_direct.append(await local.prompt("count 1"))
+            both_forwarded.append(await remote.prompt("count 1"))
         await local.close()
         await remote.close()
-    return median(direct), median(forwarded)
+    return median(direct), median(forwarded), median(both_direct), median(both_forwarded)
 
 
 async def run(site: Site, rounds: int = 10) -> list[Figure]:
@@ -95,7 +112,9 @@ async def run(site: Site, rounds: int = 10) -> list[Figure]:
     kill_session = site.session(user)
     forward_session = site.session(user)
     times = await failover(site, cookie, kill_session, rounds)
-    direct, forwarded = await forwarding(site, cookie, forward_session, max(rounds * 3, 30))
+    direct, forwarded, both_direct, both_forwarded = await forwarding(
+        site, cookie, forward_session, max(rounds * 3, 30)
+    )
     overhead = (forwarded - direct) * 1000
     return [
         Figure(
@@ -113,7 +132,9 @@ async def run(site: Site, rounds: int = 10) -> list[Figure]:
             "ms",
             f"<= {FORWARD_TARGET_MS:g} ms",
             overhead <= FORWARD_TARGET_MS,
-            f"direct {direct * 1000:.2f} ms, through the other worker {forwarded * 1000:.2f} ms",
+            f"direct {direct * 1000:.2f} ms, through the other worker {forwarded * 1000:.2f} ms;"
+            f" with a socket on each worker: {both_direct * 1000:.2f} and"
+            f" {both_forwarded * 1000:.2f} ms",
         ),
     ]
 

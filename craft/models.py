@@ -139,6 +139,8 @@ class Worker(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     # The worker's channel on the channel layer: frames for sessions it owns are sent there.
     channel = models.CharField(max_length=255, blank=True)
+    # Where it listens for other workers' forwarded commands (host:port), if it does.
+    peer = models.CharField(max_length=255, blank=True)
 
     def __str__(self) -> str:
         return self.id

@@ -575,6 +575,11 @@ CRAFT_SHUTDOWN_GRACE_SECONDS = env_float("CRAFT_SHUTDOWN_GRACE_SECONDS", 30.0, m
 # owner dies, another worker takes the session over after this long (at once if the owner
 # ran on the same host and its process is gone).
 CRAFT_SESSION_LEASE_SECONDS = env_float("CRAFT_SESSION_LEASE_SECONDS", 15.0, minimum=3.0)
+# Where this worker listens for the other workers' forwarded commands (craft.cluster.peers):
+# an address of this host that the other workers reach (in Kubernetes, the pod's IP) and a
+# port (0: any free one). Empty host: commands go through the channel layer (Redis) only.
+CRAFT_PEER_HOST = env_str("CRAFT_PEER_HOST", "127.0.0.1")
+CRAFT_PEER_PORT = env_int("CRAFT_PEER_PORT", 0)
 # A server process not heard from for this long is gone: its running turns are closed.
 CRAFT_WORKER_TIMEOUT_SECONDS = env_float("CRAFT_WORKER_TIMEOUT_SECONDS", 30.0, minimum=5.0)
 

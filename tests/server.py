@@ -117,6 +117,15 @@ class Daphne:
             self.process.wait(10)  # reaped, or the Popen warns (an error here) once dropped
 
 
+def wait_for_log(server: Daphne, line: str, *, count: int, timeout: float = 120) -> None:
+    """Wait until the server has logged `line` `count` times (a deadline only for a broken
+    server: a loaded machine just takes longer)."""
+    deadline = time.monotonic() + timeout
+    while (seen := server.log.read_text().count(line)) < count:
+        assert time.monotonic() < deadline, f"the server logged {line!r} {seen} times, not {count}"
+        time.sleep(0.1)
+
+
 def api(server: Daphne, user: Any, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     """Make a signed-in JSON API request to the server; return (status, JSON body)."""
     return api_request(server.url, session_cookie(user), method, path, body)

@@ -1,15 +1,17 @@
 """A session's commands reach the worker that owns it, wherever the client is connected.
 
 `route` carries a command out here if this worker owns the session (or can take it over:
-`craft.cluster.leases`), else sends it to the owner's channel on the channel layer; the owner
-carries it out as its own and replies on the sender's channel, its refusal included. A
-forward that gets no reply (the owner died) is tried again, and once the lease has expired
-this worker takes the session over.
+`craft.cluster.leases`), else sends it to the owner: over a direct link to the owner's
+address (`craft.cluster.peers`), or, when there is none or it cannot be opened, to the
+owner's channel on the channel layer. The owner carries it out as its own and replies the
+same way, its refusal included. A forward that gets no reply (the owner died) is tried
+again, and once the lease has expired this worker takes the session over.
 
 This module moves commands without knowing what they mean: what carries them out here is
 wired in at start (`serve`, from `CraftConfig.ready`), so that a command passes each layer
 once: socket, services, forwarding, runner. Each worker listens on its own channel
-(`Listener`); the in-memory channel layer has one worker only, so nothing is forwarded there.
+(`Listener`) and its own port; the in-memory channel layer has one worker only, so nothing is
+forwarded there.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from uuid import UUID
 from channels.layers import get_channel_layer
 
 from craft.cluster import workers
-from craft.cluster.leases import lease_seconds, ownership
+from craft.cluster.leases import Claim, lease_seconds, ownership
+from craft.cluster.peers import links
 from craft.commands import SessionCommand, from_wire, to_wire
 from craft.errors import Refused
 from craft.models import Worker
@@ -66,12 +69,15 @@ class Listener:
         self.channel = await layer.new_channel()
         self._loop = loop
         self._task = loop.create_task(self._listen(layer))
-        await db_calls.run(_publish_channel, self.channel)
+        links.on_command = carry_out
+        peer = await links.start()
+        await db_calls.run(_publish_address, self.channel, peer)
         return self.channel
 
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        links.stop()
 
     async def _listen(self, layer: Any) -> None:
         while True:
@@ -86,18 +92,10 @@ class Listener:
                 task.add_done_callback(self._handling.discard)
 
     async def _handle(self, layer: Any, message: dict[str, Any]) -> None:
-        reply: dict[str, Any] = {"type": "command.reply", "request": message["request"]}
-        try:
-            command = from_wire(message["command"])
-            await route(UUID(message["session"]), command, forwarded=True)
-        except Refused as refused:
-            reply.update(code=refused.code, message=refused.message)
-        except Unavailable:
-            reply["unavailable"] = True
-        except Exception as exc:
-            logger.exception("forwarded command for session %s failed", message["session"])
-            reply.update(code="internal_error", message=f"internal error: {exc}")
-        await layer.send(message["reply_to"], reply)
+        reply = await carry_out(message["session"], message["command"])
+        await layer.send(
+            message["reply_to"], {"type": "command.reply", "request": message["request"], **reply}
+        )
 
     async def forward(
         self, channel: str, session_id: UUID, command: SessionCommand
@@ -122,9 +120,23 @@ class Listener:
             self._replies.pop(request, None)
 
 
-def _publish_channel(channel: str) -> None:
+async def carry_out(session: str, wire: dict[str, Any]) -> dict[str, Any]:
+    """Carry out a command another worker forwarded here; return the reply's fields."""
+    try:
+        await route(UUID(session), from_wire(wire), forwarded=True)
+    except Refused as refused:
+        return {"code": refused.code, "message": refused.message}
+    except Unavailable:
+        return {"unavailable": True}
+    except Exception as exc:
+        logger.exception("forwarded command for session %s failed", session)
+        return {"code": "internal_error", "message": f"internal error: {exc}"}
+    return {}
+
+
+def _publish_address(channel: str, peer: str) -> None:
     workers.ensure_registered()
-    Worker.objects.filter(pk=workers.me().key).update(channel=channel)
+    Worker.objects.filter(pk=workers.me().key).update(channel=channel, peer=peer)
 
 
 listener = Listener()
@@ -149,9 +161,9 @@ async def route(session_id: UUID, command: SessionCommand, *, forwarded: bool = 
         if forwarded:
             # The owner changed while the command was on its way: the sender asks again.
             raise Unavailable
-        if claim.channel:
+        if claim.channel or claim.peer:
             await listener.start()
-            reply = await listener.forward(claim.channel, session_id, command)
+            reply = await _forward(claim, session_id, command)
             if reply is not None and not reply.get("unavailable"):
                 if reply.get("code"):
                     raise Refused(reply["code"], reply["message"])
@@ -162,3 +174,15 @@ async def route(session_id: UUID, command: SessionCommand, *, forwarded: bool = 
                 "unavailable", "the server running this session does not answer; try again"
             )
         await asyncio.sleep(0.2)
+
+
+async def _forward(
+    claim: Claim, session_id: UUID, command: SessionCommand
+) -> dict[str, Any] | None:
+    """Send a command to the session's owner; return its reply, None without one in time."""
+    link = await links.link_to(claim.peer) if claim.peer else None
+    if link is not None:
+        return await link.request(session_id, to_wire(command), FORWARD_TIMEOUT)
+    if not claim.channel:
+        return None
+    return await listener.forward(claim.channel, session_id, command)

@@ -42,12 +42,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Claim:
-    """Who owns a session: this worker (`token` is its fencing token) or `channel`'s."""
+    """Who owns a session: this worker (`token` is its fencing token) or another, reached
+    through `peer` (a direct link) or `channel` (the channel layer)."""
 
     mine: bool
     token: int = 0
     owner: str = ""
     channel: str = ""
+    peer: str = ""  # the owner's address for direct links (craft.cluster.peers)
     seconds_left: float = 0.0  # how long the owner's lease still runs (another's claim)
 
 
@@ -85,8 +87,10 @@ def acquire(session_id: UUID) -> Claim:
         gone = workers.is_gone(lease.owner, {owner.pk: owner} if owner else {})
         if lease.expires_at > now and not gone:
             left = (lease.expires_at - now).total_seconds()
-            channel = owner.channel if owner else ""
-            return Claim(mine=False, owner=lease.owner, channel=channel, seconds_left=left)
+            return Claim(
+                mine=False, owner=lease.owner, channel=owner.channel if owner else "",
+                peer=owner.peer if owner else "", seconds_left=left,
+            )  # fmt: skip
         previous = lease.owner
         lease.owner, lease.token, lease.expires_at = me, lease.token + 1, expires
         lease.save(update_fields=["owner", "token", "expires_at"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from craft.storage.db import db_sync_to_async
 from sandboxes.demo_agent import big_text
 from tests.ready import open_ready_session
 
-from ..server import Daphne, Socket, close_code
+from ..server import Daphne, Socket, close_code, wait_for_log
 from .test_http_api import api, send  # noqa: F401 (a fixture)
 from .wsclient import (
     CONNECT_TIMEOUT,
@@ -189,15 +188,6 @@ def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_p
     assert grown < 64 * 2**20, f"daphne grew by {grown / 2**20:.0f} MiB for 5 slow readers"
     assert closed == [True] * 5
     assert seqs == list(range(1, 20_001))
-
-
-def wait_for_log(server: Daphne, line: str, *, count: int, timeout: float = 120) -> None:
-    """Wait until the server has logged `line` `count` times (a deadline only for a broken
-    server: a loaded machine just takes longer)."""
-    deadline = time.monotonic() + timeout
-    while (seen := server.log.read_text().count(line)) < count:
-        assert time.monotonic() < deadline, f"the server logged {line!r} {seen} times, not {count}"
-        time.sleep(0.1)
 
 
 def closed_by_server(ws) -> bool:
