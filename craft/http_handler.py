@@ -12,16 +12,106 @@ Here the chain is built as under WSGI, synchronous throughout, and the whole of 
 one hop to the request's thread. An asynchronous view (the revert) still works: Django runs
 it on the event loop from that thread. Everything else is Django's own handler: request
 parsing, disconnects, streaming responses (an asynchronous iterator streams from the loop).
+
+The request's thread: Django gives each request a thread of its own for its synchronous
+work (the `request_started` receivers, the chain, closing the response: all on one thread,
+so that the database connection they share is that thread's). It starts a new thread per
+request and joins it, from yet another thread, afterwards: with the 35 requests of a session
+page at once, starting and joining threads was 15 % of the server's samples (py-spy,
+docs/performance.md). Here the threads are kept (`RequestThreads`): a request borrows one, and
+it goes back once everything the request gave it has run.
 """
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase
 
+# Threads kept for requests when idle; more run at once if more requests do.
+IDLE_REQUEST_THREADS = 16
+
+
+class RequestThreads:
+    """Single-thread executors lent to requests and kept for the next ones."""
+
+    def __init__(self, keep: int = IDLE_REQUEST_THREADS) -> None:
+        self.keep = keep
+        self._idle: list[RequestThread] = []
+        self._lock = threading.Lock()
+
+    def borrow(self) -> RequestThread:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return RequestThread(self)
+
+    def give_back(self, executor: RequestThread) -> None:
+        """Take the executor back once what was submitted to it has run: a request whose
+        client went away may leave its view running, and the next request must not queue
+        behind it."""
+        executor.give_back()
+
+    def keep_or_stop(self, executor: RequestThread) -> None:
+        with self._lock:
+            if len(self._idle) < self.keep:
+                self._idle.append(executor)
+                return
+        executor.shutdown(wait=False)
+
+
+class RequestThread(ThreadPoolExecutor):
+    """One thread, which knows whether anything submitted to it has yet to run."""
+
+    def __init__(self, threads: RequestThreads) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="craft-http")
+        self._lender = threads
+        self._pending = 0
+        self._returning = False
+        self._count_lock = threading.Lock()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        with self._count_lock:
+            self._pending += 1
+        future = super().submit(fn, *args, **kwargs)
+        future.add_done_callback(self._ran)
+        return future
+
+    def _ran(self, _: Future[Any]) -> None:
+        with self._count_lock:
+            self._pending -= 1
+            back = self._returning and not self._pending
+            if back:
+                self._returning = False
+        if back:
+            self._lender.keep_or_stop(self)
+
+    def give_back(self) -> None:
+        with self._count_lock:
+            if self._pending:
+                self._returning = True  # when the last of it has run (`_ran`)
+                return
+        self._lender.keep_or_stop(self)
+
+
+request_threads = RequestThreads()
+
 
 class OneHopASGIHandler(ASGIHandler):
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        executor = request_threads.borrow()
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                await self.handle(scope, receive, send)
+        finally:
+            request_threads.give_back(executor)
+
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
 
