@@ -118,9 +118,7 @@ def test_a_killed_owner_between_turns_is_replaced_by_exactly_one_new_agent(worke
     first.wait(10)
     sock = Socket(second, owner, session.pk)
     sock.send({"type": "resume", "after": len(log_of(session))})
-    started = time.monotonic()
     new_pid = ask_pid(sock, "after")
-    assert time.monotonic() - started < LEASE + 3
     assert new_pid != old_pid
     assert ask_pid(sock, "again") == new_pid, "exactly one new agent"
     assert owner_pid(session) == second.process.pid

@@ -525,28 +525,37 @@ def test_background_leftovers_live_until_the_pod_is_deleted(
 
 
 def test_concurrent_execs(
-    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
+    server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec, tmp_path: Path
 ) -> None:
     api.create_namespaced_pod(NS, pod_body("other"))
     wait_for(lambda: is_ready(api.read_namespaced_pod("other", NS)))
     outputs: dict[int, str] = {}
 
+    # Each exec waits (up to 30 s) until all four have started: run one after another, the
+    # first would see only itself.
+    met = tmp_path / "met"
+    met.mkdir()
+    count = f"$(ls {met} | wc -l)"
+    wait = (
+        f"touch {met}/$0; n=0;"
+        f" while [ {count} -lt 4 ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done"
+    )
+
     def one(index: int, pod_name: str) -> None:
-        resp = run_exec(pod_name, ["sh", "-c", f"sleep 0.3; echo {index} $HOSTNAME"])
-        resp.run_forever(timeout=5)
+        command = f"{wait}; echo {index} $HOSTNAME {count}"
+        resp = run_exec(pod_name, ["sh", "-c", command, str(index)])
+        resp.run_forever(timeout=60)
         outputs[index] = resp.read_stdout()
 
     threads = [
         threading.Thread(target=one, args=(i, name))
         for i, name in enumerate([pod, pod, "other", "other"])
     ]
-    start = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert time.monotonic() - start < 1.2  # they ran side by side
-    assert outputs == {0: "0 box\n", 1: "1 box\n", 2: "2 other\n", 3: "3 other\n"}
+    assert outputs == {0: "0 box 4\n", 1: "1 box 4\n", 2: "2 other 4\n", 3: "3 other 4\n"}
     assert len({record.pid for record in server.execs}) == 4
 
 

@@ -157,14 +157,13 @@ def test_an_agent_withdraws_its_own_request(agent, kind):
 
 
 def test_a_request_craft_gives_up_on_is_withdrawn_with_cancel_request(agent):
-    started = time.monotonic()
     with pytest.raises(AgentError, match="no answer within"):
-        agent.request("_demo/wait", {"seconds": 10}, timeout=0.3)
-    deadline = time.monotonic() + 5
+        agent.request("_demo/wait", {"seconds": 600}, timeout=0.3)
+    # The agent says so when the client withdraws; it would answer itself only after 600 s.
+    deadline = time.monotonic() + 60
     while "client withdrew request" not in agent.process.stderr_tail():
         assert time.monotonic() < deadline, agent.process.stderr_tail()
         time.sleep(0.05)
-    assert time.monotonic() - started < 5
     assert "(already answered)" not in agent.process.stderr_tail()
 
 

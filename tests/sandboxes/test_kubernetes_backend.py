@@ -148,16 +148,19 @@ def test_provisioning_waits_for_ready_and_reports_progress(kube_backend, kube, o
 
 def test_image_pull_backoff_fails_fast_with_the_reason(kube_backend, kube, owner, settings):
     kube.image_pull_backoff = True
-    started = time.monotonic()
+    # Far beyond the test's own timeout: only the pull's failure can end the wait in time.
+    settings.CRAFT_K8S_READY_TIMEOUT = 3600
     sandbox = services.provision_sandbox(owner)
-    assert time.monotonic() - started < settings.CRAFT_K8S_READY_TIMEOUT / 2
     assert sandbox.status == Sandbox.Status.FAILED
     assert "ImagePull" in sandbox.error
     assert settings.CRAFT_K8S_IMAGE in sandbox.error
 
 
-def test_an_unschedulable_pod_fails_fast_with_the_scheduler_message(kube_backend, kube, owner):
+def test_an_unschedulable_pod_fails_fast_with_the_scheduler_message(
+    kube_backend, kube, owner, settings
+):
     kube.unschedulable = True
+    settings.CRAFT_K8S_READY_TIMEOUT = 3600  # as above
     sandbox = services.provision_sandbox(owner)
     assert sandbox.status == Sandbox.Status.FAILED
     assert "cannot be scheduled" in sandbox.error

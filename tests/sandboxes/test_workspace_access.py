@@ -112,11 +112,10 @@ def test_files_are_read_with_the_agents_rights_not_the_servers(local_workspace):
 def test_a_fifo_is_listed_and_never_opened(workspace):
     os.mkfifo(workspace.folder / "pipe")
     workspace.own(workspace.folder / "pipe")
-    started = time.monotonic()
+    # Had it been opened, the read would block for good (and the test time out).
     with pytest.raises(WorkspaceRefused) as refused:
         workspace.craft.read("pipe", 1 << 20)
     assert refused.value.code == "not_a_file"
-    assert time.monotonic() - started < 10  # had it been opened, it would block for good
 
 
 def test_hostile_names_are_escaped_and_each_can_be_read_back(workspace):
