@@ -53,6 +53,9 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 # sockets read them from the database instead), rather than buffering without end.
 PUSH_BUFFER_BYTES = 1024 * 1024
 CONNECT_SECONDS = 2.0
+# A connection to this worker's port must have sent a whole frame that decrypts by then: the
+# other workers send one at once, and whatever else connects is not left holding a socket.
+FIRST_FRAME_SECONDS = 5.0
 
 # Carries out a forwarded command (session, the command on the wire); returns the reply's
 # fields (`craft.cluster.forwarding` wires it in).
@@ -109,15 +112,23 @@ class Link:
         finally:
             self._replies.pop(request, None)
 
-    async def serve(self) -> None:
-        """Read and act on the other end's frames until the connection ends."""
+    async def serve(self, first_frame_seconds: float | None = None) -> None:
+        """Read and act on the other end's frames until the connection ends (or its first
+        frame takes longer than `first_frame_seconds`)."""
         try:
             while True:
-                (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
-                if size > MAX_FRAME_BYTES:
-                    logger.warning("peer %s sent a frame of %d bytes; closing", self.name, size)
+                try:
+                    async with asyncio.timeout(first_frame_seconds):
+                        (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
+                        if size > MAX_FRAME_BYTES:
+                            logger.warning(
+                                "peer %s sent a frame of %d bytes; closing", self.name, size
+                            )
+                            return
+                        data = await self.reader.readexactly(size)
+                except TimeoutError:
+                    logger.warning("peer %s sent no whole frame in time; closing", self.name)
                     return
-                data = await self.reader.readexactly(size)
                 try:
                     message = self.links.layer.deserialize(data)
                 except InvalidToken:
@@ -129,6 +140,7 @@ class Link:
                 if not self._act(message):
                     logger.warning("peer %s sent a message Craft does not send; closing", self.name)
                     return
+                first_frame_seconds = None
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except Exception:
@@ -270,7 +282,7 @@ class PeerLinks:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = Link(self, reader, writer)
         self._accepted.add(link)
-        await link.serve()
+        await link.serve(FIRST_FRAME_SECONDS)
 
     def forget(self, link: Link) -> None:
         self._accepted.discard(link)

@@ -200,8 +200,12 @@ def test_a_link_without_the_key_is_closed_and_moves_nothing(workers, owner):  # 
         with socket.create_connection(address, timeout=30) as conn:
             conn.sendall(frame)
             assert conn.recv(1) == b"", "the worker closes the connection"
+    with socket.create_connection(address, timeout=60) as silent:
+        silent.sendall(HEADER.pack(64))  # a frame begun, never finished
+        assert silent.recv(1) == b"", "the worker closes a connection that sends no frame"
     wait_for_log(first, "not signed with this server's key; closing", count=2)
     wait_for_log(first, "bytes; closing", count=1)
+    wait_for_log(first, "sent no whole frame in time; closing", count=1)
     assert Event.objects.filter(session=session).count() == stored
     # The worker still serves, forwarded commands included.
     sock = Socket(second, owner, session.pk)
