@@ -441,15 +441,17 @@ def agent_connection(
     SandboxUnavailable says so in words fit for the user.
     """
     launch = launch or Launch(default_agent())
-    # A warm agent opens new sessions only: a reattach goes to an agent started in the
-    # session's workspace, as it always did.
-    warm = reattach is None and warm_agents.enabled()
+    # A warm agent opens a new session, or continues the session's earlier one (`reattach`):
+    # either way its `cwd` is named in the request, as ACP has it.
+    warm = warm_agents.enabled()
     try:
         connection = agent_connections.get_or_start(
             sandbox.pk,
             session_id,
             lambda: start_agent_connection(sandbox, session_id, reattach, launch),
-            adopt=functools.partial(adopt_warm_agent, sandbox, session_id) if warm else None,
+            adopt=(
+                functools.partial(adopt_warm_agent, sandbox, session_id, reattach) if warm else None
+            ),
             launch=launch,
         )
     except TooManyAgents:
@@ -467,13 +469,19 @@ def agent_connection(
     return connection
 
 
-def adopt_warm_agent(sandbox: Sandbox, session_id: UUID, warm: AgentConnection) -> AgentConnection:
+def adopt_warm_agent(
+    sandbox: Sandbox, session_id: UUID, reattach: str | None, warm: AgentConnection
+) -> AgentConnection:
     """Open the session on a warm agent (`sandboxes.warm_agents`): its workspace is made, and
-    `session/new` names it as the session's `cwd`."""
+    `session/new` names it as the session's `cwd`; or, with `reattach`, the agent continues
+    that earlier session of the workspace (`session/resume` or `session/load`, as a cold
+    start would: see `AgentConnection.start`)."""
     backend = get_backend(sandbox.backend)
     backend.make_workspace(sandbox, session_id)
     warm.open_session(
-        settings.CRAFT_AGENT_START_TIMEOUT, cwd=backend.workspace_path(sandbox, session_id)
+        settings.CRAFT_AGENT_START_TIMEOUT,
+        reattach=reattach,
+        cwd=backend.workspace_path(sandbox, session_id),
     )
     logger.info("session %s took warm agent %s", session_id, warm.process.ident)
     return warm

@@ -6,7 +6,9 @@ connection cache holds them, see `sandboxes.connections`): spawned in the sandbo
 `Launch`: catalog entry and its owner's credentials), with `initialize` answered and no ACP
 session yet. A new session of that sandbox whose agent would be started for an equal launch
 takes one: its workspace is made, and `session/new` names it as `cwd`, which ACP requires the
-agent to work in. So its first prompt pays `session/new` and the prompt, not the spawn.
+agent to work in. So its first prompt pays `session/new` and the prompt, not the spawn. A
+session whose agent is gone (stopped as idle, killed, a restart) takes one the same way to
+continue its earlier agent session (`session/resume` or `session/load`, with its `cwd`).
 
 Which agent: the one a session of the sandbox was last started with (`want`, after every
 session agent start), or, when a sandbox becomes running, its owner's most likely one as

@@ -19,6 +19,7 @@ from tests.catalog import KEY
 from tests.ready import running_sandbox
 
 from ..server import api, ask, open_session
+from .test_reattach import REMEMBERED, killed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,6 +70,27 @@ def test_a_new_sessions_first_prompt_is_served_by_a_pre_started_process(server, 
     assert warm_pid(sandbox, but=(first_pid, pid)) != pid  # replaced in the background
     first.close()
     second.close()
+
+
+def test_a_session_whose_agent_died_continues_on_a_pre_started_process(server, owner):
+    sock = open_session(server, owner, "demo")
+    sandbox = running_sandbox(owner)
+    assert ask(sock, "remember banana") == "I will remember banana."
+    first_pid = int(ask(sock, "pid").split()[1])
+    pid = warm_pid(sandbox, but=(first_pid,))
+
+    killed(first_pid)
+    sock.send({"type": "prompt", "id": "recall", "text": "recall"})
+    frames = sock.until(lambda f: f.get("kind") == "turn_end")
+    assert [f["data"] for f in frames if f.get("kind") == "agent_restarted"] == [
+        {"restored": "resume"}
+    ]
+    chunks = [f["data"] for f in frames if f.get("kind") == "agent_message_chunk"]
+    reply = "".join(chunk["content"]["text"] for chunk in chunks)
+    assert reply == REMEMBERED, frames
+    assert int(ask(sock, "pid").split()[1]) == pid, "the warm agent continued the session"
+    assert warm_pid(sandbox, but=(first_pid, pid)) != pid  # replaced in the background
+    sock.close()
 
 
 def test_a_warm_agent_gets_exactly_the_sessions_environment_and_key(server, owner):
