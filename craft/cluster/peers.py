@@ -183,6 +183,10 @@ class Link:
         session_id = UUID(message["session"])
         first, last = int(message["first_seq"]), int(message["last_seq"])
         frames = message.get("frames")
+        if frames is not None and not (
+            isinstance(frames, list) and all(isinstance(frame, str) for frame in frames)
+        ):
+            raise TypeError("frames must be a list of strings")
         if not delivery.hub().followers.of(session_id):
             # No socket here follows it any longer: stop the pushes.
             self.following.discard(session_id)

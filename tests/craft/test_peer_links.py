@@ -16,8 +16,12 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
 
+from craft.live.channel_layer import SignedRedisChannelLayer
 from craft.models import Event, Lease, Worker
+from craft.settings import channel_layer_keys
+from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket, wait_for_log
@@ -203,6 +207,21 @@ def test_a_link_without_the_key_is_closed_and_moves_nothing(workers, owner):  # 
     with socket.create_connection(address, timeout=60) as silent:
         silent.sendall(HEADER.pack(64))  # a frame begun, never finished
         assert silent.recv(1) == b"", "the worker closes a connection that sends no frame"
+    # Signed with the servers' key, but not what a worker sends: closed as well.
+    signed = SignedRedisChannelLayer(
+        hosts=[REDIS_URL], symmetric_encryption_keys=channel_layer_keys([settings.SECRET_KEY])
+    )
+    for message in (
+        {"type": "shout"},
+        {"type": "events", "session": str(session.pk), "first_seq": 1, "last_seq": 1,
+         "frames": "not a list"},
+        {"type": "follow", "session": "not a uuid"},
+    ):  # fmt: skip
+        data = signed.serialize(message)
+        with socket.create_connection(address, timeout=30) as conn:
+            conn.sendall(HEADER.pack(len(data)) + data)
+            assert conn.recv(1) == b"", message
+    wait_for_log(first, "sent a message Craft does not send; closing", count=3)
     wait_for_log(first, "not signed with this server's key; closing", count=2)
     wait_for_log(first, "bytes; closing", count=1)
     wait_for_log(first, "sent no whole frame in time; closing", count=1)
