@@ -173,11 +173,10 @@ def test_closing_stdin_ends_the_program_reading_it(kube_backend, sandbox, kube):
 def test_a_slow_exec_handshake_is_bounded(kube_backend, sandbox, kube, settings):
     settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = 1
     kube.exec_handshake_delay = 3
-    started = time.monotonic()
+    # Given up before the server's handshake came: an unbounded wait would get it, and
+    # `true` would run.
     with pytest.raises(SandboxError, match="no handshake within 1 s"):
         kube_backend.exec(sandbox, ["true"])
-    # Given up before the server's handshake came (what an unbounded wait would get).
-    assert time.monotonic() - started < kube.exec_handshake_delay
 
 
 def client_sockets_to(port: int) -> int:
