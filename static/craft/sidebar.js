@@ -4,7 +4,8 @@
 //   by the server within moments of a turn starting or ending, a permission request, a
 //   title, a session read, created or deleted, in any tab or worker), and when the window
 //   regains focus or becomes visible. Bursts of changes make one request; never while
-//   someone is using the list (a menu open, or focus inside): it is fetched when they leave.
+//   someone is using the list (a menu open, or focus inside): it is fetched when they leave;
+//   never while the tab is hidden: it is fetched once when it is shown.
 // - The sandbox line is fetched again with it on focus; on a session's page the socket's
 //   `sandbox` frames keep it up to date (session/status.mjs).
 (() => {
@@ -73,7 +74,10 @@
   }
   window.addEventListener("focus", refreshAll);
   document.addEventListener("visibilitychange", refreshAll);
-  document.addEventListener("craft:sessions-changed", refreshListSoon);
+  // A hidden tab fetches nothing: it fetches the list once when it is shown (refreshAll).
+  document.addEventListener("craft:sessions-changed", () => {
+    if (!document.hidden) refreshListSoon();
+  });
   document.addEventListener("focusout", () => {
     if (stale) setTimeout(refreshList, 0); // once focus has landed outside
   });

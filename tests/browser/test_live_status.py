@@ -8,6 +8,7 @@ page hears of it only through its own socket, never by polling.
 from __future__ import annotations
 
 import asyncio
+import datetime
 from types import SimpleNamespace
 from urllib.parse import urlparse
 
@@ -174,6 +175,46 @@ async def test_the_session_list_shows_each_session_s_state_within_a_second(
 
     elsewhere.send({"type": "seen"})  # its page, in another tab, is looked at: read here too
     await expect(item).not_to_have_attribute("data-unread", "true")
+    elsewhere.close()
+
+
+async def test_a_hidden_tab_fetches_the_session_list_only_once_it_is_shown(
+    page, craft_server, owner
+):
+    here = await db_sync_to_async(open_ready_session)(owner, "Looking here")
+    there = await db_sync_to_async(open_ready_session)(owner, "Elsewhere")
+    await page.context.add_init_script(HIDDEN_TAB)
+    notices: list[str] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on(
+            "framereceived", lambda frame: notices.append(frame) if '"sessions"' in frame else None
+        ),
+    )
+    await open_page(page, craft_server, here)
+    fetched: list[str] = []
+    page.on("request", lambda r: fetched.append(r.url) if "/sessions/list/" in r.url else None)
+    # The page's clock stands still while the tab is hidden: no timer runs unless told to.
+    await page.clock.install()
+    await page.clock.pause_at(datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC))
+    await page.evaluate("__setHidden(true)")
+
+    elsewhere = await off_the_loop(socket_to, craft_server, owner, there)
+    elsewhere.send({"type": "resume", "after": 0})
+    elsewhere.send({"type": "prompt", "id": "h1", "text": "count 1"})
+    await asyncio.to_thread(elsewhere.until, is_turn_end)
+    deadline = asyncio.get_running_loop().time() + 30
+    while len(notices) < 2:  # the turn's start and end reached the hidden page
+        assert asyncio.get_running_loop().time() < deadline, notices
+        await asyncio.sleep(0.05)
+    await page.clock.run_for(60_000)  # past any wait the page scheduled for them
+    assert fetched == [], "a hidden tab fetched the list"
+
+    await page.clock.resume()
+    await page.evaluate("__setHidden(false)")  # the person comes back: one fetch, up to date
+    item = page.locator(f"#session-{there.pk} .session-link")
+    await expect(item).to_have_attribute("data-unread", "true")
+    assert len(fetched) == 1, fetched
     elsewhere.close()
 
 
