@@ -68,6 +68,12 @@ def with_links(sessions: list[Session]) -> list[Session]:
     return sessions
 
 
+def _list_item(session: Session) -> Session:
+    """Return the session as its item in the list shows it (status and links)."""
+    (item,) = with_links([Session.objects.with_status().get(pk=session.pk)])
+    return item
+
+
 def _page_context(request: SignedInRequest, session: Session | None) -> dict[str, object]:
     return {
         **_list_context(request, session),
@@ -166,13 +172,12 @@ def rename_session(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     except services.SessionError as exc:
         if request.htmx:
             # The item again, its menu open, with the message (htmx swaps 422, see base.html).
-            (item,) = with_links([Session.objects.with_status().get(pk=session.pk)])
-            context = {"s": item, "current": current, "rename_error": str(exc)}
+            context = {"s": _list_item(session), "current": current, "rename_error": str(exc)}
             return render(request, "craft/_session_item.html", context, status=422)
         messages.error(request, str(exc))
     if request.htmx:
-        (item,) = with_links([Session.objects.with_status().get(pk=session.pk)])
-        return render(request, "craft/_session_item.html", {"s": item, "current": current})
+        context = {"s": _list_item(session), "current": current}
+        return render(request, "craft/_session_item.html", context)
     return redirect("session", session_id=session.pk)
 
 

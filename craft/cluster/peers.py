@@ -229,11 +229,7 @@ class _Pusher:
             "type": "events", "session": self.session, "first_seq": first_seq,
             "last_seq": last_seq,
         }  # fmt: skip
-        if (
-            frames is not None
-            and not self.link.backed_up
-            and sum(len(frame) for frame in frames) <= delivery.DOORBELL_FRAMES_BYTES
-        ):
+        if delivery.carried(frames) and not self.link.backed_up:
             message["frames"] = frames
         self.link.send(message)
 

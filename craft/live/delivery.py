@@ -38,6 +38,12 @@ Notice = tuple[UUID, int, int, list[str] | None]  # session, first seq, last seq
 DOORBELL_FRAMES_BYTES = 64 * 1024
 
 
+def carried(frames: list[str] | None) -> bool:
+    """Whether a notice to another process carries the batch's frames (small batches do:
+    the sockets there send them without reading the log)."""
+    return frames is not None and sum(len(frame) for frame in frames) <= DOORBELL_FRAMES_BYTES
+
+
 def session_group(session_id: UUID) -> str:
     return f"session.{UUID(str(session_id)).hex}"
 
@@ -80,8 +86,7 @@ async def _ring(
         "type": "events.available", "first_seq": first_seq, "last_seq": last_seq,
         "origin": PROCESS_ID,
     }  # fmt: skip
-    # Small batches carry their frames: other processes' sockets send them without a read.
-    if frames is not None and sum(len(frame) for frame in frames) <= DOORBELL_FRAMES_BYTES:
+    if carried(frames):
         message["frames"] = frames
     try:  # this process's own sockets were told from memory (`LiveHub.deliver`)
         await group_send_elsewhere(layer, session_group(session_id), message)
