@@ -65,6 +65,7 @@ class ConnectionCache:
         self._max_size = max_size
         # Keys of warm agents -> what each was started for (compared with ==, never shown).
         self._warm: dict[Key, object] = {}
+        self._warming: dict[Key, object] = {}  # the same, for warm agents still starting
 
     @property
     def max_size(self) -> int:
@@ -107,9 +108,10 @@ class ConnectionCache:
         A cached connection that is no longer running is stopped and replaced. With `adopt`,
         a live warm agent of the sandbox that was started for `launch` (equal) is taken
         first, in the place it held, and `adopt(warm)` opens the session on it; if that fails,
-        `start()` runs instead. Dead warm agents met on the way are stopped, never handed
-        out. Raises TooManyAgents when the cache is full and every connection in it is in a
-        turn.
+        `start()` runs instead. When the only such warm agent is still starting, the session
+        waits for it: it began first, so it is ready sooner than a new start would be. Dead
+        warm agents met on the way are stopped, never handed out. Raises TooManyAgents when
+        the cache is full and every connection in it is in a turn.
         """
         key = (sandbox_id, session_id)
         with self._locked(key):
@@ -163,11 +165,13 @@ class ConnectionCache:
                 ):
                     return None
                 self._starting += 1
+                self._warming[key] = launch
             try:
                 connection = start()
             finally:
                 with self._lock:
                     self._starting -= 1
+                    del self._warming[key]
             with self._lock:
                 self._connections[key] = connection
                 self._warm[key] = launch
@@ -175,24 +179,38 @@ class ConnectionCache:
 
     def _take_warm(self, sandbox_id: UUID, launch: object) -> AgentConnection | None:
         """Take a live warm agent of the sandbox started for `launch` out of the cache,
-        keeping its place as a start under way; stop dead ones met on the way."""
+        keeping its place as a start under way; stop dead ones met on the way. With none
+        ready, wait for one being started for `launch` and take it."""
         with self._lock:
-            keys = [key for key in self._warm if key[0] == sandbox_id]
-        for key in keys:
+            ready = [key for key in self._warm if key[0] == sandbox_id]
+            starting = [
+                key for key, theirs in self._warming.items()
+                if key[0] == sandbox_id and theirs == launch
+            ]  # fmt: skip
+        for key in ready:
             with self._locked(key, blocking=False) as acquired:
-                if not acquired:
-                    continue  # being started or stopped right now
-                with self._lock:
-                    connection = self._connections.get(key)
-                    if connection is None or key not in self._warm:
-                        continue
-                    if connection.is_running and self._warm[key] == launch:
-                        del self._connections[key], self._warm[key]
-                        self._starting += 1  # its place, until the session has it
-                        return connection
-                if not connection.is_running:
-                    logger.info("warm agent %s died while waiting", connection.process.ident)
-                    self._discard(key, connection)
+                if acquired and (connection := self._take_if_live(key, launch)):
+                    return connection
+        for key in starting:
+            with self._locked(key):  # until its start ended
+                if connection := self._take_if_live(key, launch):
+                    return connection
+        return None
+
+    def _take_if_live(self, key: Key, launch: object) -> AgentConnection | None:
+        """Take the warm agent under `key` (its lock held) if it is live and for `launch`;
+        stop it if it died."""
+        with self._lock:
+            connection = self._connections.get(key)
+            if connection is None or key not in self._warm:
+                return None
+            if connection.is_running and self._warm[key] == launch:
+                del self._connections[key], self._warm[key]
+                self._starting += 1  # its place, until the session has it
+                return connection
+        if not connection.is_running:
+            logger.info("warm agent %s died while waiting", connection.process.ident)
+            self._discard(key, connection)
         return None
 
     def warm(self, sandbox_id: UUID | None = None) -> list[tuple[Key, AgentConnection, object]]:

@@ -9,8 +9,10 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -163,6 +165,18 @@ def own_tcp_ports() -> set[int]:
                 if fields[9] in inodes:
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+# Websockets tests opened on a server (tests.server.Socket): closed after each test, so that a
+# test that failed before closing its own never warns (an unclosed socket) in a later test.
+OPEN_SOCKETS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@pytest.fixture(autouse=True)
+def close_sockets() -> Iterator[None]:
+    yield
+    for socket in list(OPEN_SOCKETS):
+        socket.close()
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from typing import Any
 import websocket
 from django.conf import settings
 
-from .conftest import free_port
+from .conftest import OPEN_SOCKETS, free_port
 from .craft.wsclient import session_cookie
 
 # As `make run` starts daphne: client frames of up to 4 MiB reach Craft (docs/deployment.md).
@@ -195,6 +195,7 @@ class Socket:
             origin=server.url,
             timeout=30,
         )
+        OPEN_SOCKETS.add(self)
         self.events: list[dict[str, Any]] = []  # every event frame received, in order
         self.hello = self.frame()
         assert self.hello["type"] == "hello", self.hello
@@ -228,4 +229,5 @@ class Socket:
         return self.until(done)
 
     def close(self) -> None:
+        OPEN_SOCKETS.discard(self)
         self.ws.close()

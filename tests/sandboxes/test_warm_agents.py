@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from django import db
 
 from craft.session_activity import session_activity
 from sandboxes import reaper, services, workspace_tool
+from sandboxes import warm_agents as warm_agents_module
 from sandboxes.catalog import Agent, Launch, default_agent
 from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction
@@ -225,6 +228,46 @@ def test_a_new_sandbox_warms_its_owners_likely_agent(owner):
     pid = warm_of(sandbox).process.pid
     connection = services.connect_agent(sandbox, uuid.uuid4())
     assert agent_pid(connection) == pid
+
+
+def test_a_session_waits_for_its_warm_agent_still_starting(monkeypatch, owner):
+    """A session that comes while its sandbox's warm agent is starting takes that agent
+    when it is ready, rather than starting another."""
+    gate, started = threading.Event(), []
+    start = warm_agents_module.start_warm_connection
+
+    def held_start(sandbox, launch):
+        gate.wait(30)
+        started.append(start(sandbox, launch))
+        return started[-1]
+
+    monkeypatch.setattr(warm_agents_module, "start_warm_connection", held_start)
+    sandbox = services.provision_sandbox(owner)  # becoming running starts one
+    key = wait_for(lambda: next(iter(agent_connections._warming), None))
+    taken: list = []
+
+    def open_session() -> None:
+        try:
+            taken.append(services.connect_agent(sandbox, uuid.uuid4()))
+        finally:
+            db.connection.close()
+
+    session = threading.Thread(target=open_session)
+    session.start()
+    # Until the session waits for the warm agent's start (or, wrongly, started its own).
+    wait_for(lambda: taken or agent_connections._key_locks[key].users == 2)
+    gate.set()
+    session.join(30)
+    assert taken == started, "the session took the warm agent"
+    assert agent_pid(taken[0]) == started[0].process.pid
+
+
+def wait_for(found, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while not (value := found()):
+        assert time.monotonic() < deadline, "never came"
+        time.sleep(0.01)
+    return value
 
 
 def test_a_session_through_pod_exec_takes_a_warm_agent(kube_backend, settings, owner):
