@@ -33,12 +33,14 @@ Events = list[tuple[str, dict[str, Any]]]
 _announced: weakref.WeakSet[AgentConnection] = weakref.WeakSet()
 
 
-def first_use(connection: AgentConnection) -> bool:
-    """Return True the first time a connection is seen: its start events are due then."""
-    if connection in _announced:
-        return False
+def announced(connection: AgentConnection) -> bool:
+    """Whether the connection's start events are stored (`announce`); until then they are
+    due at each use."""
+    return connection in _announced
+
+
+def announce(connection: AgentConnection) -> None:
     _announced.add(connection)
-    return True
 
 
 def start_events(connection: AgentConnection) -> Events:

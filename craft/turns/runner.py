@@ -101,6 +101,7 @@ class SessionRunner:
         # How many prompts wait in the session's queue (None: not known here; read it).
         self._queued: int | None = None
         self._waiting_for_sandbox: asyncio.Task[None] | None = None
+        self._handling = 0  # commands being carried out here right now
 
     @property
     def running(self) -> bool:
@@ -109,10 +110,12 @@ class SessionRunner:
     @property
     def busy(self) -> bool:
         """Whether a command is being handled or an agent started here right now (a prompt
-        being stored has no turn yet, and may have no agent yet), or queued prompts wait
-        here for the sandbox: the session's lease is kept for them meanwhile."""
-        waiting = self._waiting_for_sandbox is not None and not self._waiting_for_sandbox.done()
-        return self.running or self._lock.locked() or self._starting.locked() or waiting
+        being stored has no turn yet, and may have no agent yet; a command reads the database
+        before it takes any lock), or queued prompts wait here for the sandbox: the session's
+        lease is kept for them meanwhile."""
+        if self.running or self._handling or self._lock.locked() or self._starting.locked():
+            return True
+        return self._waiting_for_sandbox is not None and not self._waiting_for_sandbox.done()
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -120,6 +123,13 @@ class SessionRunner:
 
     async def handle(self, command: SessionCommand) -> None:
         """Carry out one command of the session; raise Refused with what the client is told."""
+        self._handling += 1
+        try:
+            await self._carry_out(command)
+        finally:
+            self._handling -= 1
+
+    async def _carry_out(self, command: SessionCommand) -> None:
         match command:
             case Prompt():
                 await self.prompt(command)
@@ -431,8 +441,9 @@ class SessionRunner:
         await records.record_start(self.session_id, sandbox.pk, connection.agent_session_id)
         self._active_at = time.monotonic()
         self._prompt_capabilities = connection.prompt_capabilities
-        if controls.first_use(connection):
+        if not controls.announced(connection):
             await self.append(controls.start_events(connection))
+            controls.announce(connection)  # not before: events refused are sent again
         inbox = Inbox(asyncio.get_running_loop(), self._store_late_updates)
         connection.idle_sink = inbox.put
         self.inbox = inbox

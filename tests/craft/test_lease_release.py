@@ -3,7 +3,8 @@
 Housekeeping gives up the leases of sessions this worker runs no agent for, so that their next
 prompt may go to any worker. These tests run that release at the three moments it used to
 break a prompt (whose first event was then refused as fenced): while the prompt is being
-stored, before its turn or agent exists; while a release's database delete is still on its way
+stored, before its turn or agent exists (and, the same way, while the page's early agent start
+reads the sandbox, before it starts anything); while a release's database delete is still on its way
 when the next prompt claims the lease; and while a renewal of the lease, which started before
 the release, is still on its way (it brought the released lease back into memory, and the next
 prompt ran under a lease that no longer existed).
@@ -17,7 +18,8 @@ import time
 import pytest
 
 from craft.cluster import leases, lifecycle
-from craft.models import Lease
+from craft.models import Event, Lease
+from craft.storage import eventlog
 from craft.storage.db import db_sync_to_async
 from craft.turns import records
 from tests.ready import open_ready_session
@@ -56,6 +58,56 @@ async def test_a_release_pass_during_a_prompts_store_leaves_its_lease(session, o
     assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
     lease = await lease_of(session.pk)
     assert lease is not None and lease.token == leases.ownership.token(session.pk)
+    await comm.disconnect()
+
+
+async def test_a_release_pass_during_an_early_agent_start_leaves_its_lease(
+    session, owner, monkeypatch
+):
+    checked = records.sandbox_status
+
+    async def release_pass_first(session_id):
+        await lifecycle._release_idle_sessions()  # housekeeping, at the worst moment
+        return await checked(session_id)
+
+    monkeypatch.setattr(records, "sandbox_status", release_pass_first)
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "start_agent"})
+    await receive_until(comm, lambda f: f.get("kind") == "agent_info")
+    lease = await lease_of(session.pk)
+    assert lease is not None and lease.token == leases.ownership.token(session.pk)
+    await comm.disconnect()
+
+
+async def test_an_agents_start_events_refused_once_are_stored_at_its_next_use(
+    session, owner, monkeypatch
+):
+    append = eventlog.writer.append
+    refused = asyncio.Event()
+
+    async def refuse_the_first_start_events(session_id, events, **kwargs):
+        if not refused.is_set() and any(kind == "agent_info" for kind, _ in events):
+            refused.set()
+            raise eventlog.Fenced("refused once, as for a lease lost meanwhile")
+        return await append(session_id, events, **kwargs)
+
+    monkeypatch.setattr(eventlog.writer, "append", refuse_the_first_start_events)
+    comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "start_agent"})
+    await asyncio.wait_for(refused.wait(), 30)
+    frames = await prompt(comm, "first")
+    assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
+    kinds = await db_sync_to_async(
+        lambda: list(
+            Event.objects.filter(session_id=session.pk)
+            .order_by("seq")
+            .values_list("kind", flat=True)
+        )
+    )()
+    assert kinds.count("agent_info") == 1, kinds
+    assert kinds.index("agent_info") < kinds.index("turn_end"), kinds
     await comm.disconnect()
 
 
