@@ -78,6 +78,7 @@ class SessionCheckpoints:
         self._confirming: asyncio.Task[Checkpoint | None] | None = None
         self._unused: asyncio.Task[Checkpoint | None] | None = None
         self._known = 0  # counts what `forget` forgot: a read older than that is stale
+        self._dropped = False  # see `drop`
 
     def forget(self) -> None:
         """Forget the latest checkpoint: another worker may have taken one meanwhile (the
@@ -106,6 +107,9 @@ class SessionCheckpoints:
             taken, watch = await self._in_workspace(
                 lambda workspace: workspace.watched_checkpoint(message, EARLY_WATCH_SECONDS)
             )
+            if self._dropped:
+                await asyncio.get_running_loop().run_in_executor(checkpoint_calls, watch.close)
+                return taken, None
             return taken, watch
         except Exception as exc:  # the session or its sandbox is gone: a turn takes one
             logger.info("session %s: no early checkpoint: %s", self.session_id, exc)
@@ -166,6 +170,17 @@ class SessionCheckpoints:
                         self.session_id, exc)  # fmt: skip
             return None
         return taken if still else None
+
+    def drop(self) -> None:
+        """Stop the early checkpoint's watch at once, from any thread: the runner is being
+        dropped (its session deleted), and nobody will ask the watch. A watch still being
+        started is stopped by its own task when it comes."""
+        self._dropped = True
+        early, self._early = self._early, None
+        if early is not None and early.done() and not early.cancelled():
+            _, watch = early.result()
+            if watch is not None:
+                watch.close()
 
     async def close(self) -> None:
         """Forget the early checkpoint and stop its watch (this worker no longer runs the

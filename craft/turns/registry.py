@@ -40,9 +40,14 @@ class RunnerRegistry:
         return [runner for runner in self._runners.values() if runner.running]
 
     def forget(self, session_id: UUID) -> None:
-        self._runners.pop(session_id, None)
+        """Drop the runner of a session that is gone (its workspace's watch stopped now)."""
+        runner = self._runners.pop(session_id, None)
+        if runner is not None:
+            runner.checkpoints.drop()
 
     def clear(self) -> None:
+        for runner in self._runners.values():
+            runner.checkpoints.drop()
         self._runners.clear()
         self.closing = False
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import IntegrityError
 
+from craft import services
 from craft.models import Turn
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import writer
@@ -144,3 +145,38 @@ async def test_a_first_prompt_that_was_not_stored_leaves_no_answer_for_the_next(
     before = (await first_turn(session)).checkpoint_before
     assert "meanwhile.txt" in await recorded_in(session, before)
     await comm.disconnect()
+
+
+def watching(session) -> list[int]:
+    """The pids of the tools watching the session's workspace since its early checkpoint."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"checkpoint-watch" in command and str(session.pk).encode() in command:
+            found.append(int(entry.name))
+    return found
+
+
+def still_there(pids: list[int]) -> bool:
+    """Whether any of these processes is there, a zombie too (one never waited for)."""
+    return any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+async def test_a_deleted_sessions_workspace_watch_ends_with_it(session, cookie):
+    # The watch would otherwise wait for a first prompt for EARLY_WATCH_SECONDS (15 min),
+    # a process of a session that is gone.
+    comm, _ = await open_socket(session.pk, cookie)
+    await start_agent(comm)
+    await asyncio.shield(runners.get(session.pk).checkpoints._early)
+    pids = watching(session)
+    assert pids
+    await comm.disconnect()
+    await db_sync_to_async(services.delete_session)(session)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while still_there(pids):
+        assert loop.time() < deadline, "the watch outlived its session"
+        await asyncio.sleep(0.05)
