@@ -18,22 +18,37 @@ work (the `request_started` receivers, the chain, closing the response: all on o
 so that the database connection they share is that thread's). It starts a new thread per
 request and joins it, from yet another thread, afterwards: with the 35 requests of a session
 page at once, starting and joining threads was 15 % of the server's samples (py-spy,
-docs/performance.md). Here the threads are kept (`RequestThreads`): a request borrows one, and
-it goes back once everything the request gave it has run.
+docs/performance.md). Here the threads are kept (`RequestThreads`): a request borrows one at
+its first call (`LentThread`), and it goes back once everything the request gave it has run.
+
+At most `REQUESTS_AT_ONCE` requests run their middleware and view at once: a request takes a
+place once its whole body is in (a slow upload holds none) and gives it back when its response
+starts (a streaming response holds none while it streams). The others wait on the event loop,
+holding no thread. Without the bound, 400 session creates at once each ran on a thread of its
+own, every one contending for the GIL and SQLite's lock: 4.8-8.5 s until all were created,
+against 2.4-3.8 s sixteen at a time (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase
 
+from craft.live.loops import PerLoop
+
 # Threads kept for requests when idle; more run at once if more requests do.
 IDLE_REQUEST_THREADS = 16
+# Requests whose middleware and view run at once (see the module docstring).
+REQUESTS_AT_ONCE = 16
 
 
 class RequestThreads:
@@ -101,16 +116,75 @@ class RequestThread(ThreadPoolExecutor):
 request_threads = RequestThreads()
 
 
+class LentThread(Executor):
+    """A request's thread, borrowed at the request's first call (used from the event loop)."""
+
+    def __init__(self, threads: RequestThreads) -> None:
+        self._threads = threads
+        self._thread: RequestThread | None = None
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self._thread is None:
+            self._thread = self._threads.borrow()
+        return self._thread.submit(fn, *args, **kwargs)
+
+    def give_back(self) -> None:
+        if self._thread is not None:
+            self._threads.give_back(self._thread)
+            self._thread = None
+
+
+class Place:
+    """A request's place among the REQUESTS_AT_ONCE, once it has one."""
+
+    def __init__(self, places: asyncio.Semaphore) -> None:
+        self._places = places
+        self._held = False
+
+    async def take(self) -> None:
+        await self._places.acquire()
+        self._held = True
+
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._places.release()
+
+
+_places: PerLoop[asyncio.Semaphore] = PerLoop(lambda loop: asyncio.Semaphore(REQUESTS_AT_ONCE))
+_place: ContextVar[Place] = ContextVar("craft_request_place")
+
+
+async def _sending(place: Place, send: Callable[[Any], Awaitable[None]], message: Any) -> None:
+    if message["type"] == "http.response.start":
+        place.give_back()  # what is left is the response's bytes (a stream's too)
+    await send(message)
+
+
 class OneHopASGIHandler(ASGIHandler):
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
-        executor = request_threads.borrow()
+        place = Place(_places.here())
+        token = _place.set(place)
+        thread = LentThread(request_threads)
         try:
-            async with ThreadSensitiveContext(executor=executor):
-                await self.handle(scope, receive, send)
+            async with ThreadSensitiveContext(executor=thread):
+                await self.handle(scope, receive, partial(_sending, place, send))
         finally:
-            request_threads.give_back(executor)
+            place.give_back()
+            thread.give_back()
+            _place.reset(token)
+
+    async def read_body(self, receive: Any) -> Any:
+        """Read the whole body, then wait for a place (see the module docstring)."""
+        body = await super().read_body(receive)
+        try:
+            await _place.get().take()
+        except BaseException:
+            body.close()
+            raise
+        return body
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
