@@ -44,39 +44,43 @@ def lease_of(session_id):
     return Lease.objects.filter(session_id=session_id).first()
 
 
-async def test_a_release_pass_during_a_prompts_store_leaves_its_lease(session, owner, monkeypatch):
+@pytest.fixture
+def release_pass_at_sandbox_read(monkeypatch):
+    """Run housekeeping's release pass whenever a command reads the session's sandbox: the
+    worst moment, before the command holds a lock, a turn or an agent."""
     checked = records.sandbox_status
 
     async def release_pass_first(session_id):
-        await lifecycle._release_idle_sessions()  # housekeeping, at the worst moment
+        await lifecycle._release_idle_sessions()
         return await checked(session_id)
 
     monkeypatch.setattr(records, "sandbox_status", release_pass_first)
+
+
+async def still_ours(session) -> None:
+    lease = await lease_of(session.pk)
+    assert lease is not None and lease.token == leases.ownership.token(session.pk)
+
+
+async def test_a_release_pass_during_a_prompts_store_leaves_its_lease(
+    session, owner, release_pass_at_sandbox_read
+):
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     await comm.send_json_to({"type": "resume", "after": 0})
     frames = await prompt(comm, "first")
     assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-2:]
-    lease = await lease_of(session.pk)
-    assert lease is not None and lease.token == leases.ownership.token(session.pk)
+    await still_ours(session)
     await comm.disconnect()
 
 
 async def test_a_release_pass_during_an_early_agent_start_leaves_its_lease(
-    session, owner, monkeypatch
+    session, owner, release_pass_at_sandbox_read
 ):
-    checked = records.sandbox_status
-
-    async def release_pass_first(session_id):
-        await lifecycle._release_idle_sessions()  # housekeeping, at the worst moment
-        return await checked(session_id)
-
-    monkeypatch.setattr(records, "sandbox_status", release_pass_first)
     comm, _ = await open_socket(session.pk, await db_sync_to_async(session_cookie)(owner))
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "start_agent"})
     await receive_until(comm, lambda f: f.get("kind") == "agent_info")
-    lease = await lease_of(session.pk)
-    assert lease is not None and lease.token == leases.ownership.token(session.pk)
+    await still_ours(session)
     await comm.disconnect()
 
 
