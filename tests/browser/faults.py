@@ -12,6 +12,7 @@ code knows nothing about it. Tests drive it over HTTP under `/_faults/` (see `Li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from collections import Counter, defaultdict
@@ -27,8 +28,9 @@ HANG_SECONDS = 60.0
 # Close code of a dropped socket: any code the page does not treat as final.
 DROP_CODE = 4000
 
-state: dict[str, float] = {"fail_loads": 0, "hang_loads": 0, "load_delay": 0.0}
+state: dict[str, float] = {"fail_loads": 0, "hang_loads": 0, "load_delay": 0.0, "hold_loads": 0}
 loads: Counter[str] = Counter()
+held: list[asyncio.Event] = []  # loads held until `release/` (with hold_loads set)
 sockets: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
 
 
@@ -54,6 +56,11 @@ async def _disturb_load(session: str, receive: Any, send: Any) -> bool:
     loads[session] += 1
     if state["load_delay"]:
         await asyncio.sleep(state["load_delay"])
+    if state["hold_loads"]:
+        release = asyncio.Event()
+        held.append(release)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(release.wait(), HANG_SECONDS)
     if state["hang_loads"] > 0:
         state["hang_loads"] -= 1
         # Never answer; stop when the browser gives up (http.disconnect) or after a while.
@@ -113,12 +120,18 @@ async def _control(scope: dict[str, Any], receive: Any, send: Any) -> None:
     path = scope["path"][len("/_faults/") :]
     if path == "configure/":
         if fields.get("reset"):
-            state.update(fail_loads=0, hang_loads=0, load_delay=0.0)
+            state.update(fail_loads=0, hang_loads=0, load_delay=0.0, hold_loads=0)
             loads.clear()
-        for name in ("fail_loads", "hang_loads", "load_delay"):
+        for name in ("fail_loads", "hang_loads", "load_delay", "hold_loads"):
             if name in fields:
                 state[name] = float(fields[name])
         await _json(send, {**state, "loads": dict(loads)})
+    elif path == "release/":
+        state["hold_loads"] = 0
+        for release in held:
+            release.set()
+        held.clear()
+        await _json(send, {"released": True})
     elif path == "loads/":
         await _json(send, {"loads": dict(loads)})
     elif path.startswith("drop/"):

@@ -215,7 +215,7 @@ async def test_a_burst_of_reconnects_during_a_slow_load_triggers_one_load(page, 
     await db_sync_to_async(append_events)(
         session.pk, [("agent_message_chunk", {"content": {"type": "text", "text": "x"}})]
     )
-    hooks.hook("configure/", load_delay=3)
+    hooks.hook("configure/", hold_loads=1)  # until released: the burst comes meanwhile
     sockets = []
     page.on("websocket", lambda ws: sockets.append(ws))
     await page.goto(f"{hooks.url}/sessions/{session.pk}/")
@@ -226,7 +226,7 @@ async def test_a_burst_of_reconnects_during_a_slow_load_triggers_one_load(page, 
         await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
     assert hooks.loads(session.pk) == 1
     assert len(sockets) == 4
-    hooks.hook("configure/", load_delay=0)
+    hooks.hook("release/")
     # The slow load finishes and the page resumes on the newest socket: it is live.
     await send_prompt(page, "hello after the burst")
     await expect(page.locator(TURN_END)).to_have_text("Done")
