@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
@@ -104,9 +104,7 @@ class SessionCheckpoints:
             if self._last is None and known == self._known:
                 self._last = ""  # known to be none: the first prompt need not read it again
             message = f"session {self.session_id}: before its first turn"
-            taken, watch = await self._in_workspace(
-                lambda workspace: workspace.watched_checkpoint(message, EARLY_WATCH_SECONDS)
-            )
+            taken, watch = await self._watched(message)
             if self._dropped:
                 await asyncio.get_running_loop().run_in_executor(checkpoint_calls, watch.close)
                 return taken, None
@@ -302,11 +300,28 @@ class SessionCheckpoints:
             logger.warning("session %s: no checkpoint (%s): %s", self.session_id, message, exc)
             return str(exc)
 
+    async def _watched(self, message: str) -> tuple[Checkpoint, Watch]:
+        """Take a checkpoint and keep its tool watching the workspace. Cancelled (its event
+        loop is closing) while the tool starts, the thread that starts it stops it: nobody
+        else would, and it would watch for EARLY_WATCH_SECONDS."""
+        workspace = await _workspace_of(self.session_id)
+        call = checkpoint_calls.submit(workspace.watched_checkpoint, message, EARLY_WATCH_SECONDS)
+        try:
+            return await asyncio.wrap_future(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(_stop_watch)  # run by that thread, loop or no loop
+            raise
+
     async def _in_workspace(self, work: Callable[[Workspace], Any]) -> Any:
         """Run `work` on the session's workspace: found on a database thread (it checks the
         sandbox runs), done on a checkpoint thread (which holds no database connection)."""
         workspace = await _workspace_of(self.session_id)
         return await asyncio.get_running_loop().run_in_executor(checkpoint_calls, work, workspace)
+
+
+def _stop_watch(call: Future[tuple[Checkpoint, Watch]]) -> None:
+    if not call.cancelled() and call.exception() is None:
+        call.result()[1].close()
 
 
 def _skipped(prompt_seq: int, why: str) -> dict[str, Any]:

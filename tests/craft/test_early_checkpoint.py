@@ -180,3 +180,33 @@ async def test_a_deleted_sessions_workspace_watch_ends_with_it(session, cookie):
     while still_there(pids):
         assert loop.time() < deadline, "the watch outlived its session"
         await asyncio.sleep(0.05)
+
+
+async def test_a_watch_started_once_its_loop_gave_up_is_stopped(session, cookie, monkeypatch):
+    # A test's (or a worker's) event loop that closes cancels the early checkpoint's task
+    # while its tool is being started on a thread: the tool must not watch on for 15 min.
+    entered, gate, started = threading.Event(), threading.Event(), []
+    real = Workspace.watched_checkpoint
+
+    def held(workspace, message, seconds):
+        entered.set()
+        gate.wait(30)
+        taken = real(workspace, message, seconds)
+        started.extend(watching(session))
+        return taken
+
+    monkeypatch.setattr(Workspace, "watched_checkpoint", held)
+    comm, _ = await open_socket(session.pk, cookie)
+    await start_agent(comm)
+    assert await asyncio.to_thread(entered.wait, 30)
+    early = runners.get(session.pk).checkpoints._early
+    early.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await early
+    gate.set()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while not started or still_there(started):
+        assert loop.time() < deadline, "the watch outlived the task that was to take it"
+        await asyncio.sleep(0.05)
+    await comm.disconnect()
