@@ -42,6 +42,7 @@ import secrets
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -113,20 +114,30 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def machine_busy() -> float:
+    """Return the CPU time the whole machine has spent busy so far (`/proc/stat`)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / TICK
+
+
 class CpuSplit:
-    """CPU used by servers, their agents and this client between `start()` and `stop()`."""
+    """CPU used by servers, their agents, this client and everything else on the machine
+    ("rest": processes that came and went, such as agents started meanwhile, their jails and
+    workspace tools, and whatever else runs here) between `start()` and `stop()`."""
 
     def __init__(self, server_pids: set[int], agent_pids: set[int]) -> None:
         self.server = server_pids
         self.agents = agent_pids
         self.me = {os.getpid()}
 
-    def _now(self) -> tuple[float, float, float, float]:
+    def _now(self) -> tuple[float, float, float, float, float]:
         return (
             time.perf_counter(),
             cpu_seconds(self.server),
             cpu_seconds(self.agents),
             cpu_seconds(self.me),
+            machine_busy(),
         )
 
     def start(self) -> None:
@@ -135,12 +146,19 @@ class CpuSplit:
     def stop(self) -> dict[str, float]:
         end = self._now()
         wall = end[0] - self._start[0]
-        names = ("server", "agents", "client")
-        return {n: (e - s) / wall for n, e, s in zip(names, end[1:], self._start[1:], strict=True)}
+        names = ("server", "agents", "client", "machine")
+        used = {n: (e - s) / wall for n, e, s in zip(names, end[1:], self._start[1:], strict=True)}
+        machine = used.pop("machine")
+        return {**used, "rest": max(0.0, machine - sum(used.values()))}
 
 
 def cores(split: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.2f}" for name, value in split.items())
+
+
+def opening_cores(split: dict[str, float]) -> str:
+    """The opening's CPU: no agent runs when it begins, so those it starts are in "rest"."""
+    return cores({"daphne": split["server"], "client": split["client"], "rest": split["rest"]})
 
 
 async def direct_floor(workdir: Path, count: int) -> dict[str, Any]:
@@ -191,8 +209,11 @@ class Opened(NamedTuple):
     answered: float
 
 
-async def open_one(server: Server, cookie: str, started: float) -> Opened:
-    """Create a session, connect, resume and send a first prompt (see `Opened`)."""
+async def open_one(
+    server: Server, cookie: str, started: float, on_stored: Callable[[], None]
+) -> Opened:
+    """Create a session, connect, resume and send a first prompt (see `Opened`); call
+    `on_stored` once the prompt is stored."""
     session_id = await create_session(server, cookie)
     created = time.perf_counter() - started
     client = await Client.open(server, cookie, session_id)
@@ -208,6 +229,7 @@ async def open_one(server: Server, cookie: str, started: float) -> Opened:
         kind = frame.get("kind")
         if kind == "user_message" and frame["data"].get("id") == prompt_id:
             stored = time.perf_counter() - started
+            on_stored()
         elif kind == "turn_end" and stored is not None:
             if frame["data"].get("stop_reason") != "end_turn":
                 raise RuntimeError(f"turn ended badly: {frame}")
@@ -236,10 +258,21 @@ async def sessions_on_workers(
     turn, and stream them all at once."""
     pids = {server.process.pid for server in servers}
     note(f"daphne pids {sorted(pids)}: opening {count} sessions")
+    # The CPU spent until every first prompt is stored (the opening), whoever spent it.
+    opening_split = CpuSplit(pids, set())
+    opening_cpu: dict[str, float] = {}
+    waiting = [count]
+
+    def on_stored() -> None:
+        waiting[0] -= 1
+        if not waiting[0]:
+            opening_cpu.update(opening_split.stop())
+
     started = time.perf_counter()
+    opening_split.start()
     opened = await asyncio.gather(
         *(
-            open_one(servers[i % len(servers)], cookies[i // PER_USER], started)
+            open_one(servers[i % len(servers)], cookies[i // PER_USER], started, on_stored)
             for i in range(count)
         )
     )
@@ -264,6 +297,7 @@ async def sessions_on_workers(
     return {
         **stream_summary(results, SLOW_CHUNKS),
         "opening": stored,
+        "opening_cpu": opening_cpu,
         "answered": answered,
         "opening_p50": percentile([one.stored for one in opened], 50),
         "created": created,
@@ -388,7 +422,8 @@ async def measure(site: Site, sessions: int, workers: int) -> list[Figure]:
             "<= 5 s",
             craft["opening"] <= OPENING_TARGET,
             f"until every first prompt is stored (every session created {craft['created']:.1f} s,"
-            f" connected {craft['connected']:.1f} s); median session {craft['opening_p50']:.2f} s",
+            f" connected {craft['connected']:.1f} s); median session {craft['opening_p50']:.2f} s;"
+            f" CPU meanwhile, cores: {opening_cores(craft['opening_cpu'])}",
         ),
         Figure(
             f"{name}: every first prompt answered",
