@@ -27,6 +27,7 @@ from craft import commands, services, workspace_paths
 from craft.errors import Refused
 from craft.live import delivery, status
 from craft.live.accounts import FollowsAccount
+from craft.live.auth import authenticate
 from craft.live.outbuffer import unsent_bytes
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
@@ -150,21 +151,21 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         await handler(message)
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
         self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
-        if user is None or not user.is_authenticated:
+        # The handshake ends here, before any query: under load the reads below (the account
+        # too) can wait for the database longer than the server waits for a handshake
+        # (daphne's --websocket_connect_timeout), which would drop the socket. A refusal
+        # below closes it with its code.
+        await self.accept()
+        self._accepted = True
+        user = await authenticate(self.scope)
+        if not user.is_authenticated:
             await self._refuse(CLOSE_UNAUTHENTICATED)
             return
-        # Counted before any query: a socket past the limit costs nothing more.
+        # Counted before any other query: a socket past the limit costs nothing more.
         if not self.hold_socket(user):
             await self._refuse(CLOSE_TOO_MANY_SOCKETS)
             return
-        # The handshake ends here, before any query: under load the reads below can wait for
-        # the database longer than the server waits for a handshake (daphne's
-        # --websocket_connect_timeout), which would drop the socket. A refusal below closes
-        # it with its code, as one above does.
-        await self.accept()
-        self._accepted = True
         session, self._scrub = await _owned_session(user, self.session_id)
         if session is None:
             await self._refuse(CLOSE_FORBIDDEN)

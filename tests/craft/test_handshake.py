@@ -2,9 +2,10 @@
 answer (hundreds of sockets opening at once) never makes the server drop the socket.
 
 A real daphne, which drops a socket whose handshake is not answered within its connect timeout
-(daphne's default, 5 s), and a real PostgreSQL in which the test holds the sessions table locked
-until the handshake is answered: a handshake that waited for a read of the session would never
-be. One socket opens and closes first, so that what a just-started server does once is not
+(daphne's default, 5 s), and a real PostgreSQL in which the test holds a table the socket reads
+locked until the handshake is answered: a handshake that waited for that read would never be.
+The tables: Craft's sessions, and the browser sessions and users that say who is signed in.
+One socket opens and closes first, so that what a just-started server does once is not
 counted against that timeout.
 """
 
@@ -16,6 +17,8 @@ import psycopg
 import pytest
 import websocket
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.models import Session as BrowserSession
 
 from craft.models import Session
 from tests.ready import open_ready_session
@@ -26,7 +29,11 @@ from .wsclient import session_cookie
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_socket_opens_while_the_database_is_slow_and_gets_its_hello_after(owner, tmp_path):
+@pytest.mark.parametrize(
+    "table",
+    [Session._meta.db_table, BrowserSession._meta.db_table, get_user_model()._meta.db_table],
+)
+def test_a_socket_opens_while_the_database_is_slow_and_gets_its_hello_after(owner, tmp_path, table):
     session = open_ready_session(owner, "slow database")
     cookie = session_cookie(owner)
     server = Daphne(tmp_path).start()
@@ -36,8 +43,8 @@ def test_a_socket_opens_while_the_database_is_slow_and_gets_its_hello_after(owne
         with psycopg.connect(
             host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"]
         ) as blocker:
-            # Every read of a session waits for this lock (the socket's own lookup too).
-            blocker.execute(f"LOCK TABLE {Session._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+            # Every read of the table waits for this lock (the socket's own too).
+            blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
             try:
                 ws = websocket.create_connection(
                     f"ws://127.0.0.1:{server.port}/ws/sessions/{session.pk}/",
