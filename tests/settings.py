@@ -1,6 +1,8 @@
 """Settings for the test suite: the real settings module, fed a test environment."""
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -36,4 +38,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # WhiteNoise warns when STATIC_ROOT is missing; tests serve static files from the finders.
+# Every process that reads these settings (each daphne under test too) makes one, and removes
+# it when it exits.
 STATIC_ROOT = Path(tempfile.mkdtemp(prefix="craft-static-"))
+atexit.register(shutil.rmtree, STATIC_ROOT, ignore_errors=True)
