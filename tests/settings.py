@@ -38,7 +38,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # WhiteNoise warns when STATIC_ROOT is missing; tests serve static files from the finders.
-# Every process that reads these settings (each daphne under test too) makes one, and removes
-# it when it exits.
-STATIC_ROOT = Path(tempfile.mkdtemp(prefix="craft-static-"))
-atexit.register(shutil.rmtree, STATIC_ROOT, ignore_errors=True)
+# The first process of a run that reads these settings makes it and removes it when it exits;
+# the processes it starts (xdist workers, each daphne under test, killed ones too) share it.
+if os.environ.get("CRAFT_TEST_STATIC_ROOT"):
+    STATIC_ROOT = Path(os.environ["CRAFT_TEST_STATIC_ROOT"])
+else:
+    STATIC_ROOT = Path(tempfile.mkdtemp(prefix="craft-static-"))
+    os.environ["CRAFT_TEST_STATIC_ROOT"] = str(STATIC_ROOT)
+    atexit.register(shutil.rmtree, STATIC_ROOT, ignore_errors=True)
