@@ -261,11 +261,12 @@ async def sessions_on_workers(
     # The CPU spent until every first prompt is stored (the opening), whoever spent it.
     opening_split = CpuSplit(pids, set())
     opening_cpu: dict[str, float] = {}
-    waiting = [count]
+    waiting = count
 
     def on_stored() -> None:
-        waiting[0] -= 1
-        if not waiting[0]:
+        nonlocal waiting
+        waiting -= 1
+        if not waiting:
             opening_cpu.update(opening_split.stop())
 
     started = time.perf_counter()
