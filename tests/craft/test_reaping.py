@@ -14,8 +14,9 @@ from django.conf import settings
 from sandboxes.models import ReaperAction
 from tests.ready import open_ready_session
 
+from ..procs import alive
 from ..server import Daphne, Socket
-from .test_restarts import alive, wait_for
+from .test_restarts import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,9 +5,6 @@ stopped as idle, the real consumer, runner and event log."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from sandboxes.acp import AgentConnection, PromptNotSent
 from sandboxes.demo_agent import FRESH_MARKER
 from tests.ready import open_ready_session
 
+from ..procs import killed
 from .logs import stored_log
 from .wsclient import is_turn_end, open_socket, receive_until
 
@@ -47,21 +45,6 @@ async def turn(comm, prompt_id: str, text: str) -> tuple[list[dict], str]:
         f["data"]["content"]["text"] for f in frames if f.get("kind") == "agent_message_chunk"
     )
     return frames, reply
-
-
-def killed(pid: int) -> None:
-    """SIGKILL the agent and wait until it is gone (its pipes are closed then)."""
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:  # reaped meanwhile: the file goes, or reading it fails (ESRCH)
-            return
-        if state == "Z":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"agent {pid} did not die")
 
 
 async def agent_pid(comm, prompt_id: str) -> int:

@@ -6,7 +6,6 @@ PostgreSQL test database shared by the test and the servers.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -22,6 +21,7 @@ from sandboxes import services as sandbox_services
 from tests.ready import open_ready_session
 
 from ..agents import AGENTS
+from ..procs import alive
 from ..server import Daphne, Socket
 from .logs import log_of
 
@@ -36,15 +36,6 @@ def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie has exited; only its parent has not collected it yet.
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def readiness(server: Daphne) -> int | None:

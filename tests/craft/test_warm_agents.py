@@ -18,8 +18,9 @@ from sandboxes.models import Sandbox
 from tests.catalog import KEY
 from tests.ready import running_sandbox
 
+from ..procs import killed
 from ..server import api, ask, open_session
-from .test_reattach import REMEMBERED, killed
+from .test_reattach import REMEMBERED
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

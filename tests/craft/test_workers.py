@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -21,6 +20,7 @@ from craft.turns.recovery import LOST
 from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
 
+from ..procs import alive
 from ..server import Daphne, Socket
 from .logs import log_of
 
@@ -195,9 +195,9 @@ def test_a_paused_owner_that_lost_its_lease_stores_nothing_more_and_stops_its_ag
     takeover = Event.objects.get(session=session, kind="agent_error", data__message=LOST).seq
     first.signal(signal.SIGCONT)
     deadline = time.monotonic() + 10
-    while _alive(old_pid) and time.monotonic() < deadline:
+    while alive(old_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(old_pid), "the old owner stops its agent when it notices"
+    assert not alive(old_pid), "the old owner stops its agent when it notices"
     time.sleep(1)
     late = [data for seq, kind, data in log_of(session)
             if seq > takeover and kind == "agent_message_chunk"
@@ -256,12 +256,3 @@ def test_a_rolling_restart_loses_and_repeats_no_event_for_a_streaming_client(wor
     sock.close()
     stored = [seq for seq, _, _ in log_of(session)]
     assert seen == stored, "every event once, in order, across the restarts"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -26,6 +26,7 @@ from kubernetes.stream.ws_client import WSClient
 
 from tests.kubeapi import KubeTestServer
 from tests.kubeapi.objects import parse_go_bool
+from tests.procs import alive
 
 NS = "craft-test"
 
@@ -503,14 +504,6 @@ def test_deleting_the_pod_kills_its_execs(
     assert record.returncode == -9
 
 
-def process_gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")  # dead, maybe not yet reaped
-
-
 def test_background_leftovers_live_until_the_pod_is_deleted(
     server: KubeTestServer, api: client.CoreV1Api, pod: str, run_exec: RunExec
 ) -> None:
@@ -519,9 +512,9 @@ def test_background_leftovers_live_until_the_pod_is_deleted(
     assert resp.returncode == 0
     leftover = int(resp.read_stdout())
     time.sleep(0.1)
-    assert not process_gone(leftover)
+    assert alive(leftover)
     api.delete_namespaced_pod(pod, NS)
-    wait_for(lambda: process_gone(leftover))
+    wait_for(lambda: not alive(leftover))
 
 
 def test_concurrent_execs(

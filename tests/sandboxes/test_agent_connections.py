@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -29,6 +28,7 @@ from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 
 from ..conftest import run_concurrently
+from ..procs import alive
 from .agents import agent_pid, reply_text, run_turn
 from .kube import agent_execs
 
@@ -65,15 +65,7 @@ def backend(request, settings, tmp_path) -> Agents:
     def started() -> list[int]:
         return [int(pid) for pid in starts.read_text().split()] if starts.exists() else []
 
-    return Agents(started, process_ended)
-
-
-def process_ended(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")  # dead, maybe not yet reaped
+    return Agents(started, lambda pid: not alive(pid))
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ row is gone) and checks what the reaper did, what it left alone and what it reco
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -30,6 +29,7 @@ from sandboxes.acp import PermissionRequest, TurnEnd, TurnFailed
 from sandboxes.backends.kubernetes import pod_name
 from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox
+from tests.procs import gone
 from tests.ready import open_ready_session, settled_sandbox
 
 from .agents import reply_text, run_turn
@@ -46,20 +46,6 @@ def user(name: str):
 
 def agent_pid(connection) -> int:
     return int(reply_text(run_turn(connection, "pid")).split()[1])
-
-
-def process_gone(pid: int, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def start_turn(connection, text: str) -> tuple[threading.Event, list]:
@@ -118,7 +104,7 @@ def test_the_reaper_stops_an_idle_agent_and_spares_a_recent_one(owner, settings)
         (Kind.STOPPED_IDLE_AGENT, f"session {idle_session.pk}")
     ]
     assert "no prompt for 0.5 s" in actions[0].reason
-    assert not idle.is_running and process_gone(pid)
+    assert not idle.is_running and gone(pid)
     assert recent.is_running
     assert ReaperAction.objects.get(sandbox=idle_session.sandbox).kind == Kind.STOPPED_IDLE_AGENT
     # The session goes on: its next prompt starts a new agent.

@@ -26,6 +26,7 @@ from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction
 from sandboxes.warm_agents import warm_agents
 
+from ..procs import gone
 from .agents import agent_pid, run_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,19 +65,6 @@ def warm_of(sandbox, timeout: float = 30):
             return live[0]
         assert time.monotonic() < deadline, "no warm agent"
         time.sleep(0.02)
-
-
-def gone(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_new_sessions_first_prompt_is_served_by_a_warm_agent(sandbox):
