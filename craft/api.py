@@ -115,6 +115,7 @@ def sessions(request: SignedInRequest) -> HttpResponse:
         return error(409, "too_many_sessions", str(exc))
     except services.SessionError as exc:
         return error(503, "sandbox_unavailable", str(exc))
+    session.running = False  # new: no prompt, so no turn yet (saves the query)
     return JsonResponse(session_json(session), status=201)
 
 

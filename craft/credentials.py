@@ -175,6 +175,8 @@ def credentials_of(user: User | int) -> list[Stored]:
 @sensitive_variables("values", "value")
 def _values(owner_id: int, names: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
     """Return the readable values of `names`, and the names missing and unreadable."""
+    if not names:
+        return {}, [], []  # an agent that needs no key: nothing to read
     rows = dict(
         Credential.objects.filter(owner_id=owner_id, name__in=names).values_list(
             "name", "ciphertext"
@@ -214,7 +216,11 @@ def launch_for(session_id: UUID) -> Launch:
     Raises CredentialsMissing when the agent needs a credential its owner has not stored or
     that cannot be read, SessionError when its agent is no longer offered.
     """
-    session = Session.objects.only("agent", "owner_id").get(pk=session_id)
+    return launch_of(Session.objects.only("agent", "owner_id").get(pk=session_id))
+
+
+def launch_of(session: Session) -> Launch:
+    """`launch_for` a session already read (its `agent` and `owner_id`)."""
     agent = agent_of(session)
     values, missing, unreadable = _values(session.owner_id, agent.credential_names)
     if missing or unreadable:
@@ -239,10 +245,11 @@ def likely_launch(owner_id: int) -> Launch | None:
     return Launch(agent, values)
 
 
-def missing_for(session_id: UUID) -> CredentialsMissing | None:
-    """Return why the session's agent cannot start for want of credentials, or None."""
+def missing_in(session: Session) -> CredentialsMissing | None:
+    """Return why the session's agent (a session already read) cannot start for want of
+    credentials, or None."""
     try:
-        launch_for(session_id)
+        launch_of(session)
     except CredentialsMissing as missing:
         return missing
     except SessionError:

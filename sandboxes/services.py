@@ -379,9 +379,15 @@ def require_running(sandbox: Sandbox) -> None:
     row = Sandbox.objects.filter(pk=sandbox.pk).values("status", "error").first()
     if row is None:
         raise SandboxUnavailable("your sandbox is gone")
-    if row["status"] != Sandbox.Status.RUNNING:
-        why = f": {row['error']}" if row["error"] else ""
-        raise SandboxUnavailable(f"your sandbox is {row['status']}{why}")
+    check_running(row["status"], row["error"])
+
+
+def check_running(status: str, error: str) -> None:
+    """Raise SandboxUnavailable unless `status`, a sandbox's as the caller just read it, is
+    running; `error` says why it failed."""
+    if status != Sandbox.Status.RUNNING:
+        why = f": {error}" if error else ""
+        raise SandboxUnavailable(f"your sandbox is {status}{why}")
 
 
 def workspace_path(sandbox: Sandbox, session_id: UUID) -> str:
@@ -389,13 +395,17 @@ def workspace_path(sandbox: Sandbox, session_id: UUID) -> str:
     return get_backend(sandbox.backend).workspace_path(sandbox, session_id)
 
 
-def session_workspace(sandbox: Sandbox, session_id: UUID) -> Workspace:
+def session_workspace(sandbox: Sandbox, session_id: UUID, *, just_read: bool = False) -> Workspace:
     """Return the session's workspace, to list and download (`sandboxes.workspace`).
 
     Raises SandboxUnavailable unless the sandbox is running: its files are read where its
-    agents run, with their rights.
+    agents run, with their rights. Its status is read from the database again, unless the
+    caller `just_read` the row it passes.
     """
-    require_running(sandbox)
+    if just_read:
+        check_running(sandbox.status, sandbox.error)
+    else:
+        require_running(sandbox)
     return get_backend(sandbox.backend).workspace(sandbox, session_id)
 
 

@@ -401,4 +401,4 @@ def _note(session_id: UUID, prompt_seq: int, **checkpoint: str) -> None:
 @db_sync_to_async
 def _workspace_of(session_id: UUID) -> Workspace:
     sandbox = Sandbox.objects.get(sessions__pk=session_id)
-    return sandbox_services.session_workspace(sandbox, session_id)
+    return sandbox_services.session_workspace(sandbox, session_id, just_read=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
 from uuid import UUID
 
+from craft import credentials
 from craft.models import Event, Session
 from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
+from sandboxes.catalog import Launch
 from sandboxes.models import Sandbox
 from sandboxes.signals import announce_change
 
@@ -28,15 +31,18 @@ def sandbox_status(session_id: UUID) -> str | None:
 
 
 @db_sync_to_async
-def sandbox_for_prompt(session_id: UUID) -> tuple[str | None, bool]:
+def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | None, bool]:
     """Return the status of the sandbox the session's next turn runs in, and whether the
-    session was moved to it now.
+    session was moved to it now. With `keys`, first raise CredentialsMissing if the session's
+    agent could not start for want of its owner's keys (nothing moves then).
 
     A session whose sandbox was terminated (by an administrator, by its owner, as idle) goes
     on in its owner's live sandbox, provisioned in the background if need be
     (`request_sandbox`): its log stays; its new agent starts in a new, empty workspace.
     """
     session = Session.objects.select_related("sandbox", "owner").get(pk=session_id)
+    if keys and (missing := credentials.missing_in(session)) is not None:
+        raise missing
     if session.sandbox.status != Sandbox.Status.TERMINATED:
         return session.sandbox.status, False
     sandbox = sandbox_services.request_sandbox(session.owner)
@@ -61,16 +67,27 @@ def sandbox_stopped(session_id: UUID) -> tuple[str, str] | None:
     return SANDBOX_STOPPED, "sandbox_stopped"
 
 
+class Start(NamedTuple):
+    """What a session's agent starts with: its running sandbox, the agent session to
+    reattach to (empty at the session's first start) and its launch (`credentials`)."""
+
+    sandbox: Sandbox
+    reattach: str
+    launch: Launch
+
+
 @db_sync_to_async
-def start_of(session_id: UUID, *, wait: bool = False) -> tuple[Sandbox | None, str]:
-    """Return the session's sandbox, checked to be running, and the agent's last session id
-    (empty at the session's first start). With `wait`, a sandbox still provisioning gives
-    None (the caller asks again) rather than an error."""
+def start_of(session_id: UUID, *, wait: bool = False) -> Start | None:
+    """Return what the session's agent starts with, its sandbox checked to be running, in
+    one read. With `wait`, a sandbox still provisioning gives None (the caller asks again)
+    rather than an error. Raises SandboxUnavailable, then CredentialsMissing or
+    SessionError (`credentials.launch_for`)."""
     session = Session.objects.select_related("sandbox").get(pk=session_id)
-    if wait and session.sandbox.status == Sandbox.Status.PROVISIONING:
-        return None, session.agent_session_id
-    sandbox_services.require_running(session.sandbox)
-    return session.sandbox, session.agent_session_id
+    sandbox = session.sandbox
+    if wait and sandbox.status == Sandbox.Status.PROVISIONING:
+        return None
+    sandbox_services.check_running(sandbox.status, sandbox.error)
+    return Start(sandbox, session.agent_session_id, credentials.launch_of(session))
 
 
 @db_sync_to_async

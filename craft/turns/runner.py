@@ -201,12 +201,12 @@ class SessionRunner:
             starting = False
             if self.connection is None or not self.connection.is_running:
                 # An agent that would not start for want of its owner's keys: nothing is
-                # stored, and the client keeps the prompt (docs/agents.md).
-                missing = await db_calls.run(credentials.missing_for, self.session_id)
-                if missing is not None:
-                    raise Refused("credentials_missing", str(missing))
-                # A session whose sandbox was terminated moves to a new one here.
-                status, moved = await records.sandbox_for_prompt(self.session_id)
+                # stored, and the client keeps the prompt (docs/agents.md). Else a session
+                # whose sandbox was terminated moves to a new one here.
+                try:
+                    status, moved = await records.sandbox_for_prompt(self.session_id, keys=True)
+                except credentials.CredentialsMissing as missing:
+                    raise Refused("credentials_missing", str(missing)) from None
                 starting = status == Sandbox.Status.PROVISIONING
                 if not prompt.queue and starting and not moved:
                     # Nothing is stored: the client sends it again when the sandbox is ready.
@@ -406,19 +406,18 @@ class SessionRunner:
                 return self.connection  # started meanwhile, for a control or a turn
             return await self._start_connection(wait_for_sandbox)
 
-    async def _sandbox_to_start_in(self, wait: bool) -> tuple[Sandbox, str]:
-        """Return the session's running sandbox and the agent session to reattach to; with
-        `wait`, wait for one being provisioned, at most CRAFT_SANDBOX_PROVISIONING_TIMEOUT
-        (then, or when it failed, SandboxUnavailable says why)."""
+    async def _start_to_make(self, wait: bool) -> records.Start:
+        """Return what the session's agent starts with (its running sandbox, the agent
+        session to reattach to, its launch); with `wait`, wait for a sandbox being
+        provisioned, at most CRAFT_SANDBOX_PROVISIONING_TIMEOUT (then, or when it failed,
+        SandboxUnavailable says why)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.CRAFT_SANDBOX_PROVISIONING_TIMEOUT
         pause = 0.05
         while True:
-            sandbox, reattach = await records.start_of(
-                self.session_id, wait=wait and loop.time() < deadline
-            )
-            if sandbox is not None:
-                return sandbox, reattach
+            start = await records.start_of(self.session_id, wait=wait and loop.time() < deadline)
+            if start is not None:
+                return start
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
@@ -430,10 +429,9 @@ class SessionRunner:
         `agent_restarted` if an earlier agent process was replaced, and `agent_info`) are
         queued before anything the agent sends outside a turn.
         """
-        sandbox, reattach = await self._sandbox_to_start_in(wait_for_sandbox)
         # The session's own agent, with its owner's credentials (CredentialsMissing says
         # which are missing); they go to the agent's environment and nowhere else.
-        launch = await db_calls.run(credentials.launch_for, self.session_id)
+        sandbox, reattach, launch = await self._start_to_make(wait_for_sandbox)
         connection = await call_agent(
             sandbox_services.agent_connection, sandbox, self.session_id, reattach or None, launch
         )
