@@ -204,22 +204,19 @@ class FollowsAccount:
         """Count this socket as one of `user`'s; False when they have as many as allowed."""
         return account_sockets().admit(self, user.pk)  # type: ignore[arg-type]
 
-    async def follow_account(self, user: Any) -> bool:
-        """Join `user`'s group; return whether the handshake's session is still signed in.
-
-        Checked again after joining: a sign-out committed between the handshake's
-        authentication and the join would otherwise never reach this socket. From then on
-        the re-check compares the account with what this read found.
+    async def join_account(self, user: Any) -> None:
+        """Join `user`'s group: a sign-out, password change or deactivation committed from now
+        on reaches this socket. One committed between the handshake's authentication and
+        this join reached no one: the caller reads `signed_in_as` after it, then `watch`es.
         """
         self.account_group = user_group(user.pk)
         session = self.scope.get("session")
         self.session_key = session.session_key if session is not None else None
         await self.channel_layer.group_add(self.account_group, self.channel_name)
-        current, auth_hash = await db_calls.run(_signed_in_user, self.session_key)
-        if not (current.is_authenticated and current.pk == user.pk):
-            return False
+
+    def watch_account(self, auth_hash: str) -> None:
+        """Let the re-check compare the account with `auth_hash`, as `signed_in_as` read it."""
         account_sockets().watch(self, self.session_key, auth_hash)  # type: ignore[arg-type]
-        return True
 
     async def unfollow_account(self) -> None:
         account_sockets().release(self)  # type: ignore[arg-type]
@@ -231,13 +228,15 @@ class FollowsAccount:
             await account_sockets().close(self)  # type: ignore[arg-type]
 
 
-def _signed_in_user(session_key: str | None) -> tuple[Any, str | None]:
-    """Return who a browser session is signed in as now, by Django's own checks (a fresh read:
-    the handshake's copy of the session would not show a sign-out), and their session auth
-    hash."""
+def signed_in_as(session_key: str | None, user_id: Any) -> str | None:
+    """Return the session auth hash of `user_id` if the browser session still signs them in
+    now, by Django's own checks (a fresh read: the handshake's copy of the session would not
+    show a sign-out); None if it does not."""
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     user = get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]
-    return user, user.get_session_auth_hash() if user.is_authenticated else None
+    if not (user.is_authenticated and user.pk == user_id):
+        return None
+    return user.get_session_auth_hash()
 
 
 def _after_commit(user_id: Any, session_key: str | None = None) -> None:

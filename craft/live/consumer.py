@@ -16,7 +16,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from channels.consumer import get_handler_name
@@ -26,7 +26,7 @@ from django.conf import settings
 from craft import commands, services, workspace_paths
 from craft.errors import Refused
 from craft.live import delivery, status
-from craft.live.accounts import FollowsAccount
+from craft.live.accounts import FollowsAccount, signed_in_as
 from craft.live.auth import authenticate
 from craft.live.outbuffer import unsent_bytes
 from craft.models import Session
@@ -71,13 +71,27 @@ class FromSocket(dict[str, Any]):
     """
 
 
+class Opening(NamedTuple):
+    """What a socket reads once it listens (`_opening`)."""
+
+    auth_hash: str | None  # None: its browser session no longer signs its user in
+    session: Session | None  # None: not the user's session (or none at all)
+    scrub: Scrub | None  # what hides the workspace path from the user (None: staff)
+
+
 @db_sync_to_async
-def _owned_session(user: Any, session_id: UUID) -> tuple[Session | None, Scrub | None]:
-    """Return the user's session and what hides its workspace path from them (None: staff)."""
+def _opening(user: Any, session_key: str | None, session_id: UUID) -> Opening:
+    """Whether the socket's browser session still signs `user` in, and their session with its
+    sandbox: one trip to the database threads."""
+    auth_hash = signed_in_as(session_key, user.pk)
+    if auth_hash is None:
+        return Opening(None, None, None)
     session = Session.objects.one_of(user, session_id)
     if session is None:
-        return None, None
-    return session, workspace_paths.scrubber_for(user, session.sandbox, session.pk)
+        return Opening(auth_hash, None, None)
+    return Opening(
+        auth_hash, session, workspace_paths.scrubber_for(user, session.sandbox, session.pk)
+    )
 
 
 @db_sync_to_async
@@ -166,22 +180,26 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if not self.hold_socket(user):
             await self._refuse(CLOSE_TOO_MANY_SOCKETS)
             return
-        session, self._scrub = await _owned_session(user, self.session_id)
+        # Listen before reading: a sign-out (closes the socket, 4401) or a status change
+        # (marks it stale until the hello) committed after the read below reaches this
+        # socket, and the read sees whatever was committed before.
+        await self.join_account(user)
+        self.user = user
+        status.listen(user.pk, self)
+        self._listening = True
+        auth_hash, session, self._scrub = await _opening(user, self.session_key, self.session_id)
+        if auth_hash is None:
+            await self._refuse(CLOSE_UNAUTHENTICATED)
+            return
         if session is None:
             await self._refuse(CLOSE_FORBIDDEN)
             return
-        # Sign-out, a password change or deactivation closes the socket (4401) from now on.
-        if not await self.follow_account(user):
-            await self._refuse(CLOSE_UNAUTHENTICATED)
-            return
+        self.watch_account(auth_hash)
         self.group = delivery.session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         delivery.follow(self.session_id, self)
         self._following = True
-        self.user = user
         self.sandbox_id = session.sandbox_id
-        status.listen(user.pk, self)
-        self._listening = True
         self._sandbox_sent = status.sandbox_state(session.sandbox)
         self._sandbox_sent["error"] = self.scrubbed(self._sandbox_sent["error"])
         await self.send_json(
@@ -193,10 +211,9 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 "sandbox": self._sandbox_sent,
             }
         )
-        # A change committed after the session was read, before this socket listened, sent
-        # its notice to no one: read the sandbox once more (a frame only if it changed).
         self._hello_sent = True
-        self.notice({"type": status.SANDBOX_CHANGED, "sandbox": self.sandbox_id.hex})
+        if self._sandbox_stale or self._sessions_stale:
+            self._start_status()  # a change noticed while opening: sent after the hello
 
     async def _refuse(self, code: int) -> None:
         await self.unfollow_account()
@@ -349,8 +366,10 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         else:
             self._sessions_missed = True
             return
-        if not self._hello_sent:
-            return  # the hello starts the task, after it
+        if self._hello_sent:
+            self._start_status()  # else the hello starts it, after itself
+
+    def _start_status(self) -> None:
         if self._status_task is None or self._status_task.done():
             self._status_task = asyncio.get_running_loop().create_task(self._send_status())
 

@@ -141,15 +141,15 @@ async def test_a_sign_out_between_authentication_and_joining_still_closes_it(
 ):
     from craft.live.consumer import SessionConsumer
 
-    follow_account = SessionConsumer.follow_account
+    join_account = SessionConsumer.join_account
 
     async def signed_out_meanwhile(self, user):
         # The handshake was authenticated; now the browser signs out, before the socket joins
         # its user's group, so the sign-out's broadcast cannot reach it.
         await db_sync_to_async(BrowserSession.objects.all().delete)()
-        return await follow_account(self, user)
+        return await join_account(self, user)
 
-    monkeypatch.setattr(SessionConsumer, "follow_account", signed_out_meanwhile)
+    monkeypatch.setattr(SessionConsumer, "join_account", signed_out_meanwhile)
     comm = communicator(session.pk, await db_sync_to_async(session_cookie)(owner))
     connected, _ = await comm.connect(timeout=CONNECT_TIMEOUT)
     assert connected

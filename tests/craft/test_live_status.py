@@ -23,6 +23,7 @@ from craft.session_activity import session_activity
 from craft.storage.db import db_sync_to_async
 from sandboxes import reaper
 from sandboxes.models import Sandbox
+from sandboxes.signals import announce_change
 from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket, api
@@ -148,6 +149,34 @@ async def test_the_reaper_s_idle_terminate_reaches_the_socket(owner, settings):
     frames = await receive_until(comm, is_sandbox("terminated"))
     assert {"type": "sandbox", "status": "terminating", "detail": "terminating (idle)",
             "error": ""} in frames  # fmt: skip
+    await comm.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_sandbox_change_while_the_socket_opens_reaches_it(owner, monkeypatch):
+    """The socket reads its session (and sandbox) once; a change committed after that read,
+    before its hello, is sent right after the hello."""
+    from craft.live import consumer
+
+    session = await db_sync_to_async(open_ready_session)(owner, "opening")
+    cookie = await db_sync_to_async(session_cookie)(owner)
+    read = consumer._opening
+
+    async def changed_after_the_read(*args):
+        opening = await read(*args)
+
+        def change() -> None:
+            Sandbox.objects.filter(pk=session.sandbox_id).update(status_detail="moved on")
+            announce_change(session.sandbox_id, owner.pk)
+
+        await db_sync_to_async(change)()
+        return opening
+
+    monkeypatch.setattr(consumer, "_opening", changed_after_the_read)
+    comm, hello = await open_socket(session.pk, cookie)
+    assert hello["sandbox"]["detail"] != "moved on"  # read before the change
+    frames = await receive_until(comm, lambda f: f.get("type") == "sandbox")
+    assert frames[-1]["detail"] == "moved on"
     await comm.disconnect()
 
 

@@ -3,6 +3,7 @@ threads'), so that an N+1 or a read that creeps onto a follow-up fails here firs
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -111,3 +112,36 @@ async def test_a_prompt_writes_its_worker_row_back_when_it_is_missing(owner):
     turn = await db_sync_to_async(Turn.objects.get)(session=session)
     assert turn.state == Turn.State.RUNNING and turn.worker == workers.me().key
     assert await db_sync_to_async(Worker.objects.filter(pk=workers.me().key).exists)()
+
+
+def reads_of(seen: list[tuple[str, str]]) -> Counter[str]:
+    """Name each read by the table of its outer FROM (subqueries are skipped)."""
+    tables: Counter[str] = Counter()
+    for _, sql in seen:
+        if not sql.startswith("SELECT"):
+            continue
+        while (outer := re.sub(r"\([^()]*\)", "", sql)) != sql:
+            sql = outer
+        tables[sql.split(" FROM ", 1)[1].split()[0].strip('"')] += 1
+    return tables
+
+
+async def test_opening_a_session_reads_each_row_it_needs_once(owner, cookie):
+    """A new session's socket and first prompt (until its turn ends) read the account, the
+    session and its sandbox no more often than each step needs them."""
+    session = await db_sync_to_async(open_ready_session)(owner, "opening")
+    with queries_in_every_thread() as seen:
+        comm, _ = await open_socket(session.pk, cookie)
+        await comm.send_json_to({"type": "resume", "after": 0})
+        await comm.send_json_to({"type": "prompt", "id": "first", "text": "pid"})
+        await receive_until(comm, is_turn_end)
+    await comm.disconnect()
+    reads = reads_of(seen)
+    # The account: at the handshake, and once more after the socket joined its group (a
+    # sign-out in between is seen). The session: the socket's, the lease's first (is there a
+    # session to lease), the prompt's (with its sandbox and its owner's keys) and the agent
+    # start's (likewise). The sandbox alone: the first checkpoint's workspace.
+    tables = ("django_session", "auth_user", "craft_session", "sandboxes_sandbox")
+    assert {table: reads[table] for table in tables} == {
+        "django_session": 2, "auth_user": 2, "craft_session": 4, "sandboxes_sandbox": 1,
+    }  # fmt: skip
