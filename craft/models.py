@@ -21,7 +21,7 @@ class SessionQuerySet(models.QuerySet["Session"]):
         None: someone else's session and a missing one are not told apart."""
         sessions = self.owned_by(user).select_related("sandbox").with_running()
         try:
-            # get(), not first(): the ordering first() adds costs a third of building this.
+            # get(), not first(): first() adds an ordering by pk, more SQL to build for nothing.
             return sessions.get(pk=session_id)
         except Session.DoesNotExist:
             return None
