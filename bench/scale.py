@@ -15,6 +15,11 @@ In one run, one after the other (N = 400 by default):
   floor's, and what Craft adds to them. Beside them, the p99 of each chunk's lateness (its
   arrival after the prompt minus the agent's 50 ms per chunk): chunks that pile up and
   arrive together have short gaps, so the gap figure holds only if they were also in time.
+* one at a time, first (on its own daphne, stopped before the rest): ONE_AT_A_TIME sessions
+  of one more user opened one after another, after a few untimed; daphne's CPU per session
+  opened (its create, socket, resume, first prompt and turn, its agent's start and first
+  checkpoint), the figure to watch for what Craft spends per session: opened all at once,
+  the opening moves with the machine as much as with Craft.
 * where the CPU went while they streamed: daphne, the agents (daphne's descendants, or the
   floor's agents) and this client, in cores (CPU seconds per second of streaming).
 * on PostgreSQL, then the same for M sessions (600 by default) over W workers (3), meeting
@@ -75,6 +80,8 @@ ADDED_TARGET = 0.050
 OPENING_TARGET = 5.0
 DIRECT_STARTS = 8  # floor agents started at once (untimed)
 WARM_WAIT = 120.0  # seconds to wait, untimed, for every sandbox's warm agent
+ONE_AT_A_TIME = 40  # sessions opened one after another (after WARM_UP untimed)
+WARM_UP = 5
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -236,6 +243,36 @@ async def open_one(
             return Opened(client, created, connected, stored, time.perf_counter() - started)
 
 
+async def one_at_a_time(site: Site, count: int) -> dict[str, float]:
+    """Open `count` sessions of a new user one after another on a daphne of their own (after
+    WARM_UP untimed); return daphne's CPU seconds per session and the medians of prompt
+    stored and answered (see `Opened`)."""
+    from sandboxes.services import provision_sandbox
+
+    user, cookie = site.user(f"serial-{uuid.uuid4().hex[:6]}")
+    provision_sandbox(user)
+    clients: list[Client] = []
+    with site.serve("--ping-interval", "600") as server:
+        try:
+            for _ in range(WARM_UP):
+                one = await open_one(server, cookie, time.perf_counter(), lambda: None)
+                clients.append(one.client)
+            before = cpu_seconds({server.process.pid})
+            opened = []
+            for _ in range(count):
+                one = await open_one(server, cookie, time.perf_counter(), lambda: None)
+                clients.append(one.client)
+                opened.append(one)
+            used = cpu_seconds({server.process.pid}) - before
+        finally:
+            await asyncio.gather(*(client.close() for client in clients))
+    return {
+        "cpu": used / count,
+        "stored_p50": percentile([one.stored for one in opened], 50),
+        "answered_p50": percentile([one.answered for one in opened], 50),
+    }
+
+
 async def warm_agents_waiting(homes: list[Path]) -> float:
     """Wait (untimed) until a process works in each sandbox home: its warm agent; return
     the seconds it took."""
@@ -331,6 +368,10 @@ async def measure(site: Site, sessions: int, workers: int) -> list[Figure]:
         provision_sandbox(user)  # here, untimed: the figures are about sessions
     homes = [site.home_of(user) for user, _ in users]
     cookies = [cookie for _, cookie in users]
+    serial = None
+    if workers == 1:
+        note(f"{ONE_AT_A_TIME} sessions opened one at a time")
+        serial = await one_at_a_time(site, ONE_AT_A_TIME)
     load = os.getloadavg()[0]
     note(f"floor: {sessions} agents direct")
     floor = await direct_floor(site.workdir, sessions)
@@ -388,7 +429,17 @@ async def measure(site: Site, sessions: int, workers: int) -> list[Figure]:
                 f"streaming: {cores(craft['cpu'])}; floor: {cores(floor['cpu'])}",
             ),
         ]
+    assert serial is not None
     return [
+        Figure(
+            f"{ONE_AT_A_TIME} sessions opened one at a time: daphne CPU per session",
+            serial["cpu"] * ms,
+            "ms",
+            "-",
+            None,
+            f"median prompt stored {serial['stored_p50'] * ms:.1f} ms, answered "
+            f"{serial['answered_p50'] * ms:.0f} ms; no floor (without Craft, no server)",
+        ),
         gap,
         Figure(
             f"{name}: first chunk p99",
