@@ -24,11 +24,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -64,21 +64,17 @@ def acquire(session_id: UUID) -> Claim:
     now = timezone.now()
     expires = now + timedelta(seconds=lease_seconds())
     with transaction.atomic():
-        lease = Lease.objects.select_for_update().filter(session_id=session_id).first()
-        if lease is None and not Session.objects.filter(pk=session_id).exists():
-            raise Session.DoesNotExist(f"session {session_id} does not exist")
-        if lease is None:
-            try:
-                with transaction.atomic():
-                    lease = Lease.objects.create(
-                        session_id=session_id, owner=me, expires_at=expires
-                    )
-            except IntegrityError:
-                # Another worker created it just now: look again (it owns it, for now).
-                lease = Lease.objects.select_for_update().get(session_id=session_id)
-            else:
+        while True:
+            token = _create_if_free(session_id, me, expires)
+            if token is not None:  # a new session's lease, in one statement
                 workers.ensure_registered()
-                return Claim(mine=True, token=lease.token, owner=me)
+                return Claim(mine=True, token=token, owner=me)
+            lease = Lease.objects.select_for_update().filter(session_id=session_id).first()
+            if lease is not None:
+                break
+            if not Session.objects.filter(pk=session_id).exists():
+                raise Session.DoesNotExist(f"session {session_id} does not exist")
+            # Its owner released it between the two statements: try to create it again.
         if lease.owner == me:
             lease.expires_at = expires
             lease.save(update_fields=["expires_at"])
@@ -103,6 +99,25 @@ def acquire(session_id: UUID) -> Claim:
             close_turn(turn_id, previous, LOST)
         logger.info("took session %s over from %s (token %d)", session_id, previous, lease.token)
         return Claim(mine=True, token=lease.token, owner=me)
+
+
+def _create_if_free(session_id: UUID, owner: str, expires: datetime) -> int | None:
+    """Create the session's lease for `owner` if it has none and the session exists; return
+    its token, or None (a lease exists, or no session). One statement: a concurrent creator's
+    row makes this one do nothing (PostgreSQL waits for it to commit or roll back first)."""
+    lease, session = Lease._meta, Session._meta
+    pk = lease.pk.get_db_prep_value(session_id, connection)
+    until = lease.get_field("expires_at").get_db_prep_value(expires, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {lease.db_table} (session_id, owner, token, expires_at) "
+            f"SELECT %s, %s, 1, %s WHERE EXISTS "
+            f"(SELECT 1 FROM {session.db_table} WHERE {session.pk.column} = %s) "
+            "ON CONFLICT (session_id) DO NOTHING RETURNING token",
+            [pk, owner, until, pk],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
 
 
 # Leases renewed by one statement: each is an `(session AND token)` term of one OR, and

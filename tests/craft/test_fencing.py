@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import psycopg
 import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from craft.cluster import workers
-from craft.models import Event, Lease, Session
+from craft.cluster import leases, workers
+from craft.models import Event, Lease, Session, Worker
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import Fenced, writer
 from tests.ready import open_ready_session
@@ -145,3 +146,46 @@ async def test_a_prompt_stored_once_is_not_stored_again(owner):
     )
     assert again is None
     assert await stored(session) == after_first
+
+
+# --- a new session's first claim ------------------------------------------------------------
+
+
+def live_worker_elsewhere(key: str) -> None:
+    Worker.objects.create(id=key, host="elsewhere", boot="", pid=1, started=1)
+
+
+@pytest.mark.parametrize("other_commits", [True, False], ids=["commits", "rolls-back"])
+async def test_two_workers_first_claims_of_a_new_session_give_it_one_owner(owner, other_commits):
+    """Another worker creates the new session's lease at the same moment, its transaction
+    still open: this worker's claim waits for it, then takes it only if it rolled back."""
+    session = await db_sync_to_async(open_ready_session)(owner, "first claims")
+    await db_sync_to_async(live_worker_elsewhere)("another-worker")
+    other = other_connection()
+    try:
+        other.execute(
+            "INSERT INTO craft_lease (session_id, owner, token, expires_at)"
+            " VALUES (%s, %s, 1, now() + interval '1 minute')",
+            [session.pk, "another-worker"],
+        )
+        claim = asyncio.ensure_future(db_sync_to_async(leases.acquire)(session.pk))
+        await until(lambda: waiting_for_a_lock(other), "the claim waits for the other's")
+        assert not claim.done()
+        other.commit() if other_commits else other.rollback()
+        result = await claim
+    finally:
+        other.close()
+    lease = await db_sync_to_async(Lease.objects.get)(pk=session.pk)
+    if other_commits:
+        assert (result.mine, result.owner) == (False, "another-worker")
+        assert (lease.owner, lease.token) == ("another-worker", 1)
+    else:
+        assert (result.mine, result.owner, result.token) == (True, workers.me().key, 1)
+        assert (lease.owner, lease.token) == (workers.me().key, 1)
+
+
+async def test_a_claim_of_a_missing_session_says_so_and_leases_nothing():
+    missing = uuid.uuid4()
+    with pytest.raises(Session.DoesNotExist):
+        await db_sync_to_async(leases.acquire)(missing)
+    assert not await db_sync_to_async(Lease.objects.filter(pk=missing).exists)()

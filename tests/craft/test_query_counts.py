@@ -138,10 +138,12 @@ async def test_opening_a_session_reads_each_row_it_needs_once(owner, cookie):
     await comm.disconnect()
     reads = reads_of(seen)
     # The account: at the handshake, and once more after the socket joined its group (a
-    # sign-out in between is seen). The session: the socket's, the lease's first (is there a
-    # session to lease), the prompt's (with its sandbox and its owner's keys) and the agent
-    # start's (likewise). The sandbox alone: the first checkpoint's workspace.
-    tables = ("django_session", "auth_user", "craft_session", "sandboxes_sandbox")
+    # sign-out in between is seen). The session: the socket's, the prompt's (with its
+    # sandbox and its owner's keys) and the agent start's (likewise). The sandbox alone: the
+    # first checkpoint's workspace. A new session's lease is one statement, a write.
+    tables = ("django_session", "auth_user", "craft_session", "sandboxes_sandbox", "craft_lease")
     assert {table: reads[table] for table in tables} == {
-        "django_session": 2, "auth_user": 2, "craft_session": 4, "sandboxes_sandbox": 1,
+        "django_session": 2, "auth_user": 2, "craft_session": 3, "sandboxes_sandbox": 1,
+        "craft_lease": 0,
     }  # fmt: skip
+    assert sum(sql.startswith("SAVEPOINT") for _, sql in seen) == 0
