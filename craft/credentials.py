@@ -4,7 +4,7 @@ Values are encrypted at rest with Fernet under CRAFT_SECRETS_KEY (a MultiFernet 
 listed, newest first: the first encrypts, each reads what it wrote, so rotating is listing the
 new key before the old one). A value is never shown again (`hint`: at most its last four
 characters), never logged, and never put in an event or an error. It leaves this module only
-in a `Launch` for its owner's own agent (`launch_for`), which the sandbox backends put in the
+in a `Launch` for its owner's own agent (`launch_of`), which the sandbox backends put in the
 agent's environment.
 
 A key that no listed key can read (CRAFT_SECRETS_KEY was replaced without the old one) is
@@ -17,7 +17,6 @@ import functools
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from uuid import UUID
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -210,17 +209,13 @@ def agent_of(session: Session) -> Agent:
     return agent
 
 
-def launch_for(session_id: UUID) -> Launch:
-    """Return what starts the session's agent: its catalog entry and its owner's credentials.
+def launch_of(session: Session) -> Launch:
+    """Return what starts the session's agent (a session already read: its `agent` and
+    `owner_id`): its catalog entry and its owner's credentials.
 
     Raises CredentialsMissing when the agent needs a credential its owner has not stored or
     that cannot be read, SessionError when its agent is no longer offered.
     """
-    return launch_of(Session.objects.only("agent", "owner_id").get(pk=session_id))
-
-
-def launch_of(session: Session) -> Launch:
-    """`launch_for` a session already read (its `agent` and `owner_id`)."""
     agent = agent_of(session)
     values, missing, unreadable = _values(session.owner_id, agent.credential_names)
     if missing or unreadable:

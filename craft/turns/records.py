@@ -81,7 +81,7 @@ def start_of(session_id: UUID, *, wait: bool = False) -> Start | None:
     """Return what the session's agent starts with, its sandbox checked to be running, in
     one read. With `wait`, a sandbox still provisioning gives None (the caller asks again)
     rather than an error. Raises SandboxUnavailable, then CredentialsMissing or
-    SessionError (`credentials.launch_for`)."""
+    SessionError (`credentials.launch_of`)."""
     session = Session.objects.select_related("sandbox").get(pk=session_id)
     sandbox = session.sandbox
     if wait and sandbox.status == Sandbox.Status.PROVISIONING:

@@ -21,6 +21,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = "sk-test-0123456789abcdef"
 
 
+def launch_for(session_id) -> credentials.Launch:
+    return credentials.launch_of(Session.objects.get(pk=session_id))
+
+
 @pytest.fixture(autouse=True)
 def agents(settings):
     settings.CRAFT_AGENTS = catalog()
@@ -90,7 +94,7 @@ def test_a_bad_value_is_refused_and_nothing_is_lost(api, value, message):
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "invalid_credential"
     assert message in refused.json()["error"]["message"]
-    assert credentials.launch_for(open_keyed_session(api)).secrets == {KEY: SECRET}
+    assert launch_for(open_keyed_session(api)).secrets == {KEY: SECRET}
 
 
 def test_a_name_no_agent_asks_for_is_refused(api):
@@ -135,7 +139,7 @@ def test_a_value_written_with_the_old_key_reads_after_the_new_key_is_listed_firs
     settings.CRAFT_SECRETS_KEYS = [Fernet.generate_key().decode(), old]
     [stored] = credentials.credentials_of(owner)
     assert stored.readable
-    assert credentials.launch_for(open_keyed_session(api)).secrets == {KEY: SECRET}
+    assert launch_for(open_keyed_session(api)).secrets == {KEY: SECRET}
     # What is written now is written with the new key.
     put_key(api, "sk-written-with-the-new-key")
     settings.CRAFT_SECRETS_KEYS = settings.CRAFT_SECRETS_KEYS[:1]
@@ -152,13 +156,13 @@ def test_a_wrong_key_makes_stored_values_unreadable_and_says_which(api, owner, s
     assert agents["keyed"]["ready"] is False
     assert agents["keyed"]["missing"] == [KEY]
     with pytest.raises(credentials.CredentialsMissing) as refused:
-        credentials.launch_for(session_id)
+        launch_for(session_id)
     assert refused.value.unreadable == [KEY]
     assert f"Provider API key ({KEY}), which can no longer be read" in str(refused.value)
     # Nothing else breaks: the other agent's sessions, and storing the key again.
     assert agents["demo"]["ready"] is True
     assert put_key(api, SECRET).status_code == 200
-    assert credentials.launch_for(session_id).secrets == {KEY: SECRET}
+    assert launch_for(session_id).secrets == {KEY: SECRET}
 
 
 def test_agents_say_what_the_caller_still_has_to_store(api):
@@ -223,7 +227,7 @@ def test_rotating_encrypts_every_value_with_the_new_key_so_the_old_can_go(api, o
     call_command("rotate_credentials", stdout=out)
     assert "Encrypted 1 credential(s) with the newest key." in out.getvalue()
     settings.CRAFT_SECRETS_KEYS = [new]
-    assert credentials.launch_for(open_keyed_session(api)).secrets == {KEY: SECRET}
+    assert launch_for(open_keyed_session(api)).secrets == {KEY: SECRET}
 
 
 def test_the_admin_shows_each_sessions_agent_and_never_credentials(api, staff):

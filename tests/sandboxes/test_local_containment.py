@@ -311,7 +311,7 @@ def test_each_contained_agent_gets_its_owners_key_and_cannot_read_anothers(
     for user in (owner, stranger):
         credentials.store_credential(user, key, values[user.pk])
         session = open_ready_session(user, "keyed")
-        launch = credentials.launch_for(session.pk)
+        launch = credentials.launch_of(session)
         agents[user.pk] = services.connect_agent(session.sandbox, session.pk, launch=launch)
 
     mine, theirs = agents[owner.pk], agents[stranger.pk]
