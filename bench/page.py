@@ -8,16 +8,21 @@ cold cache for every run. A run's time is from navigation start until the elemen
 event is in the page; it also reports the time to first byte of the page, when the history
 requests ran, and when the frame showing the result was ready (styled, laid out, scrolled to
 the bottom). Beside it, what any page costs a fresh context in the same browser: the
-sign-in page's first paint (its style sheet, fonts and first layout).
+sign-in page's first paint (its style sheet, fonts and first layout). Then what the sidebar
+costs the server after a change: the changed session's item against the whole list of 100.
 
     .venv/bin/python -m bench.page [--events 5000] [--runs 5]
 """
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import os
+import time
 import uuid
 from typing import Any
+from urllib.parse import urlparse
 
 from .harness import Figure, Site, median, run_alone
 
@@ -257,6 +262,58 @@ async def _time_runs(url: str, cookie: str, session_id: str, events: int, runs: 
     return results
 
 
+# --- the sidebar after a change ----------------------------------------------------------------
+
+SIDEBAR_SESSIONS = 100
+
+
+def _sidebar_requests(url: str, cookie: str, current: str, changed: str, times: int) -> dict:
+    """Time the sidebar's two ways of catching up with a change, one request at a time on one
+    connection, alternating, beside `/healthz` (any request's cost): medians in ms."""
+    address = urlparse(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+    headers = {"Cookie": f"sessionid={cookie}", "HX-Request": "true"}
+    paths = {
+        "whole": f"/sessions/list/?current={current}",
+        "item": f"/sessions/list/{changed}/?current={current}",
+        "healthz": "/healthz",
+    }
+    took: dict[str, list[float]] = {name: [] for name in paths}
+    try:
+        for run in range(times + 10):  # the first ten warm up
+            for name, path in paths.items():
+                start = time.perf_counter()
+                connection.request("GET", path, headers=headers)
+                answer = connection.getresponse()
+                answer.read()
+                assert answer.status == 200, (path, answer.status)
+                if run >= 10:
+                    took[name].append((time.perf_counter() - start) * 1000)
+    finally:
+        connection.close()
+    return {name: median(values) for name, values in took.items()}
+
+
+async def sidebar(site: Site, server: Any, times: int = 200) -> Figure:
+    """What a page's sidebar costs the server for one changed session (the socket's
+    `sessions` frame names it) against fetching the whole list, 100 sessions."""
+    user, cookie = site.user(f"sidebar-{uuid.uuid4().hex[:6]}")
+    ids = [site.session(user, f"session {n}") for n in range(SIDEBAR_SESSIONS)]
+    cookie_value = cookie.split("=", 1)[1]
+    ms = await asyncio.to_thread(
+        _sidebar_requests, server.url, cookie_value, ids[0], ids[50], times
+    )
+    return Figure(
+        f"sidebar after a change, {SIDEBAR_SESSIONS} sessions: the changed item",
+        ms["item"],
+        "ms",
+        "-",
+        None,
+        f"the whole list {ms['whole']:.1f} ms, /healthz {ms['healthz']:.2f} ms "
+        f"(medians of {times}, one at a time)",
+    )
+
+
 TARGET_MS = 400.0
 
 
@@ -264,6 +321,7 @@ async def run(site: Site, runs: int = 5, events: int = 5000) -> list[Figure]:
     cookie, session_id = store(site, events)
     with site.serve() as server:
         timings = await _time_runs(server.url, cookie, session_id, events, runs)
+        list_figure = await sidebar(site, server)
     rendered = [t["rendered"] for t in timings]
     ms = median(rendered)
     return [
@@ -277,7 +335,8 @@ async def run(site: Site, runs: int = 5, events: int = 5000) -> list[Figure]:
             f"worst {max(rendered):.0f} ms, history requests "
             f"{timings[-1]['history_requests']}; beside it, the sign-in page's first paint "
             f"{median([t['floor_paint'] for t in timings]):.0f} ms (any page's, fresh context)",
-        )
+        ),
+        list_figure,
     ]
 
 

@@ -109,7 +109,7 @@ def open_session(
     session = Session.objects.create(
         owner=user, sandbox=sandbox, title=clean_title(title) or DEFAULT_TITLE, agent=chosen.id
     )
-    status.sessions_changed(user.pk)
+    status.sessions_changed(user.pk, session.pk)
     return session
 
 
@@ -126,7 +126,7 @@ def delete_session(session: Session) -> None:
         transaction.on_commit(
             lambda: delivery.tell_session(session_id, {"type": "session.deleted"})
         )
-        status.sessions_changed(session.owner_id)
+        status.sessions_changed(session.owner_id, session_id)
     runners.forget(session_id)
 
 
@@ -141,7 +141,7 @@ def mark_seen(user: User, session_id: uuid.UUID) -> None:
     sessions.update(seen_at=now)
     ended = Turn.objects.filter(session_id=session_id, ended_at__gt=before, ended_at__lte=now)
     if ended.exists():
-        status.sessions_changed(user.pk)
+        status.sessions_changed(user.pk, session_id)
 
 
 # --- A session's commands (async, on the event loop) -----------------------------------------

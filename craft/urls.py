@@ -10,6 +10,7 @@ urlpatterns = [
     path("sessions/new/", views.new_session, name="new_session"),
     path("sandbox/status/", views.sandbox_status, name="sandbox_status"),
     path("sessions/list/", views.session_list, name="session_list"),
+    path("sessions/list/<uuid:session_id>/", views.session_list_item, name="session_list_item"),
     path("keys/", views.keys, name="keys"),
     path("keys/<str:name>/", views.store_key, name="store_key"),
     path("keys/<str:name>/delete/", views.delete_key, name="delete_key"),

@@ -46,7 +46,11 @@ def _current_sandbox(user: User) -> Sandbox | None:
 
 def _list_context(request: SignedInRequest, current: Session | None) -> dict[str, object]:
     sessions = Session.objects.owned_by(request.user).recent_first().with_status()
-    return {"sessions": with_links(list(sessions)), "current": current}
+    # The item's URL is built in the page from the list's, with the item's id for the zero id.
+    return {"sessions": with_links(list(sessions)), "current": current, "zero_id": ZERO_ID}
+
+
+ZERO_ID = UUID(int=0)
 
 
 # The URLs of a session's item in the list, as `links` names them.
@@ -59,7 +63,7 @@ def with_links(sessions: list[Session]) -> list[Session]:
     Reversed once for the list rather than five times per item: the sidebar is rendered
     again after every turn's start and end, for every page its person has open, and
     reversing was a tenth of its time."""
-    marker = str(UUID(int=0))
+    marker = str(ZERO_ID)
     patterns = {key: reverse(name, args=[marker]) for key, name in ITEM_LINKS.items()}
     for session in sessions:
         session.links = {  # type: ignore[attr-defined]
@@ -139,6 +143,21 @@ def session_list(request: SignedInRequest) -> HttpResponse:
     else:
         current = Session.objects.owned_by(request.user).filter(pk=current_id).first()
     return render(request, "craft/_session_list.html", _list_context(request, current))
+
+
+@require_GET
+@login_required
+def session_list_item(request: SignedInRequest, session_id: UUID) -> HttpResponse:
+    """Render one item of the sidebar's list: what the page fetches when its socket names the
+    sessions that changed (sidebar.js). 404 once the session is gone (or not the person's):
+    the page takes the item out."""
+    session = Session.objects.owned_by(request.user).with_status().filter(pk=session_id).first()
+    if session is None:
+        raise Http404("no such session")
+    current = session if request.GET.get("current") == str(session.pk) else None
+    return render(
+        request, "craft/_session_item.html", {"s": with_links([session])[0], "current": current}
+    )
 
 
 @require_POST

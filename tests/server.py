@@ -166,10 +166,14 @@ def api_request(url: str, cookie: str, method: str, path: str, body: Any = None)
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.load(answer)
+            return answer.status, _json_or_none(answer.read())
     except urllib.error.HTTPError as failed:
         with failed:
-            return failed.status, json.load(failed)
+            return failed.status, _json_or_none(failed.read())
+
+
+def _json_or_none(body: bytes) -> Any:
+    return json.loads(body) if body else None  # 204 has no body
 
 
 def close_code(ws: websocket.WebSocket) -> int:

@@ -48,6 +48,8 @@ REPLAY_PAGE = 2000
 YIELD_EVERY = 256
 # Live batches held for a socket that is busy sending; past this it reads the log instead.
 BACKLOG_BATCHES = 1_000
+# A `sessions` frame names at most this many changed sessions; past it, none (read them all).
+CHANGED_SESSIONS_AT_MOST = 20
 
 
 # What the channel layer may bring a session socket: the doorbell, the two closings and the
@@ -127,6 +129,8 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _status_task: asyncio.Task[None] | None = None
     _sandbox_stale = False
     _sessions_stale = False
+    # The sessions that changed since the last `sessions` frame; None: not known which.
+    _changed_sessions: set[str] | None = None
     _follows_sessions = False  # until the client sends `follow_sessions`
     _sessions_missed = False  # a sessions notice came before `follow_sessions`
     _hello_sent = False  # no status frame before the `hello`
@@ -362,12 +366,25 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if message.get("type") == status.SANDBOX_CHANGED:
             self._sandbox_stale = True  # of this session's, or the one it is moving to
         elif self._follows_sessions:
+            self._note_changed(message.get("session"))
             self._sessions_stale = True
         else:
             self._sessions_missed = True
             return
         if self._hello_sent:
             self._start_status()  # else the hello starts it, after itself
+
+    def _note_changed(self, session: str | None) -> None:
+        """Add a changed session to the next `sessions` frame: past `CHANGED_SESSIONS_AT_MOST`,
+        or with one not named, the frame names none and the page reads its whole list."""
+        if not self._sessions_stale:  # the first change since the last frame
+            self._changed_sessions = set()
+        changed = self._changed_sessions
+        full = changed is not None and len(changed) >= CHANGED_SESSIONS_AT_MOST
+        if changed is None or session is None or (full and session not in changed):
+            self._changed_sessions = None
+        else:
+            changed.add(session)
 
     def _start_status(self) -> None:
         if self._status_task is None or self._status_task.done():
@@ -386,7 +403,10 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
                         await self.send_json({"type": "sandbox", **state})
                 if self._sessions_stale:
                     self._sessions_stale = False
-                    await self.send_json({"type": "sessions"})
+                    frame: dict[str, Any] = {"type": "sessions"}
+                    if self._changed_sessions is not None:
+                        frame["sessions"] = sorted(self._changed_sessions)
+                    await self.send_json(frame)
         except Exception:
             logger.exception("session %s: sending the status failed", self.session_id)
 

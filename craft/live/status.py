@@ -6,10 +6,10 @@ Two notices go to every session socket a person has open, in every server proces
   whatever changed it: a request, the background provisioning, an admin, the reaper). A socket
   whose session lives in that sandbox reads the sandbox and sends a `sandbox` frame, unless it
   is what it sent last.
-* `sessions.changed`: one of their sessions changed what the list of sessions shows: a turn
-  started or ended, a permission request was opened or answered, the title changed, the
-  session was created, deleted or read. A socket sends a `sessions` frame, and the page
-  fetches its list again.
+* `sessions.changed`: one of their sessions (`session`, its id) changed what the list of
+  sessions shows: a turn started or ended, a permission request was opened or answered, the
+  title changed, the session was created, deleted or read. A socket sends a `sessions` frame
+  naming the sessions that changed, and the page fetches their items of its list again.
 
 Like the event doorbell, these say *that* something changed; the database says what. A
 socket folds a burst of notices into one read and one frame. Inside a process, notices are
@@ -120,10 +120,11 @@ def tell_user(user_id: Any, kind: str, **fields: Any) -> None:
 _unowned = Background()  # rung from a loop that has no hub
 
 
-def sessions_changed(user_id: Any) -> None:
-    """Tell the user's pages that their list of sessions changed, once the caller's
-    transaction commits (at once without one)."""
-    transaction.on_commit(lambda: tell_user(user_id, SESSIONS_CHANGED))
+def sessions_changed(user_id: Any, session_id: Any) -> None:
+    """Tell the user's pages that session `session_id` changed what their list of sessions
+    shows, once the caller's transaction commits (at once without one)."""
+    session = str(session_id)
+    transaction.on_commit(lambda: tell_user(user_id, SESSIONS_CHANGED, session=session))
 
 
 def on_sandbox_changed(sender: Any, sandbox_id: Any, owner_id: Any, **kwargs: Any) -> None:

@@ -135,7 +135,7 @@ def _store_events(
     elif _TURN_KINDS & kinds:
         _follow_turn(session_id, events, first, client_id, now, worker_known)
     if _LISTED_KINDS & kinds:
-        status.sessions_changed(owner_id)  # after commit
+        status.sessions_changed(owner_id, session_id)  # after commit
     frames = [event_frame(first + i, kind, text) for i, (kind, text) in enumerate(encoded)]
     return Stored(first, last, frames, sum(len(text) for _, text in encoded))
 

@@ -1,15 +1,20 @@
 // The sidebar of the chat pages: sessions and the sandbox line, kept fresh without polling.
-// - The session list is fetched again when the session page says one of the person's
-//   sessions changed (`craft:sessions-changed`: the session socket's `sessions` frame, pushed
-//   by the server within moments of a turn starting or ending, a permission request, a
-//   title, a session read, created or deleted, in any tab or worker), and when the window
-//   regains focus or becomes visible. Bursts of changes make one request; never while
-//   someone is using the list (a menu open, or focus inside): it is fetched when they leave;
-//   never while the tab is hidden: it is fetched once when it is shown.
+// - When the session page says some of the person's sessions changed (`craft:sessions-changed`,
+//   its `detail.sessions` their ids: the session socket's `sessions` frame, pushed by the
+//   server within moments of a turn starting or ending, a permission request, a title, a
+//   session read, created or deleted, in any tab or worker), their items are fetched again
+//   and put in their place (newest change first); a gone session's item is taken out. The
+//   whole list is fetched instead when the change names no session, when the list is empty,
+//   and when the window regains focus or becomes visible. Bursts of changes make one round
+//   of requests; never while someone is using the list (a menu open, or focus inside): it
+//   is fetched when they leave; never while the tab is hidden: it is fetched once, whole,
+//   when it is shown.
 // - The sandbox line is fetched again with it on focus; on a session's page the socket's
 //   `sandbox` frames keep it up to date (session/status.mjs).
 (() => {
   "use strict";
+
+  const ZERO_ID = "00000000-0000-0000-0000-000000000000"; // in the list's data-item-url
 
   function refresh(id) {
     const node = document.getElementById(id);
@@ -31,10 +36,18 @@
   // A change that comes while the list is being fetched may be newer than the answer, and
   // htmx loses a trigger on an element that its own swap replaces: fetch once more after.
   let again = false;
+  // What to fetch: the items of these sessions, or (whole) the list.
+  const changed = new Set();
+  let whole = false;
+
+  function inUse(list) {
+    return list.querySelector("details[open]") || list.contains(document.activeElement);
+  }
+
   function refreshList() {
     const list = document.getElementById("session-list");
     if (!list) return;
-    if (list.querySelector("details[open]") || list.contains(document.activeElement)) {
+    if (inUse(list)) {
       stale = true;
       return;
     }
@@ -43,7 +56,67 @@
       again = true;
       return;
     }
-    refresh("session-list");
+    if (whole || !list.dataset.itemUrl || !list.querySelector(".session-item")) {
+      whole = false;
+      changed.clear();
+      refresh("session-list");
+    } else if (changed.size) {
+      const ids = [...changed];
+      changed.clear();
+      refreshItems(list, ids);
+    }
+  }
+
+  // Fetch the sessions' items and put each in its place; one that is gone is taken out.
+  async function refreshItems(list, ids) {
+    list.dataset.loading = "true";
+    try {
+      const answers = await Promise.all(ids.map(async (id) => {
+        const url = list.dataset.itemUrl.replace(ZERO_ID, encodeURIComponent(id));
+        const response = await fetch(url, { headers: { "HX-Request": "true" } });
+        if (response.status === 404) return [id, null];
+        if (!response.ok) throw new Error(`${url}: ${response.status}`);
+        return [id, await response.text()];
+      }));
+      if (inUse(list)) { // opened or focused meanwhile: the answers wait until it is left
+        ids.forEach((id) => changed.add(id));
+        stale = true;
+        return;
+      }
+      for (const [id, html] of answers) {
+        const old = document.getElementById(`session-${id}`);
+        if (old) old.remove();
+        if (html !== null) place(list, html);
+      }
+      if (!list.querySelector(".session-item")) whole = true; // its "No sessions yet"
+    } catch (error) {
+      console.error("could not refresh the list of sessions", error);
+      whole = true; // the next change, or the window's focus, fetches it whole
+    } finally {
+      delete list.dataset.loading;
+    }
+    if (again || whole) {
+      again = false;
+      refreshListSoon();
+    }
+  }
+
+  // Put an item where the list has it: by its latest change, newest first.
+  function place(list, html) {
+    const template = document.createElement("template");
+    template.innerHTML = html.trim();
+    const item = template.content.firstElementChild;
+    if (!item || !item.classList.contains("session-item")) return;
+    const updated = Number(item.dataset.updated);
+    let before = null;
+    for (const other of list.querySelectorAll(":scope > .session-item")) {
+      if (Number(other.dataset.updated) <= updated) {
+        before = other;
+        break;
+      }
+    }
+    list.insertBefore(item, before);
+    if (window.htmx) window.htmx.process(item); // its rename and delete forms
   }
   document.addEventListener("htmx:beforeRequest", (event) => {
     if (event.target.id === "session-list") event.target.dataset.loading = "true";
@@ -69,13 +142,17 @@
   }
   function refreshAll() {
     if (document.hidden) return;
+    whole = true;
     refreshList();
     refresh("sandbox-status");
   }
   window.addEventListener("focus", refreshAll);
   document.addEventListener("visibilitychange", refreshAll);
   // A hidden tab fetches nothing: it fetches the list once when it is shown (refreshAll).
-  document.addEventListener("craft:sessions-changed", () => {
+  document.addEventListener("craft:sessions-changed", (event) => {
+    const ids = event.detail && event.detail.sessions;
+    if (Array.isArray(ids)) ids.forEach((id) => changed.add(String(id)));
+    else whole = true;
     if (!document.hidden) refreshListSoon();
   });
   document.addEventListener("focusout", () => {

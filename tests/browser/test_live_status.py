@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 from types import SimpleNamespace
 from urllib.parse import urlparse
 
@@ -21,7 +22,7 @@ from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
 
 from ..craft.test_live_status import admin_terminate
-from ..server import Socket
+from ..server import Socket, api
 from .conftest import snap
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -176,6 +177,68 @@ async def test_the_session_list_shows_each_session_s_state_within_a_second(
     elsewhere.send({"type": "seen"})  # its page, in another tab, is looked at: read here too
     await expect(item).not_to_have_attribute("data-unread", "true")
     elsewhere.close()
+
+
+async def test_the_list_redraws_only_the_items_of_the_sessions_that_changed(
+    page, craft_server, owner
+):
+    there = await db_sync_to_async(open_ready_session)(owner, "Elsewhere")
+    here = await db_sync_to_async(open_ready_session)(owner, "Looking here")
+    frames: list[dict] = []
+    fetched: list[str] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on(
+            "framereceived",
+            lambda f: frames.append(json.loads(f)) if '"sessions"' in f else None,
+        ),
+    )
+    page.on(
+        "request",
+        lambda r: fetched.append(urlparse(r.url).path) if "/sessions/list/" in r.url else None,
+    )
+    await open_page(page, craft_server, here)
+    items = page.locator("#session-list > .session-item")
+    await expect(items.first).to_have_id(f"session-{here.pk}")  # the latest change first
+
+    elsewhere = await off_the_loop(socket_to, craft_server, owner, there)
+    elsewhere.send({"type": "resume", "after": 0})
+    elsewhere.send({"type": "prompt", "id": "i1", "text": "count 1"})
+    await asyncio.to_thread(elsewhere.until, is_turn_end)
+    elsewhere.close()
+    item = page.locator(f"#session-{there.pk} .session-link")
+    await expect(item).to_have_attribute("data-unread", "true")
+    # Its turn is the latest change: its item moved up, the other stayed as it was.
+    await expect(items.first).to_have_id(f"session-{there.pk}")
+    await expect(items).to_have_count(2)
+
+    # A session made in another tab comes in on top; one deleted there goes.
+    server = SimpleNamespace(url=craft_server.url)
+    code, created = await off_the_loop(api, server, owner, "POST", "/api/sessions/", {})
+    assert code == 201, created
+    await expect(items.first).to_have_id(f"session-{created['id']}")
+    await expect(items).to_have_count(3)
+    code, _ = await off_the_loop(api, server, owner, "DELETE", f"/api/sessions/{created['id']}/")
+    assert code == 204
+    await expect(items).to_have_count(2)
+    await expect(items.first).to_have_id(f"session-{there.pk}")
+
+    # Only the items named were fetched. The whole list only after a frame that names none:
+    # a change (the sessions made above, say) that reached the page's socket before it
+    # followed the list.
+    named = {name for frame in frames for name in frame.get("sessions", [])}
+    assert {there.pk.hex, created["id"].replace("-", "")} <= {n.replace("-", "") for n in named}
+    items_fetched = {path for path in fetched if path != "/sessions/list/"}
+    assert items_fetched, (fetched, frames)
+    assert items_fetched <= {f"/sessions/list/{name}/" for name in named}, (fetched, frames)
+    unnamed = [frame for frame in frames if "sessions" not in frame]
+    assert fetched.count("/sessions/list/") <= len(unnamed), (fetched, frames)
+
+    # A fetched item works as one drawn with the page: its menu renames it.
+    await page.locator(f"#session-{there.pk} summary").click()
+    await page.locator(f"#session-{there.pk} input[name=title]").fill("Renamed")
+    await page.locator(f"#session-{there.pk} .rename-form button").click()
+    await expect(item.locator(".session-name")).to_have_text("Renamed")
 
 
 async def test_a_hidden_tab_fetches_the_session_list_only_once_it_is_shown(

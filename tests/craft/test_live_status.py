@@ -19,6 +19,8 @@ from urllib.parse import urlencode
 import pytest
 from django.utils import timezone
 
+from craft.live import status
+from craft.live.consumer import CHANGED_SESSIONS_AT_MOST, SessionConsumer
 from craft.session_activity import session_activity
 from craft.storage.db import db_sync_to_async
 from sandboxes import reaper
@@ -67,14 +69,22 @@ def listed(server: Daphne, user: Any) -> dict[str, dict[str, Any]]:
     return {item["title"]: item for item in body["sessions"]}
 
 
-def next_listing(watcher: Socket, server: Daphne, user: Any, title: str, done: Any) -> dict:
+def next_listing(
+    watcher: Socket, server: Daphne, user: Any, title: str, done: Any, named: bool = True
+) -> dict:
     """Read `sessions` frames until, after one, the list shows session `title` as `done`
-    wants it; return its item. Every change sends a frame: a missing one times out."""
+    wants it; return its item. Every change sends a frame: a missing one times out. A frame
+    names the sessions that changed (`named`), or none (read the whole list)."""
     while True:
-        if watcher.frame() != {"type": "sessions"}:
+        frame = watcher.frame()
+        if frame.get("type") != "sessions":
             continue
         item = listed(server, user)[title]
         if done(item):
+            if named:
+                assert item["id"] in frame["sessions"], frame
+            else:
+                assert frame == {"type": "sessions"}
             return item
 
 
@@ -214,10 +224,44 @@ def test_the_session_list_follows_every_session_s_turns(owner, tmp_path):
 
         worker.send({"type": "prompt", "id": "w3", "text": "fail"})
         busy_is("failed", unread=True)
-        watcher.close()
         worker.close()
+
+        def names(session_id: str) -> None:
+            frame = watcher.until(lambda f: f.get("type") == "sessions")[-1]
+            while session_id not in frame.get("sessions", []):
+                frame = watcher.until(lambda f: f.get("type") == "sessions")[-1]
+
+        # A session created and one deleted are named too (the page adds or drops its item).
+        code, created = api(server, owner, "POST", "/api/sessions/", {"title": "new"})
+        assert code == 201, created
+        names(created["id"])
+        assert api(server, owner, "DELETE", f"/api/sessions/{busy.pk}/")[0] == 204
+        names(str(busy.pk))
+        watcher.close()
     finally:
         server.terminate()
+
+
+def test_a_sessions_frame_names_at_most_twenty_sessions():
+    socket = SessionConsumer()
+    socket._follows_sessions = True  # its `hello` is not sent: notices are only noted
+
+    def notice(session: str | None) -> None:
+        socket.notice({"type": status.SESSIONS_CHANGED, "session": session})
+
+    for n in range(CHANGED_SESSIONS_AT_MOST):
+        notice(f"s{n}")
+    notice("s0")  # again: still twenty
+    assert socket._changed_sessions == {f"s{n}" for n in range(CHANGED_SESSIONS_AT_MOST)}
+    notice("one more")
+    assert socket._changed_sessions is None  # the page reads its whole list
+    notice("s1")
+    assert socket._changed_sessions is None  # until the frame is sent
+    socket._sessions_stale = False  # as when sent
+    notice("s2")
+    assert socket._changed_sessions == {"s2"}
+    notice(None)  # a change that names no session
+    assert socket._changed_sessions is None
 
 
 def test_a_change_before_the_socket_follows_the_list_is_not_lost(owner, tmp_path):
@@ -233,7 +277,8 @@ def test_a_change_before_the_socket_follows_the_list_is_not_lost(owner, tmp_path
         worker.send({"type": "prompt", "id": "m1", "text": "hello"})
         worker.until(is_turn_end)
         watcher.send({"type": "follow_sessions"})
-        item = next_listing(watcher, server, owner, "busy", lambda item: item["unread"])
+        # Which sessions changed before it followed is not known: the frame names none.
+        item = next_listing(watcher, server, owner, "busy", lambda i: i["unread"], named=False)
         assert item["state"] == "idle"
         watcher.close()
         worker.close()

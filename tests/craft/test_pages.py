@@ -124,6 +124,32 @@ def test_the_session_list_refreshes_with_the_current_session_marked(client, owne
     assert client.get(reverse("session_list"), {"current": "nope"}).status_code == 200
 
 
+def test_one_item_of_the_list_is_its_owner_s_alone(client, owner, stranger):
+    first = open_ready_session(owner, "first")
+    second = open_ready_session(owner, "second")
+    client.force_login(owner)
+    url = reverse("session_list_item", args=[first.pk])
+    item = client.get(url, {"current": str(first.pk)}, **HTMX).content.decode()
+    assert item.count('class="session-item') == 1
+    assert f'id="session-{first.pk}"' in item
+    assert 'aria-current="page"' in item
+    first.refresh_from_db()
+    # Its place in the list: the microseconds of its latest change, as the list orders them.
+    changed = first.updated_at
+    assert f'data-updated="{int(changed.timestamp())}{changed.microsecond:06d}"' in item
+    listing = client.get(reverse("session_list"), {"current": str(second.pk)}).content.decode()
+    zero = "00000000-0000-0000-0000-000000000000"
+    assert f'data-item-url="/sessions/list/{zero}/?current={second.pk}"' in listing
+    other = client.get(url, {"current": str(second.pk)}).content.decode()
+    assert "aria-current" not in other
+    # Someone else's session, and one that is gone, are both just not found.
+    client.force_login(stranger)
+    assert client.get(url).status_code == 404
+    client.force_login(owner)
+    first.delete()
+    assert client.get(url).status_code == 404
+
+
 def test_renaming_over_htmx_returns_the_updated_item(client, owner):
     session = open_ready_session(owner, "old")
     client.force_login(owner)

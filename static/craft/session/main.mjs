@@ -77,7 +77,7 @@ const connection = createConnection({
         status.setSandbox(frame);
         startAgentEarly();
       }
-      else document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
+      else sessionsChanged(frame.sessions);
     },
     event(frame) {
       applyEvent(frame, true);
@@ -152,15 +152,22 @@ function applyEvent(event, live = false) {
   if (live && !step.failed) followLive(event.kind, step.block);
 }
 
+// Tell the sidebar (sidebar.js) which of the person's sessions changed what its list shows;
+// anything but a list of ids (a `sessions` frame without them): not known which, it reads all.
+function sessionsChanged(ids) {
+  const sessions = Array.isArray(ids) && ids.every((id) => typeof id === "string") ? ids : undefined;
+  document.dispatchEvent(new CustomEvent("craft:sessions-changed", { detail: { sessions } }));
+}
+
 // What a person is told of a live event besides the transcript.
 function followLive(kind, block) {
-  const sessionsChanged = () => document.dispatchEvent(new CustomEvent("craft:sessions-changed"));
+  const listChanged = () => sessionsChanged([sessionId]);
   switch (kind) {
     case "user_message":
       scroll.toBottom(); // a new message, and what answers it, always come into view
       status.setRunning(true);
       status.announce("The agent is working.");
-      sessionsChanged();
+      listChanged();
       break;
     case "prompt_queued":
       status.announce("Your message will be sent when the agent is done.");
@@ -185,7 +192,7 @@ function followLive(kind, block) {
       status.setRunning(false);
       status.announce(STOP_REASONS[block.reason] || "The turn ended.");
       attention.turnEnded(STOP_REASONS[block.reason] || "The turn ended");
-      sessionsChanged();
+      listChanged();
       break;
     case "agent_error":
       status.showAgentError(block);
@@ -194,7 +201,7 @@ function followLive(kind, block) {
       status.announce(block.label);
       break;
     case "session_title":
-      sessionsChanged();
+      listChanged();
       break;
   }
 }
