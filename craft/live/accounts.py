@@ -120,6 +120,24 @@ class AccountSockets:
             self.per_user[held.user_id] -= 1
             if self.per_user[held.user_id] <= 0:
                 del self.per_user[held.user_id]
+        if not self.held:
+            self._stop_checking()
+
+    def _stop_checking(self) -> None:
+        """Stop the re-check's task while no socket is held (the next one starts it again),
+        rather than leave it asleep on a loop that may be closing. Not from inside it: a
+        socket it closes is released there, and the task ends by itself after."""
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        try:
+            inside = asyncio.current_task() is task
+        except RuntimeError:  # no running loop here
+            inside = False
+        if inside:
+            self._task = task
+        else:
+            task.cancel()
 
     async def close(self, socket: Closable) -> None:
         """Close a socket whose account's right to it ended (once: it is released first)."""

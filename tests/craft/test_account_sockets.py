@@ -23,7 +23,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from craft.live.accounts import account_state
+from craft.live.accounts import account_sockets, account_state
 from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
@@ -248,6 +248,31 @@ async def test_the_recheck_closes_sockets_whose_account_ended_without_a_signal(
     await their_socket.send_json_to({"type": "cancel"})
     assert (await their_socket.receive_json_from(timeout=10))["code"] == "not_running"
     await their_socket.disconnect()
+
+
+async def test_the_recheck_runs_only_while_sockets_are_held(session, owner, settings):
+    settings.CRAFT_SOCKET_AUTH_CHECK_SECONDS = 0.5
+    registry = account_sockets()
+    cookie = await db_sync_to_async(session_cookie)(owner)
+    comm, _ = await open_socket(session.pk, cookie)
+    task = registry._task
+    assert task is not None and not task.done()
+    await comm.disconnect()
+    # The last socket gone, its task goes too: none is left asleep on a loop that may close.
+    assert registry._task is None
+    await asyncio.wait([task], timeout=10)
+    assert task.cancelled()
+
+    # The re-check itself closes the last socket: the close is not cut short by the task's
+    # own cancelling; the task ends by itself.
+    comm, _ = await open_socket(session.pk, cookie)
+    task = registry._task
+    assert task is not None and not task.done()
+    await db_sync_to_async(end_behind_the_signals_back)("password", owner.pk, "")
+    assert await comm.receive_output(timeout=10) == SIGNED_OUT
+    await asyncio.wait([task], timeout=10)
+    assert task.done() and not task.cancelled()
+    assert registry._task is None or registry._task.done()
 
 
 async def test_the_recheck_asks_the_database_twice_whatever_the_number_of_sockets():
