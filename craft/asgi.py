@@ -19,10 +19,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from craft.live.auth import SessionAuthMiddleware  # noqa: E402
 from craft.live.origins import OriginCheck  # noqa: E402
 from craft.live.routing import websocket_urlpatterns  # noqa: E402
+from craft.static_files import StaticFiles  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_application,
+        # Static files answered again from memory (see the module); everything else: Django.
+        "http": StaticFiles(django_application),
         # The Origin check (scheme, host and port) is the cross-site websocket hijacking
         # protection: keep it.
         "websocket": OriginCheck(SessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
