@@ -75,23 +75,25 @@
         const url = list.dataset.itemUrl.replace(ZERO_ID, encodeURIComponent(id));
         const response = await fetch(url, { headers: { "HX-Request": "true" } });
         if (response.status === 404) return [id, null];
-        if (!response.ok) throw new Error(`${url}: ${response.status}`);
-        return [id, await response.text()];
+        // Signed out meanwhile, the answer is the sign-in page (after a redirect): not an item.
+        const item = response.ok && !response.redirected ? parseItem(await response.text()) : null;
+        if (!item) throw new Error(`${url}: ${response.status}, not an item of the list`);
+        return [id, item];
       }));
       if (inUse(list)) { // opened or focused meanwhile: the answers wait until it is left
         ids.forEach((id) => changed.add(id));
         stale = true;
         return;
       }
-      for (const [id, html] of answers) {
+      for (const [id, item] of answers) {
         const old = document.getElementById(`session-${id}`);
         if (old) old.remove();
-        if (html !== null) place(list, html);
+        if (item) place(list, item);
       }
       if (!list.querySelector(".session-item")) whole = true; // its "No sessions yet"
     } catch (error) {
       console.error("could not refresh the list of sessions", error);
-      whole = true; // the next change, or the window's focus, fetches it whole
+      whole = true; // fetched whole instead, below
     } finally {
       delete list.dataset.loading;
     }
@@ -101,12 +103,15 @@
     }
   }
 
-  // Put an item where the list has it: by its latest change, newest first.
-  function place(list, html) {
+  function parseItem(html) {
     const template = document.createElement("template");
     template.innerHTML = html.trim();
     const item = template.content.firstElementChild;
-    if (!item || !item.classList.contains("session-item")) return;
+    return item && item.classList.contains("session-item") && !item.nextElementSibling ? item : null;
+  }
+
+  // Put an item where the list has it: by its latest change, newest first.
+  function place(list, item) {
     const updated = Number(item.dataset.updated);
     let before = null;
     for (const other of list.querySelectorAll(":scope > .session-item")) {
