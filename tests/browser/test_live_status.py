@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import re
 from types import SimpleNamespace
 from urllib.parse import urlparse
 
@@ -239,6 +240,37 @@ async def test_the_list_redraws_only_the_items_of_the_sessions_that_changed(
     await page.locator(f"#session-{there.pk} input[name=title]").fill("Renamed")
     await page.locator(f"#session-{there.pk} .rename-form button").click()
     await expect(item.locator(".session-name")).to_have_text("Renamed")
+
+
+async def test_an_item_answered_by_the_sign_in_page_leaves_the_list_whole(
+    page, craft_server, owner
+):
+    there = await db_sync_to_async(open_ready_session)(owner, "Elsewhere")
+    here = await db_sync_to_async(open_ready_session)(owner, "Looking here")
+    # The fault: the item's request is sent to the sign-in page, as when the person was
+    # signed out meanwhile (the real page, through a redirect).
+    redirected: list[str] = []
+
+    async def to_sign_in(route):
+        redirected.append(route.request.url)
+        await route.fulfill(status=302, headers={"Location": "/accounts/login/"})
+
+    await page.route(re.compile(r"/sessions/list/[0-9a-f-]{36}/"), to_sign_in)
+    fetched: list[str] = []
+    page.on("request", lambda r: fetched.append(r.url) if "/sessions/list/?" in r.url else None)
+    await open_page(page, craft_server, here)
+    fetched.clear()
+    elsewhere = await off_the_loop(socket_to, craft_server, owner, there)
+    elsewhere.send({"type": "resume", "after": 0})
+    elsewhere.send({"type": "prompt", "id": "r1", "text": "count 1"})
+    await asyncio.to_thread(elsewhere.until, is_turn_end)
+    elsewhere.close()
+    item = page.locator(f"#session-{there.pk} .session-link")
+    # Not taken out for an answer that is not an item: the list is fetched whole instead.
+    await expect(item).to_have_attribute("data-unread", "true")
+    assert redirected, "the item was never asked for"
+    assert fetched, "the whole list was not fetched"
+    await expect(page.locator("#session-list > .session-item")).to_have_count(2)
 
 
 async def test_a_hidden_tab_fetches_the_session_list_only_once_it_is_shown(
