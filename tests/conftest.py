@@ -377,19 +377,26 @@ def queries_in_every_thread() -> Iterator[list[tuple[str, str]]]:
         seen.append((threading.current_thread().name, str(sql)))
         return executemany(self, sql, param_list)
 
-    # The event log writes its rows with COPY on PostgreSQL, straight on psycopg's cursor.
+    # The event log writes its rows with COPY on PostgreSQL, and many sessions' events with a
+    # statement bound on the server, straight on psycopg's cursors (Django's own cursors are
+    # client-side ones, counted above).
     import psycopg
 
-    copy = psycopg.Cursor.copy
+    copy, raw_execute = psycopg.Cursor.copy, psycopg.Cursor.execute
 
     def counted_copy(self, statement, *args, **kwargs):
         seen.append((threading.current_thread().name, str(statement)))
         return copy(self, statement, *args, **kwargs)
 
+    def counted_raw_execute(self, statement, *args, **kwargs):
+        if type(self) is psycopg.Cursor:
+            seen.append((threading.current_thread().name, str(statement)))
+        return raw_execute(self, statement, *args, **kwargs)
+
     CursorWrapper.execute, CursorWrapper.executemany = counted_execute, counted_executemany
-    psycopg.Cursor.copy = counted_copy
+    psycopg.Cursor.copy, psycopg.Cursor.execute = counted_copy, counted_raw_execute
     try:
         yield seen
     finally:
         CursorWrapper.execute, CursorWrapper.executemany = execute, executemany
-        psycopg.Cursor.copy = copy
+        psycopg.Cursor.copy, psycopg.Cursor.execute = copy, raw_execute

@@ -34,6 +34,7 @@ from functools import lru_cache, partial
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from django.db import connection, transaction
 from django.db.models import TextField
 from django.db.models.functions import Cast
@@ -420,6 +421,201 @@ def _prompt_stored(session_id: UUID, client_id: str) -> bool:
         return cursor.fetchone() is not None
 
 
+# --- many sessions' streamed events at once -----------------------------------------------
+
+# A batch's streamed events of at least this many sessions are numbered together, in one
+# statement for all of them. One statement per session made a batch of 400 streaming
+# sessions take 200+ ms on PostgreSQL (each statement is a round trip, and a parse and plan
+# on the server) and 30-40 ms of the GIL on SQLite, and every session's next chunks waited.
+MANY_SESSIONS = 2
+# SQLite numbers at most this many sessions per statement (two variables each).
+SQLITE_SESSIONS = 500
+
+_Encoded = tuple["_Job", list[tuple[str, str]]]
+
+
+def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Stored | None]]:
+    """Store a batch's jobs (sorted by session) in the caller's transaction, each session's
+    in order. The leading streamed events of every session are numbered together first;
+    whatever that did not store (a prompt, a turn's change, a fenced or gone session) goes
+    through `_store_events`, one job at a time, after them."""
+    stored: dict[int, Stored | None] = {}
+    leading = _leading_plain(encoded)
+    if len(leading) >= MANY_SESSIONS:
+        stored = _store_many(encoded, leading, now)
+    for i, (job, events) in enumerate(encoded):
+        if i not in stored:
+            stored[i] = (
+                _store_events(job.session_id, job.events, events, job.client_id, now, job.fence)
+                if events
+                else None
+            )
+    return [(job, stored[i]) for i, (job, _) in enumerate(encoded)]
+
+
+def _leading_plain(encoded: list[_Encoded]) -> list[list[int]]:
+    """Per session, the indexes of its first jobs up to its first prompt or turn change
+    (and all under the same fence), if they hold any event."""
+    leading: list[list[int]] = []
+    start = 0
+    while start < len(encoded):
+        first = encoded[start][0]
+        run: list[int] = []
+        end = start
+        while end < len(encoded) and encoded[end][0].session_id == first.session_id:
+            job = encoded[end][0]
+            if len(run) == end - start and _plain(job) and job.fence == first.fence:
+                run.append(end)
+            end += 1
+        if any(encoded[i][1] for i in run):
+            leading.append(run)
+        start = end
+    return leading
+
+
+def _plain(job: _Job) -> bool:
+    """What the agent streams: no prompt, nothing the session's `Turn` row follows."""
+    return job.client_id is None and not any(kind in _TURN_KINDS for kind, _ in job.events)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One session's leading jobs in a batch, numbered together."""
+
+    pk: Any  # the session's primary key, as the database takes it
+    fence: Fence | None
+    events: list[tuple[str, str]]
+    indexes: list[int]
+
+
+def _store_many(
+    encoded: list[_Encoded], leading: list[list[int]], now: datetime
+) -> dict[int, Stored | None]:
+    """Check, number and insert the jobs `leading` names, of many sessions, together; return
+    what each job stored, by index. A session that was not numbered (fenced, gone) is left
+    out, for `_store_events` to say why."""
+    runs = []
+    for indexes in leading:
+        job = encoded[indexes[0]][0]
+        pk = Session._meta.pk.get_db_prep_value(job.session_id, connection)
+        events = [event for i in indexes for event in encoded[i][1]]
+        runs.append(_Run(pk, job.fence, events, indexes))
+    created = Event._meta.get_field("created_at").get_db_prep_value(now, connection)
+    if connection.vendor == "postgresql":
+        numbered = _number_many_postgresql(runs, created)
+    else:
+        numbered = _number_many(runs, created)
+    stored: dict[int, Stored | None] = {}
+    for run in runs:
+        if run.pk not in numbered:
+            continue
+        last, owner_id = numbered[run.pk]
+        seq = last - len(run.events) + 1
+        for i in run.indexes:
+            job, events = encoded[i]
+            if not events:
+                stored[i] = None
+                continue
+            frames = [event_frame(seq + n, kind, text) for n, (kind, text) in enumerate(events)]
+            stored[i] = Stored(seq, seq + len(events) - 1, frames,
+                               sum(len(text) for _, text in events))  # fmt: skip
+            seq += len(events)
+            if any(kind in _LISTED_KINDS for kind, _ in events):
+                status.sessions_changed(owner_id, job.session_id)  # after commit
+    return stored
+
+
+def _number_many_postgresql(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
+    """One statement: check each run's fence, number its events and insert them; return the
+    new last seq and the owner of each session numbered."""
+    owners = [run.fence[0] if run.fence else None for run in runs]
+    tokens = [run.fence[1] if run.fence else None for run in runs]
+    event_sessions, positions, kinds, texts = [], [], [], []
+    for run in runs:
+        for position, (kind, text) in enumerate(run.events):
+            event_sessions.append(run.pk)
+            positions.append(position)
+            kinds.append(kind)
+            texts.append(text)
+    params = [
+        [run.pk for run in runs], [len(run.events) for run in runs], owners, tokens, created,
+        created, event_sessions, positions, kinds, texts,
+    ]  # fmt: skip
+    # Bound on the server, not by Django's client-side cursor: the arrays travel as values,
+    # and the statement, always the same text, is prepared once per connection.
+    with connection.cursor() as wrapper, psycopg.Cursor(wrapper.cursor.connection) as cursor:
+        cursor.execute(_many_sql(), params, prepare=True)
+        return {row[0]: (int(row[1]), row[2]) for row in cursor.fetchall()}
+
+
+@lru_cache(maxsize=1)
+def _many_sql() -> str:
+    """Many sessions' events, numbered per session: the fence's locking reads of every lease
+    first (in session order, as a takeover locks a lease before its session), then one UPDATE
+    of the sessions whose lease is still theirs (or that carry no fence), then the rows."""
+    session, event, lease = Session._meta.db_table, Event._meta.db_table, Lease._meta.db_table
+    return (
+        "WITH input AS (SELECT * FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::bigint[]) "
+        "AS i(session_id, count, owner, token)), "
+        f"fence AS MATERIALIZED (SELECT {lease}.session_id, {lease}.owner, {lease}.token "
+        f"FROM {lease} WHERE {lease}.session_id IN "
+        "(SELECT session_id FROM input WHERE owner IS NOT NULL) "
+        f"ORDER BY {lease}.session_id FOR SHARE OF {lease}), "
+        f"bump AS (UPDATE {session} SET last_seq = {session}.last_seq + input.count, "
+        f"updated_at = %s FROM input WHERE {session}.id = input.session_id AND "
+        "(input.owner IS NULL OR EXISTS (SELECT 1 FROM fence WHERE fence.session_id = "
+        "input.session_id AND fence.owner = input.owner AND fence.token = input.token)) "
+        f"RETURNING {session}.id, {session}.last_seq, {session}.owner_id, input.count), "
+        f"added AS (INSERT INTO {event} {_COLUMNS} "
+        "SELECT e.session_id, bump.last_seq - bump.count + 1 + e.position, e.kind, "
+        "e.data::jsonb, NULL, %s "
+        "FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::text[]) "
+        "AS e(session_id, position, kind, data) JOIN bump ON bump.id = e.session_id) "
+        "SELECT id, last_seq, owner_id FROM bump"
+    )
+
+
+def _number_many(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
+    """SQLite: the leases read, the sessions numbered, the rows inserted, each in one
+    statement per SQLITE_SESSIONS sessions (the transaction holds the write lock from its
+    start, so nothing changes a lease between the read and the UPDATE)."""
+    session, lease = Session._meta.db_table, Lease._meta.db_table
+    numbered: dict[Any, tuple[int, Any]] = {}
+    with connection.cursor() as cursor:
+        for start in range(0, len(runs), SQLITE_SESSIONS):
+            part = runs[start : start + SQLITE_SESSIONS]
+            fenced = [run.pk for run in part if run.fence is not None]
+            leases: dict[Any, tuple[str, int]] = {}
+            if fenced:
+                cursor.execute(
+                    f"SELECT session_id, owner, token FROM {lease} WHERE session_id IN "
+                    f"({', '.join(['%s'] * len(fenced))})",
+                    fenced,
+                )
+                leases = {pk: (owner, int(token)) for pk, owner, token in cursor.fetchall()}
+            kept = [run for run in part
+                    if run.fence is None or leases.get(run.pk) == tuple(run.fence)]  # fmt: skip
+            if not kept:
+                continue
+            cursor.execute(
+                f"WITH input(id, count) AS (VALUES {', '.join(['(%s, %s)'] * len(kept))}) "
+                f"UPDATE {session} SET last_seq = {session}.last_seq + input.count, "
+                f"updated_at = %s FROM input WHERE {session}.id = input.id "
+                f"RETURNING {session}.id, {session}.last_seq, {session}.owner_id",
+                [v for run in kept for v in (run.pk, len(run.events))] + [created],
+            )
+            numbered.update((pk, (int(last), owner)) for pk, last, owner in cursor.fetchall())
+            rows = []
+            for run in kept:
+                if run.pk not in numbered:
+                    continue
+                first = numbered[run.pk][0] - len(run.events) + 1
+                rows += [(run.pk, first + n, kind, text, None, created)
+                         for n, (kind, text) in enumerate(run.events)]  # fmt: skip
+            _insert_rows(cursor, rows)
+    return numbered
+
+
 def append_events(
     session_id: UUID,
     events: Sequence[tuple[str, dict[str, Any]]],
@@ -578,16 +774,8 @@ class EventWriter:
         # Sessions in a fixed order (a stable sort keeps each session's own order), so that
         # two processes' writers always lock session rows in the same order.
         encoded = sorted(((job, _encode(job.events)) for job in jobs), key=_session_key)
-        results: list[tuple[_Job, Stored | None]] = []
         with transaction.atomic():
-            for job, events in encoded:
-                stored = None
-                if events:
-                    stored = _store_events(
-                        job.session_id, job.events, events, job.client_id, now, job.fence
-                    )
-                results.append((job, stored))
-        return results
+            return _store_batch(encoded, now)
 
     def _finish(self, outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:
         """Deliver what was stored and resolve the callers' futures, one wake-up per loop."""

@@ -1,0 +1,223 @@
+"""One batch, many sessions: the writer numbers every session's streamed events together.
+
+On PostgreSQL each test holds the writer on an append whose session row another connection
+has locked, so that what it submits meanwhile is committed as one batch; a lease row locked by
+another connection then holds that batch's statement, which shows it is the one for many
+sessions. On SQLite another connection holds the write lock while the appends are submitted;
+`test_the_batches_hold_on_sqlite` runs this module again on SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from craft.cluster import workers
+from craft.models import Event, Lease, Session, Turn
+from craft.storage.db import db_sync_to_async
+from craft.storage.eventlog import Fenced, writer
+from tests.conftest import queries_in_every_thread
+from tests.craft.test_fencing import other_connection, until, waiting_for_a_lock
+from tests.ready import open_ready_session
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+SQLITE = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+postgresql_only = pytest.mark.skipif(SQLITE, reason="holds rows with PostgreSQL's locks")
+
+
+def chunk(text: str) -> tuple[str, dict]:
+    return ("agent_message_chunk", {"content": {"type": "text", "text": text}})
+
+
+def waiting_statements(conn: psycopg.Connection) -> list[str]:
+    """The statements of the backends waiting for a lock that `conn`'s transaction holds."""
+    with psycopg.connect(conn.info.dsn, autocommit=True) as probe:
+        rows = probe.execute(
+            "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            [conn.info.backend_pid],
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+async def leased(owner, count: int) -> list[tuple[Session, tuple[str, int]]]:
+    def make() -> list[tuple[Session, tuple[str, int]]]:
+        made = []
+        for i in range(count):
+            session = open_ready_session(owner, f"s{i}")
+            lease = Lease.objects.create(
+                session_id=session.pk, owner=workers.me().key, expires_at=timezone.now()
+            )
+            made.append((session, (lease.owner, lease.token)))
+        return made
+
+    return await db_sync_to_async(make)()
+
+
+@contextlib.asynccontextmanager
+async def one_batch(held: tuple[Session, tuple[str, int]]) -> AsyncIterator[None]:
+    """What is submitted inside is committed as one batch, after an append of `held`."""
+    session, fence = held
+    blocker = other_connection()
+    try:
+        blocker.execute("SELECT 1 FROM craft_session WHERE id = %s FOR UPDATE", [session.pk])
+        first = asyncio.ensure_future(writer.append(session.pk, [chunk("held")], fence=fence))
+        await until(lambda: waiting_for_a_lock(blocker), "the writer waits for the blocker")
+        yield
+        blocker.rollback()
+        await first
+    finally:
+        blocker.close()
+
+
+async def the_statement_for_many_sessions_waits_for(conn: psycopg.Connection) -> None:
+    await until(lambda: waiting_for_a_lock(conn), "the batch waits for the lease")
+    (statement,) = await asyncio.to_thread(waiting_statements, conn)
+    assert "unnest(" in statement, statement
+
+
+@db_sync_to_async
+def log_of(session: Session) -> list[tuple[int, str, dict]]:
+    return list(
+        Event.objects.filter(session=session).order_by("seq").values_list("seq", "kind", "data")
+    )
+
+
+@postgresql_only
+async def test_one_batch_keeps_each_session_s_order_its_turn_and_its_prompt(owner):
+    (held, _), *rest = await leased(owner, 5)
+    (s1, f1), (s2, f2), (s3, f3), (s4, f4) = rest
+    # s2 has a turn running, which its batch ends.
+    await writer.append(s2.pk, [("user_message", {"text": "go"})], client_id="p0", fence=f2)
+    appends = [
+        (s1, [chunk("a")], None, f1),
+        (s2, [chunk("last words")], None, f2),
+        (s1, [chunk("b")], None, f1),
+        (s3, [("user_message", {"text": "hi"})], "p1", f3),
+        (s2, [("turn_end", {"stop_reason": "end_turn"})], None, f2),
+        (s3, [chunk("answer")], None, f3),
+        (s4, [chunk("x"), ("session_title", {"title": "named"})], None, f4),
+        (s1, [chunk("c"), chunk("d")], None, f1),
+    ]
+    watcher = other_connection()
+    try:
+        watcher.execute("SELECT 1 FROM craft_lease WHERE session_id = %s FOR UPDATE", [s1.pk])
+        async with one_batch((held, (workers.me().key, 1))):
+            futures = [
+                writer.submit(s.pk, events, client_id=client_id, fence=fence)
+                for s, events, client_id, fence in appends
+            ]
+        await the_statement_for_many_sessions_waits_for(watcher)
+        watcher.rollback()
+    finally:
+        watcher.close()
+    results = await asyncio.gather(*futures)
+
+    texts = lambda log: [(seq, d.get("content", {}).get("text", kind)) for seq, kind, d in log]  # noqa: E731
+    assert texts(await log_of(s1)) == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
+    assert texts(await log_of(s2)) == [(1, "user_message"), (2, "last words"), (3, "turn_end")]
+    assert texts(await log_of(s3)) == [(1, "user_message"), (2, "answer")]
+    assert texts(await log_of(s4)) == [(1, "x"), (2, "session_title")]
+    # What each caller got back matches what was stored.
+    assert [(r.first_seq, r.last_seq) for r in results] == [
+        (1, 1), (2, 2), (2, 2), (1, 1), (3, 3), (2, 2), (1, 2), (3, 4)
+    ]  # fmt: skip
+    assert '"seq":3' in results[7].frames[0].replace(" ", "")
+    turns = await db_sync_to_async(
+        lambda: {t.session_id: (t.state, t.prompt_seq) for t in Turn.objects.all()}
+    )()
+    assert turns == {s2.pk: ("ended", 1), s3.pk: ("running", 1)}
+    last_seqs = await db_sync_to_async(
+        lambda: dict(Session.objects.filter(pk__in=[s1.pk, s4.pk]).values_list("pk", "last_seq"))
+    )()
+    assert last_seqs == {s1.pk: 4, s4.pk: 2}
+
+
+@postgresql_only
+@pytest.mark.parametrize("takeover_commits", [True, False], ids=["commits", "rolls-back"])
+async def test_a_batch_that_waited_for_a_takeover_refuses_only_that_session(
+    owner, takeover_commits
+):
+    (held, held_fence), (s1, f1), (s2, f2), (s3, f3) = await leased(owner, 4)
+    takeover = other_connection()
+    try:
+        takeover.execute(
+            "UPDATE craft_lease SET owner = %s, token = token + 1 WHERE session_id = %s",
+            ["another-worker", s2.pk],
+        )
+        async with one_batch((held, held_fence)):
+            futures = [
+                writer.submit(s.pk, [chunk(s.title)], fence=fence)
+                for s, fence in ((s1, f1), (s2, f2), (s3, f3))
+            ]
+        await the_statement_for_many_sessions_waits_for(takeover)
+        assert not any(future.done() for future in futures)
+        takeover.commit() if takeover_commits else takeover.rollback()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        takeover.close()
+
+    if takeover_commits:
+        assert isinstance(results[1], Fenced)
+        assert await log_of(s2) == []
+    else:
+        assert (results[1].first_seq, results[1].last_seq) == (1, 1)
+        assert len(await log_of(s2)) == 1
+    for result, session in ((results[0], s1), (results[2], s3)):
+        assert (result.first_seq, result.last_seq) == (1, 1)
+        assert [data["content"]["text"] for _, _, data in await log_of(session)] == [session.title]
+
+
+@pytest.mark.skipif(not SQLITE, reason="the run on SQLite")
+async def test_on_sqlite_a_batch_keeps_each_session_s_order_and_refuses_a_stale_fence(owner):
+    (s1, f1), (s2, f2), (s3, f3) = await leased(owner, 3)
+    await db_sync_to_async(Lease.objects.filter(pk=s3.pk).update)(token=F("token") + 1)
+    appends = [(s1, "a", f1), (s2, "x", f2), (s3, "lost", f3), (s1, "b", f1), (s2, "y", f2)]
+    # The write lock is held while all are submitted: the writer forms at most one batch
+    # before the last is queued, and the rest (two sessions at least) make the next.
+    lock = sqlite3.connect(settings.DATABASES["default"]["NAME"])
+    try:
+        with queries_in_every_thread() as seen:
+            lock.execute("BEGIN IMMEDIATE")
+            futures = [
+                writer.submit(s.pk, [chunk(text)], fence=fence) for s, text, fence in appends
+            ]
+            lock.rollback()
+            results = await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        lock.close()
+
+    assert any("WITH input(id, count)" in sql for _, sql in seen), seen
+    assert isinstance(results[2], Fenced)
+    assert [(r.first_seq, r.last_seq) for r in (results[0], results[3])] == [(1, 1), (2, 2)]
+    assert [(r.first_seq, r.last_seq) for r in (results[1], results[4])] == [(1, 1), (2, 2)]
+    texts = lambda log: [data["content"]["text"] for _, _, data in log]  # noqa: E731
+    assert texts(await log_of(s1)) == ["a", "b"]
+    assert texts(await log_of(s2)) == ["x", "y"]
+    assert await log_of(s3) == []
+
+
+@pytest.mark.skipif(SQLITE, reason="this is the run on SQLite")
+async def test_the_batches_hold_on_sqlite(tmp_path):
+    """Run this module again with SQLite as the database."""
+    database = f"sqlite:///{tmp_path / 'batches.sqlite3'}"
+    env = {**os.environ, "CRAFT_TEST_DATABASE_URL": database, "DATABASE_URL": database}
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "not test_the_batches_hold_on_sqlite"],
+        env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "1 passed" in result.stdout, result.stdout[-2000:]
