@@ -113,7 +113,7 @@ async def run(site: Site, rounds: int = 10) -> list[Figure]:
     forward_session = site.session(user)
     times = await failover(site, cookie, kill_session, rounds)
     direct, forwarded, both_direct, both_forwarded = await forwarding(
-        site, cookie, forward_session, max(rounds * 3, 30)
+        site, cookie, forward_session, max(rounds * 9, 90)
     )
     overhead = (forwarded - direct) * 1000
     return [
