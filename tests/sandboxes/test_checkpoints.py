@@ -393,6 +393,9 @@ def test_a_change_undone_before_the_turn_is_asked_of_git(workspace, git_not_aske
     taken, watch = workspace.craft.watched_checkpoint("start", 60)
     workspace.write("a.txt", b"two\n")
     workspace.write("a.txt", b"one\n")
+    # The local tool ends at the first change it hears. Asked before it had read that change
+    # (a busy machine), it would see both and ask git itself: right, but not this path.
+    wait_until(lambda: not watching_tools(workspace.session.pk))
     assert watch.still()  # heard, so git decided: the same files
     assert git_not_asked == [taken.commit]
 
