@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache, partial
+from itertools import groupby
 from typing import Any
 from uuid import UUID
 
@@ -137,8 +138,13 @@ def _store_events(
         _follow_turn(session_id, events, first, client_id, now, worker_known)
     if _LISTED_KINDS & kinds:
         status.sessions_changed(owner_id, session_id)  # after commit
+    return _stored_at(first, encoded)
+
+
+def _stored_at(first: int, encoded: list[tuple[str, str]]) -> Stored:
+    """What storing `encoded` from seq `first` on stored, with its frames."""
     frames = [event_frame(first + i, kind, text) for i, (kind, text) in enumerate(encoded)]
-    return Stored(first, last, frames, sum(len(text) for _, text in encoded))
+    return Stored(first, first + len(encoded) - 1, frames, sum(len(text) for _, text in encoded))
 
 
 # (the session's new last seq, its owner's id, whether the lease owner's worker row exists),
@@ -456,20 +462,16 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
 def _leading_plain(encoded: list[_Encoded]) -> list[list[int]]:
     """Per session, the indexes of its first jobs up to its first prompt or turn change
     (and all under the same fence), if they hold any event."""
-    leading: list[list[int]] = []
-    start = 0
-    while start < len(encoded):
-        first = encoded[start][0]
+    leading = []
+    for _, group in groupby(range(len(encoded)), key=lambda i: encoded[i][0].session_id):
         run: list[int] = []
-        end = start
-        while end < len(encoded) and encoded[end][0].session_id == first.session_id:
-            job = encoded[end][0]
-            if len(run) == end - start and _plain(job) and job.fence == first.fence:
-                run.append(end)
-            end += 1
+        for i in group:
+            job = encoded[i][0]
+            if not _plain(job) or (run and job.fence != encoded[run[0]][0].fence):
+                break
+            run.append(i)
         if any(encoded[i][1] for i in run):
             leading.append(run)
-        start = end
     return leading
 
 
@@ -516,9 +518,7 @@ def _store_many(
             if not events:
                 stored[i] = None
                 continue
-            frames = [event_frame(seq + n, kind, text) for n, (kind, text) in enumerate(events)]
-            stored[i] = Stored(seq, seq + len(events) - 1, frames,
-                               sum(len(text) for _, text in events))  # fmt: skip
+            stored[i] = _stored_at(seq, events)
             seq += len(events)
             if any(kind in _LISTED_KINDS for kind, _ in events):
                 status.sessions_changed(owner_id, job.session_id)  # after commit
