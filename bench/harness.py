@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandboxes.backends.containment import module_command
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -325,15 +327,18 @@ def _is_chunk(message: dict[str, Any]) -> bool:
     return update.get("sessionUpdate") == "agent_message_chunk"
 
 
+# The floors' agent: this checkout's demo agent (an installed craft-demo-agent may be another
+# checkout's), started as Craft starts it (containment.module_command: compiled, imported).
+DEMO_AGENT = module_command(sys.executable, ROOT / "sandboxes", "demo_agent", "main()")
+
+
 class DirectAgent:
     """The demo agent driven directly over its stdio: the floor every figure is held to."""
 
     def __init__(self, cwd: Path) -> None:
         cwd.mkdir(parents=True, exist_ok=True)
-        # This checkout's demo agent, run as a file (it imports nothing of the project): an
-        # installed craft-demo-agent script may be another checkout's.
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "sandboxes" / "demo_agent.py")],
+            DEMO_AGENT,
             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self._ids = iter(range(1 << 30))
@@ -493,7 +498,7 @@ class AsyncDirectAgent:
         """Spawn the agent in `cwd`, initialize it and open its session."""
         await asyncio.to_thread(cwd.mkdir, parents=True, exist_ok=True)
         process = await asyncio.create_subprocess_exec(
-            sys.executable, str(ROOT / "sandboxes" / "demo_agent.py"), cwd=cwd,
+            *DEMO_AGENT, cwd=cwd,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             limit=64 << 20,
         )  # fmt: skip

@@ -25,18 +25,14 @@ runs inside sandbox container images and through Kubernetes pod exec.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import itertools
 import json
 import os
 import re
-import secrets
 import stat
 import sys
 import threading
-import traceback
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +106,14 @@ BIG_MAX_MEGABYTES = 100
 def log(message: str) -> None:
     """Write one diagnostic line to stderr; stdout is reserved for the protocol."""
     print(f"{NAME}: {message}", file=sys.stderr, flush=True)
+
+
+def format_exc() -> str:
+    """The exception being handled, with its traceback (imported only then: a start of the
+    agent stays quick)."""
+    import traceback
+
+    return traceback.format_exc()
 
 
 class Cancelled(Exception):
@@ -428,7 +432,7 @@ class Agent:
             else:
                 self.respond_error(None, INVALID_REQUEST, "Invalid Request: no method and no id")
         except Exception as exc:  # odd input must never take the agent down
-            log("failed to handle a message:\n" + traceback.format_exc())
+            log("failed to handle a message:\n" + format_exc())
             if "method" in message and has_id:
                 self.respond_error(message["id"], INTERNAL_ERROR, f"Internal error: {exc}")
 
@@ -533,7 +537,7 @@ class Agent:
             raise RpcError(INVALID_PARAMS, f"Invalid params: cwd must be an absolute path: {cwd!r}")
         if not os.path.isdir(cwd):
             raise RpcError(INVALID_PARAMS, f"Invalid params: cwd is not a directory: {cwd}")
-        session = Session(session_id=f"demo-{uuid.uuid4().hex}", cwd=Path(cwd))
+        session = Session(session_id=f"demo-{os.urandom(16).hex()}", cwd=Path(cwd))
         self.save(session)
         with self._state_lock:
             self._sessions[session.session_id] = session
@@ -746,7 +750,7 @@ class Agent:
         except PromptFailed as exc:
             error = (exc.code, str(exc))
         except Exception as exc:  # a bug in a scenario must not take the agent down
-            log("scenario crashed:\n" + traceback.format_exc())
+            log("scenario crashed:\n" + format_exc())
             error = (INTERNAL_ERROR, f"Internal error: {exc}")
         finally:
             self.remember_turn(turn)
@@ -1344,7 +1348,7 @@ def scenario_unknown(turn: Turn) -> None:
 
 # Drawn once per process: in a PID namespace (a jailed local agent, a pod) every agent may
 # have the same process id.
-PROCESS_TOKEN = secrets.token_hex(4)
+PROCESS_TOKEN = os.urandom(4).hex()
 
 
 def scenario_pid(turn: Turn) -> None:
@@ -1533,7 +1537,7 @@ def elicit_params(turn: Turn, kind: str) -> dict[str, Any]:
     """Return the `elicitation/create` params of one `elicit` case."""
     base = {"sessionId": turn.session.session_id}
     if kind == "url":
-        return {**base, "mode": "url", "elicitationId": f"demo-{uuid.uuid4().hex[:8]}",
+        return {**base, "mode": "url", "elicitationId": f"demo-{os.urandom(4).hex()}",
                 "url": ELICIT_URL, "message": "Authorize the demo service"}  # fmt: skip
     schema: dict[str, Any] = ELICIT_FORM
     message = "Configure the demo project"
@@ -1714,6 +1718,17 @@ def usage_epilog() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the agent on stdin/stdout until stdin closes."""
+    args = sys.argv[1:] if argv is None else argv
+    # Without arguments, as Craft starts it, the defaults: no argparse to import.
+    options = parse_options(args) if args else Options()
+    log(f"version {VERSION} ready (pid {os.getpid()}, {options})")
+    return Agent(sys.stdout.buffer, options).serve(sys.stdin.buffer)
+
+
+def parse_options(argv: list[str]) -> Options:
+    """Return the options the command line chooses (see --help)."""
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog=NAME,
         description=(
@@ -1764,7 +1779,7 @@ def main(argv: list[str] | None = None) -> int:
         help="advertise two auth methods and refuse every session until authenticated",
     )
     args = parser.parse_args(argv)
-    options = Options(
+    return Options(
         restore=args.restore,
         controls=args.controls,
         images=args.images,
@@ -1773,8 +1788,6 @@ def main(argv: list[str] | None = None) -> int:
         close=args.close,
         auth=args.auth,
     )
-    log(f"version {VERSION} ready (pid {os.getpid()}, {options})")
-    return Agent(sys.stdout.buffer, options).serve(sys.stdin.buffer)
 
 
 if __name__ == "__main__":

@@ -446,25 +446,67 @@ def _restrict(path: Path, mode: int) -> None:
 def install_demo_agent(tools: Path, python: str) -> Path:
     """Install the bundled demo agent as `craft-demo-agent` in `tools`, runnable by all.
 
-    As the sandbox image does: a copy of sandboxes/demo_agent.py (standard library only) and
-    a shell wrapper that runs it with `python` in isolated mode. Files are rewritten only when
-    they changed, and atomically, so another process may be starting the agent meanwhile.
+    As the sandbox image does: a copy of sandboxes/demo_agent.py (standard library only),
+    compiled, and a shell wrapper that runs it with `python` in isolated mode. Files are
+    rewritten only when they changed, and atomically, so another process may be starting the
+    agent meanwhile.
     """
     source = Path(__file__).resolve().parent.parent / "demo_agent.py"
-    script = tools / "demo_agent.py"
-    wrapper = f'#!/bin/sh\nexec {shlex.quote(python)} -I {shlex.quote(str(script))} "$@"\n'
     tools.mkdir(parents=True, exist_ok=True)
     tools.chmod(0o755)
     tools.parent.chmod(0o755)
-    _install(script, source.read_bytes(), 0o644)
-    return _install(tools / DEMO_AGENT, wrapper.encode(), 0o755)
+    _install_module(tools, source, python)
+    command = shlex.join(module_command(python, tools, "demo_agent", "main()"))
+    return _install(tools / DEMO_AGENT, f'#!/bin/sh\nexec {command} "$@"\n'.encode(), 0o755)
 
 
-def install_workspace_tool(tools: Path) -> Path:
-    """Install the workspace tool (sandboxes/workspace_tool.py) in `tools`, readable by all."""
+def install_workspace_tool(tools: Path, python: str) -> Path:
+    """Install the workspace tool (sandboxes/workspace_tool.py) in `tools`, readable by all,
+    compiled for `python`; run it with `module_command(python, tools, "workspace_tool")`."""
     source = Path(__file__).resolve().parent.parent / "workspace_tool.py"
     tools.mkdir(parents=True, exist_ok=True)
-    return _install(tools / source.name, source.read_bytes(), 0o644)
+    return _install_module(tools, source, python)
+
+
+def module_command(
+    python: str, tools: Path, module: str, call: str = "main(sys.argv[1:])"
+) -> list[str]:
+    """Return the argv that runs `module` of `tools` (its arguments follow), standard library
+    only: isolated (`-I`), without site-packages (`-S`).
+
+    It is imported, not run as a script: Python compiles a script at every start (a few tens
+    of milliseconds for these) but loads an imported module's bytecode from `__pycache__`,
+    which `_install_module` writes. The tools folder comes after the standard library on the
+    module path, so that nothing in it can stand for a standard module.
+    """
+    path = repr(str(tools))
+    code = f"import sys; sys.path.append({path}); import {module}; sys.exit({module}.{call})"
+    return [python, "-I", "-S", "-c", code]
+
+
+def _install_module(tools: Path, source: Path, python: str) -> Path:
+    """Install `source` in `tools` and write its bytecode for `python`, readable by all.
+
+    Without the bytecode (it could not be written), `python` compiles the module at each
+    start, as it would a script: slower, never wrong. Stale bytecode is never used: Python
+    checks it against the source's size and time.
+    """
+    target = _install(tools / source.name, source.read_bytes(), 0o644)
+    compiled = subprocess.run(
+        [python, "-I", "-S", "-c", COMPILE, str(target)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if compiled.returncode:
+        logger.warning("could not compile %s for %s: %s", target, python, compiled.stderr.strip())
+        return target
+    for path in (tools / "__pycache__", *tools.glob(f"__pycache__/{target.stem}.*.pyc")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target
+
+
+# Writes a module's bytecode where its import looks for it (atomically: another process may
+# be importing it meanwhile).
+COMPILE = "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"
 
 
 def _install(target: Path, content: bytes, mode: int) -> Path:

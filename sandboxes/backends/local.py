@@ -468,10 +468,9 @@ class LocalBackend:
         self._install_tools()
         stores = self._checkpoint_stores(sandbox, user)
         command = [
-            containment.sandbox_python(self.uids),
-            "-I",
-            "-S",
-            str(self.tools / "workspace_tool.py"),
+            *containment.module_command(
+                containment.sandbox_python(self.uids), self.tools, "workspace_tool"
+            ),
             str(root),
             f"sessions/{session}",
         ]
@@ -507,8 +506,9 @@ class LocalBackend:
         tools = self.tools
         with self._tools_lock:
             if tools not in self._tools_installed:
-                containment.install_demo_agent(tools, containment.sandbox_python(self.uids))
-                containment.install_workspace_tool(tools)
+                python = containment.sandbox_python(self.uids)
+                containment.install_demo_agent(tools, python)
+                containment.install_workspace_tool(tools, python)
                 self._tools_installed.add(tools)
 
     def health(self, sandbox: Sandbox) -> Health:

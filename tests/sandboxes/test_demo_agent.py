@@ -283,6 +283,15 @@ def test_help_and_version() -> None:
     assert version.stdout.strip() == "craft-demo-agent 1.2.0"
 
 
+def test_without_arguments_the_agent_offers_what_its_flags_default_to() -> None:
+    """Craft starts it without arguments, and then it skips parsing them (and importing
+    argparse): its options must be the command line's defaults."""
+    from sandboxes.demo_agent import Options, parse_options
+
+    assert parse_options(["--images", "--restore", "both"]) == Options()
+    assert parse_options(["--no-images", "--auth"]) == Options(images=False, auth=True)
+
+
 # -- scenarios --------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ tests can pass by probing the wrong thing.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -228,6 +229,46 @@ def test_the_installed_demo_agent_runs_from_paths_with_spaces(tmp_path):
     wrapper = containment.install_demo_agent(odd / "bin", str(odd / "python3"))
     result = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=30)
     assert result.stdout.strip() == "craft-demo-agent 1.2.0", result.stderr
+
+
+@pytest.mark.parametrize("module", ["demo_agent", "workspace_tool"])
+def test_the_installed_tools_start_from_bytecode_their_python_can_use(tmp_path, module):
+    """A script is compiled at every start (tens of milliseconds for these, at each agent's
+    start and each listing); an imported module's bytecode is read from `__pycache__` when
+    its header matches the source. The install writes it for the sandbox's python."""
+    tools = tmp_path / "bin"
+    python = sys.executable
+    containment.install_demo_agent(tools, python)
+    containment.install_workspace_tool(tools, python)
+    source = tools / f"{module}.py"
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    header = cached.read_bytes()[:16]
+    assert header[:4] == importlib.util.MAGIC_NUMBER
+    assert int.from_bytes(header[4:8], "little") == 0  # checked by the source's time and size
+    assert int.from_bytes(header[8:12], "little") == int(source.stat().st_mtime)
+    assert int.from_bytes(header[12:16], "little") == source.stat().st_size
+    assert stat.S_IMODE(cached.stat().st_mode) == 0o644
+    assert stat.S_IMODE(cached.parent.stat().st_mode) == 0o755
+
+    # The source changed (another version of Craft): installed again, compiled again.
+    source.write_bytes(source.read_bytes() + b"\n")
+    os.utime(source, (0, 0))
+    containment.install_demo_agent(tools, python)
+    containment.install_workspace_tool(tools, python)
+    assert int.from_bytes(cached.read_bytes()[8:12], "little") == int(source.stat().st_mtime)
+
+
+def test_the_workspace_tool_runs_as_a_module_with_its_arguments(tmp_path):
+    tools = tmp_path / "bin"
+    containment.install_workspace_tool(tools, sys.executable)
+    (tmp_path / "sandbox" / "sessions" / "s" / "a folder").mkdir(parents=True)
+    command = containment.module_command(sys.executable, tools, "workspace_tool")
+    result = subprocess.run(
+        [*command, str(tmp_path / "sandbox"), "sessions/s", "list", "", "0", "10"],
+        capture_output=True, timeout=30, check=True,
+    )  # fmt: skip
+    listing = json.loads(result.stdout)
+    assert [(e["name"], e["type"]) for e in listing["entries"]] == [("a folder", "folder")]
 
 
 # --- when sandbox users cannot be had -------------------------------------------------------
