@@ -42,20 +42,21 @@ Every answer starts with one JSON line: `{"error": {"code", "message"}}` when re
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import stat
 import sys
 import time
-from typing import TYPE_CHECKING, BinaryIO
 
-# Imported where used: a listing, the most frequent request, starts in a few milliseconds.
+# Imported where used (and typing not at all): a listing, the most frequent request, starts in
+# a few milliseconds.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     import zipfile
     from collections.abc import Callable, Iterator
+    from typing import BinaryIO
 
 FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 16
@@ -216,20 +217,21 @@ def list_folder(workspace: int, path: str, offset: int, limit: int) -> dict[str,
     folder = open_folder(workspace, parts_of(path))
     try:
         with os.scandir(folder) as found:
-            order = []
+            # Each entry's place as one string: "0" for a folder, "1" for the rest, then its
+            # name in lower case, then as spelled (a spelled name holds no NUL). Strings alone
+            # sort several times faster than tuples; a folder of 10,000 is common.
+            keyed = {}
             for item in found:
-                spelled = escape(item.name)
-                order.append(
-                    (not item.is_dir(follow_symlinks=False), spelled.lower(), spelled, item)
-                )
-        order.sort(key=lambda key: key[:3])
-        page = [
-            entry(folder, item, spelled) for *_, spelled, item in order[offset : offset + limit]
-        ]
+                name = item.name
+                spelled = escape(name) if _SPECIAL.search(name) else name
+                kind = "0" if item.is_dir(follow_symlinks=False) else "1"
+                keyed[f"{kind}{spelled.lower()}\0{spelled}"] = spelled, item
+        places = sorted(keyed)[offset : offset + limit]
+        page = [entry(folder, keyed[place][1], keyed[place][0]) for place in places]
     finally:
         os.close(folder)
     entries = [described for described in page if described is not None]
-    total = len(order) - (len(page) - len(entries))  # less what vanished meanwhile
+    total = len(keyed) - (len(page) - len(entries))  # less what vanished meanwhile
     return {
         "path": "/".join(escape(n) for n in parts_of(path)),
         "total": total,
@@ -426,8 +428,10 @@ def checkpoint(workspace: int, store: str, max_file_bytes: int, message: str) ->
     os.fchdir(workspace)
     if not os.path.exists(os.path.join(store, "HEAD")):
         git(store, "init", argv=["git", *GIT_OPTIONS, "init", "--quiet", "--bare", store])
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(os.path.join(store, "index.lock"))  # left by a checkpoint stopped midway
+    except FileNotFoundError:
+        pass
     too_large = [path for path, _ in _files_over(workspace, max_file_bytes)]
     os.makedirs(os.path.join(store, "info"), exist_ok=True)
     with open(os.path.join(store, "info", "exclude"), "wb") as exclude:
