@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import pwd
@@ -485,28 +486,57 @@ def module_command(
 
 
 def _install_module(tools: Path, source: Path, python: str) -> Path:
-    """Install `source` in `tools` and write its bytecode for `python`, readable by all.
+    """Install `source` in `tools` with its bytecode for `python`, readable by all.
 
-    Without the bytecode (it could not be written), `python` compiles the module at each
-    start, as it would a script: slower, never wrong. Stale bytecode is never used: Python
-    checks it against the source's size and time.
+    Without the bytecode (it could not be made), `python` compiles the module at each start,
+    as it would a script: slower, never wrong. Stale bytecode is never used: Python checks it
+    against the source's size and time, which its header records.
     """
-    target = _install(tools / source.name, source.read_bytes(), 0o644)
-    compiled = subprocess.run(
-        [python, "-I", "-S", "-c", COMPILE, str(target)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    if compiled.returncode:
-        logger.warning("could not compile %s for %s: %s", target, python, compiled.stderr.strip())
+    content = source.read_bytes()
+    target = _install(tools / source.name, content, 0o644)
+    try:
+        tag, code = _compiled(python, source.name, content)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        logger.warning("could not compile %s for %s: %s", source.name, python, exc)
         return target
-    for path in (tools / "__pycache__", *tools.glob(f"__pycache__/{target.stem}.*.pyc")):
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    info = target.stat()
+    header = b"".join(
+        (
+            code[:4],  # the interpreter's magic number
+            (0).to_bytes(4, "little"),  # checked by the source's time and size
+            (int(info.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little"),
+            (info.st_size & 0xFFFFFFFF).to_bytes(4, "little"),
+        )
+    )
+    cache = tools / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    cache.chmod(0o755)
+    _install(cache / f"{target.stem}.{tag}.pyc", header + code[4:], 0o644)
     return target
 
 
-# Writes a module's bytecode where its import looks for it (atomically: another process may
-# be importing it meanwhile).
-COMPILE = "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"
+@functools.cache
+def _compiled(python: str, name: str, content: bytes) -> tuple[str, bytes]:
+    """Compile `content` with `python`, once per process (each test, each sandbox root has
+    its own tools folder): its cache tag, and its magic number followed by the marshalled
+    code. Python sets the code's file name to the source's when it loads it."""
+    compiled = subprocess.run(
+        [python, "-I", "-S", "-c", COMPILE, name], input=content, capture_output=True, timeout=60
+    )
+    tag, _, code = compiled.stdout.partition(b"\n")
+    if compiled.returncode or not tag or len(code) < 5:
+        raise ValueError(compiled.stderr.decode(errors="replace").strip() or "no bytecode")
+    return tag.decode(), code
+
+
+# Run by the python that will run the tools: its cache tag, a newline, its magic number and
+# the code of the source given on stdin.
+COMPILE = (
+    "import importlib.util, marshal, sys; "
+    "code = compile(sys.stdin.buffer.read(), sys.argv[1], 'exec', dont_inherit=True); "
+    "sys.stdout.buffer.write(sys.implementation.cache_tag.encode() + b'\\n' "
+    "+ importlib.util.MAGIC_NUMBER + marshal.dumps(code))"
+)
 
 
 def _install(target: Path, content: bytes, mode: int) -> Path:
