@@ -473,7 +473,7 @@ def working_in(folders: Any) -> dict[Path, set[int]]:
                 if (
                     cwd in wanted
                     and (entry / "stat").read_text().split(") ", 1)[1][0] != "Z"
-                    and b"workspace_tool.py" not in (entry / "cmdline").read_bytes()
+                    and b"workspace_tool" not in (entry / "cmdline").read_bytes()
                 ):
                     wanted[cwd].add(int(entry.name))
     return wanted
