@@ -223,11 +223,14 @@ def list_folder(workspace: int, path: str, offset: int, limit: int) -> dict[str,
             keyed = {}
             for item in found:
                 name = item.name
+                # escape's own test, without the call for the many names it leaves alone
                 spelled = escape(name) if _SPECIAL.search(name) else name
                 kind = "0" if item.is_dir(follow_symlinks=False) else "1"
                 keyed[f"{kind}{spelled.lower()}\0{spelled}"] = spelled, item
-        places = sorted(keyed)[offset : offset + limit]
-        page = [entry(folder, keyed[place][1], keyed[place][0]) for place in places]
+        page = [
+            entry(folder, item, spelled)
+            for spelled, item in map(keyed.__getitem__, sorted(keyed)[offset : offset + limit])
+        ]
     finally:
         os.close(folder)
     entries = [described for described in page if described is not None]
