@@ -9,7 +9,10 @@ Creation happens under a per-key lock: two concurrent first prompts for one sess
 agent, never two (a check-then-create race would leave two agents working in one folder). Only
 the keys concerned are locked: stopping sandbox A's agents waits for agent starts in A (so that
 they are stopped too), never for starts in B. A key's lock is dropped once the key has no
-connection and nobody holds or waits for the lock.
+connection and nobody holds or waits for the lock. Stopping one session's agent does not wait
+for its start: it stops the process being started (`starting`), and the start raises
+`StartStopped` (a session deleted while its agent starts is deleted at once, not after the
+start or its timeout).
 
 The cache holds at most `CRAFT_MAX_AGENT_CONNECTIONS` agents (starts under way included). A
 start beyond that stops the longest-idle connection without a running turn first; when every
@@ -48,6 +51,18 @@ class TooManyAgents(SandboxError):
     """The cache is full of connections that are all in a turn."""
 
 
+class StartStopped(SandboxError):
+    """The session's agent was stopped (`stop_session`) while it started."""
+
+
+@dataclass
+class _Start:
+    """A session agent's start under way, which `stop_session` stops."""
+
+    stopped: bool = False
+    connection: AgentConnection | None = None  # once its process is there
+
+
 @dataclass
 class _KeyLock:
     lock: threading.Lock
@@ -66,6 +81,7 @@ class ConnectionCache:
         # Keys of warm agents -> what each was started for (compared with ==, never shown).
         self._warm: dict[Key, object] = {}
         self._warming: dict[Key, object] = {}  # the same, for warm agents still starting
+        self._starts: dict[Key, _Start] = {}  # session agents being started
 
     @property
     def max_size(self) -> int:
@@ -111,7 +127,9 @@ class ConnectionCache:
         `start()` runs instead. When the only such warm agent is still starting, the session
         waits for it: it began first, so it is ready sooner than a new start would be. Dead
         warm agents met on the way are stopped, never handed out. Raises TooManyAgents when
-        the cache is full and every connection in it is in a turn.
+        the cache is full and every connection in it is in a turn, and StartStopped when
+        `stop_session` stopped the start (a start waiting for a warm agent that is itself
+        still starting is stopped once that one is there).
         """
         key = (sandbox_id, session_id)
         with self._locked(key):
@@ -122,27 +140,59 @@ class ConnectionCache:
                     return connection
                 logger.info("agent for session %s is gone; starting a new one", session_id)
                 self._discard(key, connection)
-            warm = self._take_warm(sandbox_id, launch) if adopt is not None else None
-            if warm is None:
-                self._reserve_place(key)
+            under_way = _Start()
+            with self._lock:
+                self._starts[key] = under_way
+            try:
+                warm = self._take_warm(sandbox_id, launch) if adopt is not None else None
+                if warm is None:
+                    self._reserve_place(key)
+            except BaseException:
+                with self._lock:
+                    del self._starts[key]
+                raise
             try:
                 connection = None
                 if warm is not None and adopt is not None:
+                    self.starting(sandbox_id, session_id, warm)
                     try:
                         connection = adopt(warm)
                     except Exception as exc:
                         logger.info("warm agent %s: %s; starting another", warm.process.ident, exc)
                         self._stop(key, warm)
-                if connection is None:
+                if connection is None and not under_way.stopped:
                     connection = start()
-            except BaseException:
+            except BaseException as exc:
                 with self._lock:
                     self._starting -= 1
+                    del self._starts[key]
+                if under_way.stopped:
+                    raise StartStopped(f"the agent was stopped while it started: {exc}") from exc
                 raise
             with self._lock:
                 self._starting -= 1
-                self._connections[key] = connection
+                del self._starts[key]
+                stopped = under_way.stopped or connection is None  # None: start() skipped
+                if connection is not None and not stopped:
+                    self._connections[key] = connection
+            if stopped:  # before it was cached: stop what it started
+                if connection is not None:
+                    connection.stop()
+                raise StartStopped("the agent was stopped while it started")
+            assert connection is not None
             return connection
+
+    def starting(self, sandbox_id: UUID, session_id: UUID, connection: AgentConnection) -> None:
+        """Note the connection a session agent's start (`get_or_start`) has just spawned; it is
+        stopped at once if `stop_session` came first, and by `stop_session` until it is
+        cached."""
+        with self._lock:
+            under_way = self._starts.get((sandbox_id, session_id))
+            if under_way is not None:
+                under_way.connection = connection
+            stopped = under_way is not None and under_way.stopped
+        if stopped:
+            connection.stop()
 
     # --- warm agents ----------------------------------------------------------------------
 
@@ -309,13 +359,22 @@ class ConnectionCache:
             return self._connections.get((sandbox_id, session_id))
 
     def stop_session(self, sandbox_id: UUID, session_id: UUID) -> bool:
-        """Stop and forget the session's connection; return whether there was one."""
+        """Stop and forget the session's connection, or stop its start under way (which
+        raises StartStopped); return whether there was either."""
         key = (sandbox_id, session_id)
+        starting = None
+        with self._lock:
+            under_way = self._starts.get(key)
+            if under_way is not None:
+                under_way.stopped = True
+                starting = under_way.connection
+        if under_way is not None and starting is not None:
+            starting.stop()  # its start raises at once, and lets go of the key
         with self._locked(key):
             with self._lock:
                 connection = self._connections.get(key)
             if connection is None:
-                return False
+                return under_way is not None
             self._discard(key, connection)
             return True
 

@@ -518,6 +518,7 @@ def start_agent_connection(
             max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
             max_terminal_bytes=settings.CRAFT_MAX_TERMINAL_OUTPUT_BYTES,
         )
+        agent_connections.starting(sandbox.pk, session_id, connection)
         connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT, reattach=reattach)
     logger.info(
         "started agent %s for session %s (restored: %s)",

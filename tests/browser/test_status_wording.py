@@ -160,9 +160,9 @@ async def test_a_session_deleted_in_another_tab_says_so(page, craft_server, sess
     item = other.locator(f"#session-{session.pk}")
     await item.locator("summary").click()
     await item.get_by_role("button", name="Delete").click()
-    # The deletion first stops the session's agent, which the page asked to start on opening:
-    # it waits for that start to end, which on a loaded machine can take longer than the
-    # 5 s an expectation waits by default.
+    # The deletion stops the session's agent, which the page asked to start on opening (a
+    # start under way is stopped, not waited for), and removes its workspace: on a loaded
+    # machine, more than the 5 s an expectation waits by default.
     await expect(other).not_to_have_url(
         f"{craft_server.url}/sessions/{session.pk}/", timeout=15_000
     )
