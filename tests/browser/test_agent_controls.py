@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import signal
 
 import pytest
@@ -106,6 +107,8 @@ async def test_a_killed_agent_comes_back_and_the_page_says_how(
             await open_page(page, server, session)
             await turn(page, "remember banana", 1)
             await turn(page, "pid", 2)
+            # A live reply's text is drawn at the next frame, the turn's end at once.
+            await expect(page.locator(REPLY).last).to_have_text(re.compile(r"^pid \d+ "))
             pid_reply = await page.locator(REPLY).last.inner_text()
             pid = int(pid_reply.split()[1])
             os.kill(pid, signal.SIGKILL)
