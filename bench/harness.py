@@ -18,7 +18,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.backends.containment import module_command
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,12 +40,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SLOW = "slow 40 0.05"
 SLOW_CHUNKS = 40
 FOLLOW_UP = "count 1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def raise_open_files_limit() -> int:

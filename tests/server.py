@@ -22,8 +22,9 @@ from typing import Any
 import websocket
 from django.conf import settings
 
-from .conftest import OPEN_SOCKETS, free_port
+from .conftest import OPEN_SOCKETS
 from .craft.wsclient import session_cookie
+from .ports import free_port
 
 # As `make run` starts daphne: client frames of up to 4 MiB reach Craft (docs/deployment.md).
 DAPHNE_OPTIONS = [

@@ -22,8 +22,8 @@ from craft.models import Lease
 from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
 
-from .conftest import free_port
 from .craft.wsclient import session_cookie
+from .ports import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
