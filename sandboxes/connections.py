@@ -362,14 +362,14 @@ class ConnectionCache:
         """Stop and forget the session's connection, or stop its start under way (which
         raises StartStopped); return whether there was either."""
         key = (sandbox_id, session_id)
-        starting = None
+        spawned = None
         with self._lock:
             under_way = self._starts.get(key)
             if under_way is not None:
                 under_way.stopped = True
-                starting = under_way.connection
-        if under_way is not None and starting is not None:
-            starting.stop()  # its start raises at once, and lets go of the key
+                spawned = under_way.connection
+        if spawned is not None:
+            spawned.stop()  # its start raises at once, and lets go of the key
         with self._locked(key):
             with self._lock:
                 connection = self._connections.get(key)
