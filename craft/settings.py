@@ -607,10 +607,16 @@ CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT",
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
 # Ready pods kept with no owner yet, for new users' sandboxes to claim at once (0: none).
 CRAFT_K8S_WARM_SANDBOXES = env_int("CRAFT_K8S_WARM_SANDBOXES", 0, minimum=0)
-# How the pod runs Craft's workspace tool (sandboxes/workspace_tool.py; the sandbox image has it).
+# How the pod runs Craft's workspace tool (sandboxes/workspace_tool.py): the sandbox image has
+# it in /opt/craft with its bytecode, and it runs as an imported module, not compiled each time.
 CRAFT_K8S_WORKSPACE_TOOL = env_argv(
-    "CRAFT_K8S_WORKSPACE_TOOL", ["python3", "-I", "-S", "/opt/craft/workspace_tool.py"]
-)
+    "CRAFT_K8S_WORKSPACE_TOOL",
+    [
+        "python3", "-I", "-S", "-c",
+        "import sys; sys.path.append('/opt/craft'); import workspace_tool; "
+        "sys.exit(workspace_tool.main(sys.argv[1:]))",
+    ],
+)  # fmt: skip
 # Addresses sandbox pods may not reach (their NetworkPolicy): private, shared, link-local (cloud
 # metadata) and loopback ranges, where the cluster's pods, services and API server live. Add a
 # Kubernetes API endpoint with a public address here.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 import sys
 
 import pytest
@@ -17,8 +18,8 @@ from playwright.async_api import expect
 
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
-from sandboxes import workspace_tool
 from tests.kubeapi import KubeTestServer
+from tests.sandboxes.kube import image_workspace_tool
 
 from .conftest import serve, snap
 from .test_workspace_panel import CHIP, allowed_turn
@@ -43,7 +44,7 @@ def k8s_craft_server(django_db_setup, kube_server, tmp_path_factory):
         "CRAFT_K8S_POLL_INTERVAL": "0.1",
         "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.demo_agent",
         # The sandbox image's copy of the workspace tool, as the test API server's pods see it.
-        "CRAFT_K8S_WORKSPACE_TOOL": f"{sys.executable} -I -S {workspace_tool.__file__}",
+        "CRAFT_K8S_WORKSPACE_TOOL": shlex.join(image_workspace_tool(folder / "image-tools")),
     }
     with serve(env, folder / "unused") as server:
         yield server

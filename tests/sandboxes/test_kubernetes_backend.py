@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from websocket import WebSocketException
 from craft import services as craft_services
 from sandboxes import services
 from sandboxes.acp import AgentConnection
+from sandboxes.backends import containment
 from sandboxes.backends.kubernetes import (
     CREDENTIALS,
     CREDENTIALS_AND_EXEC,
@@ -39,7 +41,7 @@ from sandboxes.models import Sandbox
 from tests.ready import settled_sandbox
 
 from .agents import reply_text, run_turn
-from .kube import NAMESPACE, agent_execs
+from .kube import IMAGE_TOOLS, NAMESPACE, agent_execs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -341,6 +343,40 @@ def test_a_session_on_kubernetes_gets_its_workspace_in_the_pod(kube_backend, kub
     connection = services.connect_agent(sandbox, session.pk)
     assert workspace(kube, sandbox, session.pk).is_dir()
     assert connection.cwd == f"/workspace/sessions/{session.pk}"
+
+
+# --- the sandbox image's tools (deploy/sandbox-image) -----------------------------------------
+
+IMAGE = Path(__file__).resolve().parents[2] / "deploy" / "sandbox-image"
+
+
+def test_pods_run_the_workspace_tool_as_the_images_compiled_module():
+    """The default command imports the tool from the image's /opt/craft, where the image wrote
+    its bytecode, rather than running it as a script (compiled at every listing). Every other
+    kubernetes test runs this form, with /opt/craft laid out in a folder of its own
+    (`image_workspace_tool`)."""
+    from craft import settings as defaults
+
+    command = defaults.CRAFT_K8S_WORKSPACE_TOOL
+    assert command == containment.module_command("python3", IMAGE_TOOLS, "workspace_tool")
+
+
+def test_the_images_demo_agent_runs_its_compiled_module_with_its_arguments(tmp_path):
+    """The image's `craft-demo-agent` wrapper, with /opt/craft laid out in a folder (as
+    `containment.install_demo_agent` lays it out: the source and its bytecode)."""
+    tools = tmp_path / "opt-craft"
+    containment.install_demo_agent(tools, sys.executable)
+    wrapper = (IMAGE / "craft-demo-agent").read_text()
+    assert str(IMAGE_TOOLS) in wrapper and wrapper.count("exec python3 ") == 1
+    local = tmp_path / "craft-demo-agent"
+    local.write_text(
+        wrapper.replace(str(IMAGE_TOOLS), str(tools)).replace(
+            "exec python3 ", f"exec {sys.executable} "
+        )
+    )
+    local.chmod(0o755)
+    result = subprocess.run([local, "--version"], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == "craft-demo-agent 1.2.0", result.stderr
 
 
 def test_an_agent_connection_reads_and_writes_in_the_pod_workspace(sandbox, kube):

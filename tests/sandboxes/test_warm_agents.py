@@ -19,7 +19,7 @@ import pytest
 from django import db
 
 from craft.session_activity import session_activity
-from sandboxes import reaper, services, workspace_tool
+from sandboxes import reaper, services
 from sandboxes import warm_agents as warm_agents_module
 from sandboxes.catalog import Agent, Launch, default_agent
 from sandboxes.connections import agent_connections
@@ -259,7 +259,6 @@ def wait_for(found, timeout: float = 30):
 
 
 def test_a_session_through_pod_exec_takes_a_warm_agent(kube_backend, settings, owner):
-    settings.CRAFT_K8S_WORKSPACE_TOOL = [sys.executable, "-I", "-S", workspace_tool.__file__]
     sandbox = services.provision_sandbox(owner)
     warm = warm_of(sandbox)
     session_id = uuid.uuid4()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
-from sandboxes import services, workspace_tool
+from sandboxes import services
 from sandboxes.backends.kubernetes import pod_name
 from sandboxes.connections import agent_connections
 from sandboxes.workspace import Workspace
@@ -75,7 +74,6 @@ def open_on(backend: str, request, settings, user) -> Workspaces:
         return Workspaces(user)
     kube = request.getfixturevalue("kube")
     request.getfixturevalue("kube_backend")
-    settings.CRAFT_K8S_WORKSPACE_TOOL = [sys.executable, "-I", "-S", workspace_tool.__file__]
 
     def folder_of(sandbox, path: str) -> Path:
         return kube.workspace(K8S_NAMESPACE, pod_name(sandbox)) / Path(path).relative_to(
