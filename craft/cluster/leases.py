@@ -29,7 +29,6 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from craft.cluster import workers
@@ -120,8 +119,7 @@ def _create_if_free(session_id: UUID, owner: str, expires: datetime) -> int | No
     return None if row is None else int(row[0])
 
 
-# Leases renewed by one statement: each is an `(session AND token)` term of one OR, and
-# SQLite parses a long OR as deep as it is long (at most 1,000 by default).
+# Leases renewed by one statement (two variables each).
 RENEW_BATCH = 200
 
 
@@ -143,14 +141,7 @@ def renew(held: dict[UUID, int]) -> set[UUID]:
     pairs = sorted(held.items(), key=lambda pair: str(pair[0]))
     for start in range(0, len(pairs), RENEW_BATCH):
         batch = pairs[start : start + RENEW_BATCH]
-        ours = Q()
-        for session_id, token in batch:
-            ours |= Q(session_id=session_id, token=token)
-        with transaction.atomic():
-            mine = Lease.objects.filter(ours, owner=me)
-            list(mine.select_for_update().order_by("session_id").values_list("session_id"))
-            renewed = mine.update(expires_at=expires)
-        if renewed == len(batch):
+        if _renew_batch(me, batch, expires) == len(batch):
             continue
         for session_id, token in batch:
             if not Lease.objects.filter(session_id=session_id, owner=me, token=token).update(
@@ -158,6 +149,35 @@ def renew(held: dict[UUID, int]) -> set[UUID]:
             ):
                 lost.add(session_id)
     return lost
+
+
+def _renew_batch(me: str, batch: list[tuple[UUID, int]], expires: datetime) -> int:
+    """Renew the leases of `batch` that are still `me`'s under their token; return how many.
+
+    Written out rather than built by the ORM: an OR of 200 `(session AND token)` terms took
+    about 17 ms of the GIL to build and compile, twice per batch, at every renewal. The rows
+    are read by primary key and their tokens compared here; the read locks them (PostgreSQL;
+    SQLite's transaction holds its write lock), so none changes before the UPDATE.
+    """
+    table = Lease._meta.db_table
+    tokens = {Session._meta.pk.get_db_prep_value(s, connection): t for s, t in batch}
+    listed = ", ".join(["%s"] * len(tokens))
+    lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT session_id, token FROM {table} WHERE owner = %s AND session_id IN ({listed})"
+            f" ORDER BY session_id{lock}",
+            [me, *tokens],
+        )
+        ours = [pk for pk, token in cursor.fetchall() if tokens.get(pk) == token]
+        if ours:
+            expires_at = Lease._meta.get_field("expires_at").get_db_prep_value(expires, connection)
+            cursor.execute(
+                f"UPDATE {table} SET expires_at = %s WHERE session_id IN "
+                f"({', '.join(['%s'] * len(ours))})",
+                [expires_at, *ours],
+            )
+    return len(ours)
 
 
 def release(session_id: UUID, token: int) -> None:
