@@ -17,7 +17,8 @@ Two ways in:
 Rows are written with one prepared INSERT per batch rather than through model instances: this
 is the hot path of every streamed token. On PostgreSQL a small batch (a follow-up's are one or
 two events) is checked, numbered and inserted, and its turn started or ended, by one
-statement: each statement is a round trip. Values go through `craft.storage.normalise` first,
+statement: each statement is a round trip, and many sessions' such statements in one batch
+go in one pipeline. Values go through `craft.storage.normalise` first,
 so every stored event can be replayed and rendered.
 """
 
@@ -27,7 +28,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache, partial
@@ -112,23 +113,52 @@ def _store_events(
     With `client_id` (a prompt), store nothing and return None if the session already has an
     event with that id. With `fence`, raise Fenced if that lease has moved on.
     """
+    return _send_events(session_id, events, encoded, client_id, now, fence)()
+
+
+def _send_events(
+    session_id: UUID,
+    events: Sequence[tuple[str, dict[str, Any]]],
+    encoded: list[tuple[str, str]],
+    client_id: str | None,
+    now: datetime,
+    fence: Fence | None = None,
+) -> Callable[[], Stored | None]:
+    """Send what numbers and inserts the events (see `_store_events`); return what reads its
+    answer and finishes the job. On PostgreSQL a small batch is one statement whose answer
+    is read only then, so that a pipeline can carry many sessions' statements at once."""
     pk = Session._meta.pk.get_db_prep_value(session_id, connection)
     created = Event._meta.get_field("created_at").get_db_prep_value(now, connection)
     turn = None
-    if connection.vendor == "postgresql" and len(encoded) <= ONE_STATEMENT_ROWS:
+    if _at_once(encoded):
         turn = _turn_change(events, client_id)
         numbered = _number_and_insert_at_once(pk, encoded, client_id, created, fence, turn)
     else:
         if client_id is not None and _prompt_stored(session_id, client_id):
-            return None
-        numbered = _number_and_insert(pk, encoded, client_id, created, fence)
-    if numbered is None:
+            return lambda: None
+        done = _number_and_insert(pk, encoded, client_id, created, fence)
+        numbered = lambda: done  # noqa: E731
+    return partial(_numbered, session_id, events, encoded, client_id, now, turn, numbered)
+
+
+def _numbered(
+    session_id: UUID,
+    events: Sequence[tuple[str, dict[str, Any]]],
+    encoded: list[tuple[str, str]],
+    client_id: str | None,
+    now: datetime,
+    turn: TurnChange | None,
+    numbered: Callable[[], Numbered],
+) -> Stored | None:
+    """The rest of `_store_events` once the events were sent: what the numbering said."""
+    result = numbered()
+    if result is None:
         if client_id is not None and _prompt_stored(session_id, client_id):
             return None
         if not Session.objects.filter(pk=session_id).exists():
             raise Session.DoesNotExist(f"session {session_id} does not exist")
         raise Fenced(f"the lease on session {session_id} was taken over")
-    last, owner_id, worker_known = numbered
+    last, owner_id, worker_known = result
     first = last - len(encoded) + 1
     kinds = {kind for kind, _ in events}
     if turn is not None:  # the statement started or ended the turn's row
@@ -139,6 +169,11 @@ def _store_events(
     if _LISTED_KINDS & kinds:
         status.sessions_changed(owner_id, session_id)  # after commit
     return _stored_at(first, encoded)
+
+
+def _at_once(encoded: list[tuple[str, str]]) -> bool:
+    """Whether the events are stored by one statement (`_number_and_insert_at_once`)."""
+    return connection.vendor == "postgresql" and len(encoded) <= ONE_STATEMENT_ROWS
 
 
 def _stored_at(first: int, encoded: list[tuple[str, str]]) -> Stored:
@@ -217,8 +252,9 @@ def _turn_change(
 def _number_and_insert_at_once(
     pk: Any, encoded: list[tuple[str, str]], client_id: str | None, created: Any,
     fence: Fence | None, turn: TurnChange | None,
-) -> Numbered:  # fmt: skip
-    """Check, number and insert (and start or end the turn) in one statement (PostgreSQL).
+) -> Callable[[], Numbered]:  # fmt: skip
+    """Check, number and insert (and start or end the turn) in one statement (PostgreSQL);
+    return what reads its answer (in a pipeline, it comes only once the pipeline is synced).
 
     The fence's locking read is a CTE of the same statement: it waits for a takeover in
     progress and then returns the lease row's newest version (a locking read follows the
@@ -244,12 +280,21 @@ def _number_and_insert_at_once(
         )  # fmt: skip
     step = None if turn is None else "start" if turn.starts else "end"
     sql = _at_once_sql(len(encoded), fence is not None, client_id is not None, step)
-    with connection.cursor() as cursor:
+    cursor = connection.cursor()
+    try:
         cursor.execute(sql, params)
-        numbered = cursor.fetchone()
-    if numbered is None:
-        return None
-    return int(numbered[0]), numbered[1], numbered[2] is not None
+    except BaseException:
+        cursor.close()
+        raise
+
+    def answer() -> Numbered:
+        with cursor:
+            numbered = cursor.fetchone()
+        if numbered is None:
+            return None
+        return int(numbered[0]), numbered[1], numbered[2] is not None
+
+    return answer
 
 
 @lru_cache(maxsize=256)
@@ -449,14 +494,36 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
     leading = _leading_plain(encoded)
     if len(leading) >= MANY_SESSIONS:
         stored = _store_many(encoded, leading, now)
-    for i, (job, events) in enumerate(encoded):
-        if i not in stored:
-            stored[i] = (
-                _store_events(job.session_id, job.events, events, job.client_id, now, job.fence)
-                if events
-                else None
+    rest = [i for i, (_, events) in enumerate(encoded) if i not in stored and events]
+    stored.update((i, None) for i, (_, events) in enumerate(encoded) if not events)
+    if len(rest) > 1 and all(_pipelined(*encoded[i]) for i in rest):
+        # One statement per job, all sent before any answer is awaited: a round trip for the
+        # batch, not one per job (400 sessions' prompts at once took 400 in a row).
+        with connection.connection.pipeline():
+            sent = [(i, _send_events(encoded[i][0].session_id, encoded[i][0].events,
+                                     encoded[i][1], encoded[i][0].client_id, now,
+                                     encoded[i][0].fence))
+                    for i in rest]  # fmt: skip
+        for i, finish in sent:
+            stored[i] = finish()
+    else:
+        for i in rest:
+            job, events = encoded[i]
+            stored[i] = _store_events(
+                job.session_id, job.events, events, job.client_id, now, job.fence
             )
     return [(job, stored[i]) for i, (job, _) in enumerate(encoded)]
+
+
+def _pipelined(job: _Job, encoded: list[tuple[str, str]]) -> bool:
+    """Whether a job may go in a pipeline: it is one statement (PostgreSQL, a small batch)
+    and reads nothing after it, so that sending the next job's statement first changes
+    nothing. A prompt starts its turn and a turn's end ends it in that statement; a
+    permission's request or answer updates the turn's row after it (`_follow_turn`)."""
+    if not _at_once(encoded):
+        return False
+    kinds = {kind for kind, _ in job.events} & _TURN_KINDS
+    return not kinds or _turn_change(job.events, job.client_id) is not None
 
 
 def _leading_plain(encoded: list[_Encoded]) -> list[list[int]]:

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
@@ -177,6 +177,92 @@ async def test_a_batch_that_waited_for_a_takeover_refuses_only_that_session(
     for result, session in ((results[0], s1), (results[2], s3)):
         assert (result.first_seq, result.last_seq) == (1, 1)
         assert [data["content"]["text"] for _, _, data in await log_of(session)] == [session.title]
+
+
+@contextlib.contextmanager
+def pipeline_states() -> Iterator[list[tuple[str, bool]]]:
+    """Note, for every statement Django's cursors run meanwhile, whether its connection was
+    in pipeline mode (sent without waiting for the answers before it)."""
+    from django.db.backends.utils import CursorWrapper
+
+    seen: list[tuple[str, bool]] = []
+    execute = CursorWrapper.execute
+
+    def noted(self, sql, params=None):
+        pgconn = self.db.connection.pgconn
+        seen.append((str(sql), pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF))
+        return execute(self, sql, params)
+
+    CursorWrapper.execute = noted
+    try:
+        yield seen
+    finally:
+        CursorWrapper.execute = execute
+
+
+def prompt(text: str) -> list[tuple[str, dict]]:
+    return [("user_message", {"text": text})]
+
+
+@postgresql_only
+async def test_many_sessions_prompts_and_turn_ends_are_sent_in_one_pipeline(owner):
+    """A batch of prompts and turn ends (a burst of sessions prompted at once) is one
+    statement per session, all sent before any answer is read: one round trip for the
+    batch. What each caller gets back, and each session's turn, are as they were one
+    statement at a time; a prompt already stored is not stored again."""
+    (held, held_fence), (s1, f1), (s2, f2), (s3, f3), (s4, f4) = await leased(owner, 5)
+    await writer.append(s3.pk, prompt("earlier"), client_id="s3-p", fence=f3)
+    await writer.append(s4.pk, prompt("once"), client_id="s4-p", fence=f4)
+    await writer.append(s4.pk, [("turn_end", {"stop_reason": "end_turn"})], fence=f4)
+    appends = [
+        (s1, prompt("one"), "s1-p", f1),
+        (s2, prompt("two"), "s2-p", f2),
+        (s3, [chunk("done"), ("turn_end", {"stop_reason": "end_turn"})], None, f3),
+        (s4, prompt("once"), "s4-p", f4),  # sent again, say after a reconnect
+    ]
+    with pipeline_states() as seen:
+        async with one_batch((held, held_fence)):
+            futures = [
+                writer.submit(s.pk, events, client_id=client_id, fence=fence)
+                for s, events, client_id, fence in appends
+            ]
+        results = await asyncio.gather(*futures)
+
+    stores = [pipelined for sql, pipelined in seen if sql.startswith("WITH")]
+    assert stores[1:] == [True] * 4, seen  # the held append first, alone
+    assert [(r.first_seq, r.last_seq) for r in results[:3]] == [(1, 1), (1, 1), (2, 3)]
+    assert results[3] is None
+    turns = await db_sync_to_async(
+        lambda: {t.session_id: (t.state, t.prompt_seq) for t in Turn.objects.all()}
+    )()
+    assert turns == {
+        s1.pk: ("running", 1), s2.pk: ("running", 1), s3.pk: ("ended", 1), s4.pk: ("ended", 1)
+    }  # fmt: skip
+    assert [kind for _, kind, _ in await log_of(s4)] == ["user_message", "turn_end"]
+
+
+@postgresql_only
+async def test_a_fenced_session_in_a_pipelined_batch_is_refused_and_the_others_stored(owner):
+    (held, held_fence), (s1, f1), (s2, f2), (s3, f3) = await leased(owner, 4)
+    await db_sync_to_async(Lease.objects.filter(pk=s2.pk).update)(
+        owner="another-worker", token=F("token") + 1
+    )
+    async with one_batch((held, held_fence)):
+        futures = [
+            writer.submit(s.pk, prompt(s.title), client_id=f"{s.title}-p", fence=fence)
+            for s, fence in ((s1, f1), (s2, f2), (s3, f3))
+        ]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+
+    assert isinstance(results[1], Fenced)
+    assert await log_of(s2) == []
+    for result, session in ((results[0], s1), (results[2], s3)):
+        assert (result.first_seq, result.last_seq) == (1, 1)
+        assert [data["text"] for _, _, data in await log_of(session)] == [session.title]
+    running = await db_sync_to_async(
+        lambda: set(Turn.objects.filter(state="running").values_list("session_id", flat=True))
+    )()
+    assert running == {s1.pk, s3.pk}
 
 
 @pytest.mark.skipif(not SQLITE, reason="the run on SQLite")
