@@ -190,19 +190,52 @@ class SignedRedisChannelLayer(RedisChannelLayer):
         which this process's own sockets have already heard of from memory."""
         await self._group_send(group, message, elsewhere=True)
 
+    async def group_send_elsewhere_many(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
+        """`group_send_elsewhere` for many groups at once (the doorbells of one commit of
+        many sessions): every group's channels are read in one pipelined round trip per
+        Redis, and only the groups with channels in other processes are sent to. One round
+        trip per group made a worker streaming hundreds of sessions spend most of its
+        doorbells reading groups where only its own sockets are."""
+        now = time.time()
+        by_index: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        for group, message in sends:
+            assert self.require_valid_group_name(group), "Group name not valid"
+            by_index.setdefault(self.consistent_hash(group), []).append((group, message))
+        for index, items in by_index.items():
+            members = await self._members(index, [group for group, _ in items], now)
+            await asyncio.gather(
+                *(
+                    self._send_to(group, elsewhere, message, now)
+                    for (group, message), channels in zip(items, members, strict=True)
+                    if (elsewhere := self._elsewhere(channels))
+                )
+            )
+
     async def _group_send(self, group: str, message: dict[str, Any], *, elsewhere: bool) -> None:
         assert self.require_valid_group_name(group), "Group name not valid"
-        key = self._group_key(group)
-        connection = self.connection(self.consistent_hash(group))
         now = time.time()
-        async with connection.pipeline(transaction=False) as pipe:
-            pipe.zremrangebyscore(key, min=0, max=int(now) - self.group_expiry)
-            pipe.zrange(key, 0, -1)
-            _, members = await pipe.execute()
-        channels = [member.decode("utf8") for member in members]
-        if elsewhere:
-            mine = f".{self.client_prefix}!"
-            channels = [channel for channel in channels if mine not in channel]
+        (channels,) = await self._members(self.consistent_hash(group), [group], now)
+        await self._send_to(
+            group, self._elsewhere(channels) if elsewhere else channels, message, now
+        )
+
+    async def _members(self, index: int, groups: list[str], now: float) -> list[list[str]]:
+        """The channels of each group (its expired members dropped), in one round trip."""
+        async with self.connection(index).pipeline(transaction=False) as pipe:
+            for group in groups:
+                key = self._group_key(group)
+                pipe.zremrangebyscore(key, min=0, max=int(now) - self.group_expiry)
+                pipe.zrange(key, 0, -1)
+            replies = await pipe.execute()
+        return [[member.decode("utf8") for member in members] for members in replies[1::2]]
+
+    def _elsewhere(self, channels: list[str]) -> list[str]:
+        mine = f".{self.client_prefix}!"
+        return [channel for channel in channels if mine not in channel]
+
+    async def _send_to(
+        self, group: str, channels: list[str], message: dict[str, Any], now: float
+    ) -> None:
         by_index, messages, capacities = self._map_channel_keys_to_connection(channels, message)
         for index, keys in by_index.items():
             over = await self._run(
@@ -229,6 +262,16 @@ class SignedRedisChannelLayer(RedisChannelLayer):
                     channel,
                     self.dropped,
                 )
+
+
+async def group_send_elsewhere_many(layer: Any, sends: list[tuple[str, dict[str, Any]]]) -> None:
+    """`group_send_elsewhere` of many groups, together where the layer can."""
+    send_many = getattr(layer, "group_send_elsewhere_many", None)
+    if send_many is not None:
+        await send_many(sends)
+        return
+    for group, message in sends:
+        await group_send_elsewhere(layer, group, message)
 
 
 async def group_send_elsewhere(layer: Any, group: str, message: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from uuid import UUID
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
-from craft.live.channel_layer import group_send_elsewhere
+from craft.live.channel_layer import group_send_elsewhere_many
 from craft.live.loops import Background, Listeners, PerLoop
 
 logger = logging.getLogger(__name__)
@@ -71,28 +71,29 @@ class LiveHub:
                     logger.exception("delivering events of session %s failed", session_id)
 
     def ring(self, notices: list[Notice]) -> None:
-        """Ring the doorbell of other processes (on this loop)."""
+        """Ring the doorbell of other processes (on this loop): one commit's sessions
+        together."""
         layer = get_channel_layer()
-        if layer is None or isinstance(layer, InMemoryChannelLayer):
+        if layer is None or isinstance(layer, InMemoryChannelLayer) or not notices:
             return
-        for session_id, first_seq, last_seq, frames in notices:
-            self._rings.start(self.loop, _ring(layer, session_id, first_seq, last_seq, frames))
+        self._rings.start(self.loop, _ring(layer, notices))
 
 
-async def _ring(
-    layer: Any, session_id: UUID, first_seq: int, last_seq: int, frames: list[str] | None
-) -> None:
-    message: dict[str, Any] = {
-        "type": "events.available", "first_seq": first_seq, "last_seq": last_seq,
-        "origin": PROCESS_ID,
-    }  # fmt: skip
-    if carried(frames):
-        message["frames"] = frames
+async def _ring(layer: Any, notices: list[Notice]) -> None:
+    sends = []
+    for session_id, first_seq, last_seq, frames in notices:
+        message: dict[str, Any] = {
+            "type": "events.available", "first_seq": first_seq, "last_seq": last_seq,
+            "origin": PROCESS_ID,
+        }  # fmt: skip
+        if carried(frames):
+            message["frames"] = frames
+        sends.append((session_group(session_id), message))
     try:  # this process's own sockets were told from memory (`LiveHub.deliver`)
-        await group_send_elsewhere(layer, session_group(session_id), message)
+        await group_send_elsewhere_many(layer, sends)
     except Exception:
         # The log is committed; other processes catch up on their next doorbell or resume.
-        logger.exception("doorbell for session %s failed", session_id)
+        logger.exception("doorbells for sessions %s failed", ", ".join(str(n[0]) for n in notices))
 
 
 _hubs: PerLoop[LiveHub] = PerLoop(LiveHub)

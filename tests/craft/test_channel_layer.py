@@ -137,6 +137,35 @@ async def test_a_doorbell_skips_the_channels_of_the_process_that_rings_it():
     await here.flush()
 
 
+async def test_one_commits_doorbells_reach_only_the_other_processes_of_each_group():
+    """The doorbells of one commit of many sessions go out together: each reaches the
+    channels of its own group in other processes, and a group with only the ringing
+    process's channels gets nothing."""
+    prefix = f"test-layer-{uuid.uuid4().hex[:8]}"
+    here, there = (
+        SignedRedisChannelLayer(hosts=[{"address": REDIS_URL}], prefix=prefix,
+                                symmetric_encryption_keys=KEYS)
+        for _ in range(2)
+    )  # fmt: skip
+    mine = [await here.new_channel() for _ in range(30)]
+    theirs = {n: await there.new_channel() for n in range(30) if n % 3 == 0}
+    for n in range(30):
+        await here.group_add(f"session-{n}", mine[n])
+        if n in theirs:
+            await here.group_add(f"session-{n}", theirs[n])
+    await here.group_send_elsewhere_many(
+        [(f"session-{n}", {"type": "events.available", "n": n}) for n in range(30)]
+    )
+    for n, channel in theirs.items():
+        assert [m["n"] for m in await receive_all(there, channel, 1)] == [n]
+    await here.group_send("session-1", {"type": "events.available", "n": "after"})
+    assert [m["n"] for m in await receive_all(here, mine[1], 1)] == ["after"]  # nothing before
+    for n in theirs:
+        await here.group_send(f"session-{n}", {"type": "events.available", "n": "after"})
+        assert [m["n"] for m in await receive_all(there, theirs[n], 1)] == ["after"]
+    await here.flush()
+
+
 class BeforeRedis7(SignedRedisChannelLayer):
     """The layer against a Redis without BZMPOP (before 7.0): every other command is real."""
 
