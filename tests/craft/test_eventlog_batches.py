@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 from django.conf import settings
+from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
 
@@ -263,6 +264,28 @@ async def test_a_fenced_session_in_a_pipelined_batch_is_refused_and_the_others_s
         lambda: set(Turn.objects.filter(state="running").values_list("session_id", flat=True))
     )()
     assert running == {s1.pk, s3.pk}
+
+
+@postgresql_only
+async def test_a_statement_failing_in_a_pipelined_batch_costs_only_its_own_job(owner):
+    """A session with a turn running cannot start a second one (its Turn row's constraint):
+    that statement fails inside the pipeline, the batch is rolled back, and its jobs are
+    stored one at a time, so only that prompt is refused."""
+    (held, held_fence), (s1, f1), (s2, f2) = await leased(owner, 3)
+    await writer.append(s1.pk, prompt("running"), client_id="s1-first", fence=f1)
+    with pipeline_states() as seen:
+        async with one_batch((held, held_fence)):
+            futures = [
+                writer.submit(s1.pk, prompt("second"), client_id="s1-second", fence=f1),
+                writer.submit(s2.pk, prompt("fine"), client_id="s2-first", fence=f2),
+            ]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+
+    assert any(pipelined for sql, pipelined in seen if sql.startswith("WITH")), seen
+    assert isinstance(results[0], IntegrityError), results[0]
+    assert (results[1].first_seq, results[1].last_seq) == (1, 1)
+    assert [data["text"] for _, _, data in await log_of(s1)] == ["running"]
+    assert [data["text"] for _, _, data in await log_of(s2)] == ["fine"]
 
 
 @pytest.mark.skipif(not SQLITE, reason="the run on SQLite")
