@@ -37,7 +37,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -68,6 +68,14 @@ def _encode(events: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, str
     return [pair for kind, data in events for pair in encode_event(kind, data)]
 
 
+def _db() -> Any:
+    """This thread's database connection. `django.db.connection` is a proxy that looks the
+    thread's connection up again at every attribute it is asked for, and the event log asks
+    for several per statement: about a tenth of the writer's CPU on SQLite, a fifth on
+    PostgreSQL (measured with the connection bound once, docs/performance.md)."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
 # Rows per INSERT statement on SQLite: one statement for many rows is about twice as fast as
 # one per row (each row would also release and retake the GIL). PostgreSQL gets COPY instead:
 # Django's client-side binding would re-parse a long multi-row statement on every call.
@@ -82,7 +90,7 @@ def _insert_sql(rows: int) -> str:
 
 
 def _insert_rows(cursor: Any, rows: list[tuple[Any, ...]]) -> None:
-    if connection.vendor == "postgresql":
+    if cursor.db.vendor == "postgresql":
         with cursor.cursor.copy(f"COPY {Event._meta.db_table} {_COLUMNS} FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
@@ -127,10 +135,11 @@ def _send_events(
     """Send what numbers and inserts the events (see `_store_events`); return what reads its
     answer and finishes the job. On PostgreSQL a small batch is one statement whose answer
     is read only then, so that a pipeline can carry many sessions' statements at once."""
-    pk = Session._meta.pk.get_db_prep_value(session_id, connection)
-    created = Event._meta.get_field("created_at").get_db_prep_value(now, connection)
+    db = _db()
+    pk = Session._meta.pk.get_db_prep_value(session_id, db)
+    created = Event._meta.get_field("created_at").get_db_prep_value(now, db)
     turn = None
-    if _at_once(encoded):
+    if _at_once(db, encoded):
         turn = _turn_change(events, client_id)
         numbered = _number_and_insert_at_once(pk, encoded, client_id, created, fence, turn)
     else:
@@ -171,9 +180,9 @@ def _numbered(
     return _stored_at(first, encoded)
 
 
-def _at_once(encoded: list[tuple[str, str]]) -> bool:
+def _at_once(db: Any, encoded: list[tuple[str, str]]) -> bool:
     """Whether the events are stored by one statement (`_number_and_insert_at_once`)."""
-    return connection.vendor == "postgresql" and len(encoded) <= ONE_STATEMENT_ROWS
+    return db.vendor == "postgresql" and len(encoded) <= ONE_STATEMENT_ROWS
 
 
 def _stored_at(first: int, encoded: list[tuple[str, str]]) -> Stored:
@@ -192,14 +201,15 @@ def _number_and_insert(
     fence: Fence | None,
 ) -> Numbered:  # fmt: skip
     """Check the fence, number and insert in three statements (any size, any database)."""
-    with connection.cursor() as cursor:
+    db = _db()
+    with db.cursor() as cursor:
         worker_known = False
         if fence is not None:
             # A locking read: it waits for a takeover in progress (which holds the lease row)
             # and then sees its result. (A check inside the UPDATE below would not: under
             # READ COMMITTED a subquery keeps the snapshot from before the wait.) It also says
             # whether the owner's worker row exists, which a prompt's turn needs.
-            cursor.execute(_fence_sql(connection.vendor), [pk])
+            cursor.execute(_fence_sql(db.vendor), [pk])
             owner, token, worker = cursor.fetchone() or (None, None, None)
             if (owner, token) != tuple(fence):
                 return None
@@ -261,6 +271,7 @@ def _number_and_insert_at_once(
     row's updates, unlike a plain subquery), so the UPDATE runs only if the lease is still
     this one. The rows are inserted, and the turn changed, only if the UPDATE numbered them.
     """
+    db = _db()
     params: dict[str, Any] = {"session": pk, "count": len(encoded), "now": created}
     if fence is not None:
         params["owner"], params["token"] = fence
@@ -270,17 +281,15 @@ def _number_and_insert_at_once(
     if turn is not None and turn.starts:
         row = Turn(session_id=pk, prompt_seq=0, worker=workers.me().key, started_at=created)
         for field in _turn_fields():
-            params[f"turn_{field.column}"] = field.get_db_prep_save(
-                field.pre_save(row, True), connection
-            )
+            params[f"turn_{field.column}"] = field.get_db_prep_save(field.pre_save(row, True), db)
     elif turn is not None:
         params.update(
             running=Turn.State.RUNNING, ended=Turn.State.ENDED, stop_reason=turn.stop_reason,
-            no_pending=Turn._meta.get_field("pending").get_db_prep_save({}, connection),
+            no_pending=Turn._meta.get_field("pending").get_db_prep_save({}, db),
         )  # fmt: skip
     step = None if turn is None else "start" if turn.starts else "end"
     sql = _at_once_sql(len(encoded), fence is not None, client_id is not None, step)
-    cursor = connection.cursor()
+    cursor = db.cursor()
     try:
         cursor.execute(sql, params)
     except BaseException:
@@ -422,14 +431,15 @@ def _follow_turn(
 
 def _start_turn(session_id: UUID, first_seq: int, now: datetime) -> Turn:
     """Insert the running `Turn` of the prompt stored at `first_seq`; return it, saved."""
+    db = _db()
     turn = Turn(session_id=session_id, prompt_seq=first_seq, worker=workers.me().key,
                 started_at=now)  # fmt: skip
     fields = _turn_fields()
-    values = [field.get_db_prep_save(field.pre_save(turn, True), connection) for field in fields]
-    with connection.cursor() as cursor:
+    values = [field.get_db_prep_save(field.pre_save(turn, True), db) for field in fields]
+    with db.cursor() as cursor:
         cursor.execute(_turn_insert_sql(), values)
         turn.pk = cursor.fetchone()[0]
-    turn._state.adding, turn._state.db = False, connection.alias
+    turn._state.adding, turn._state.db = False, db.alias
     return turn
 
 
@@ -450,10 +460,11 @@ def _turn_insert_sql() -> str:
 
 
 def _end_turn(session_id: UUID, stop_reason: str, now: datetime) -> None:
-    ended = Turn._meta.get_field("ended_at").get_db_prep_save(now, connection)
-    pending = Turn._meta.get_field("pending").get_db_prep_save({}, connection)
-    pk = Session._meta.pk.get_db_prep_value(session_id, connection)
-    with connection.cursor() as cursor:
+    db = _db()
+    ended = Turn._meta.get_field("ended_at").get_db_prep_save(now, db)
+    pending = Turn._meta.get_field("pending").get_db_prep_save({}, db)
+    pk = Session._meta.pk.get_db_prep_value(session_id, db)
+    with db.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Turn._meta.db_table} SET state = %s, stop_reason = %s, ended_at = %s, "
             "pending = %s WHERE session_id = %s AND state = %s",
@@ -462,8 +473,9 @@ def _end_turn(session_id: UUID, stop_reason: str, now: datetime) -> None:
 
 
 def _prompt_stored(session_id: UUID, client_id: str) -> bool:
-    pk = Session._meta.pk.get_db_prep_value(session_id, connection)
-    with connection.cursor() as cursor:
+    db = _db()
+    pk = Session._meta.pk.get_db_prep_value(session_id, db)
+    with db.cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {Event._meta.db_table} WHERE session_id = %s AND client_id = %s "
             "LIMIT 1",
@@ -490,16 +502,17 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
     in order. The leading streamed events of every session are numbered together first;
     whatever that did not store (a prompt, a turn's change, a fenced or gone session) goes
     through `_store_events`, one job at a time, after them."""
+    db = _db()
     stored: dict[int, Stored | None] = {}
     leading = _leading_plain(encoded)
     if len(leading) >= MANY_SESSIONS:
         stored = _store_many(encoded, leading, now)
     rest = [i for i, (_, events) in enumerate(encoded) if i not in stored and events]
     stored.update((i, None) for i, (_, events) in enumerate(encoded) if not events)
-    if len(rest) > 1 and all(_pipelined(*encoded[i]) for i in rest):
+    if len(rest) > 1 and all(_pipelined(db, *encoded[i]) for i in rest):
         # One statement per job, all sent before any answer is awaited: a round trip for the
         # batch, not one per job (400 sessions' prompts at once took 400 in a row).
-        with connection.connection.pipeline():
+        with db.connection.pipeline():
             sent = [(i, _send_events(encoded[i][0].session_id, encoded[i][0].events,
                                      encoded[i][1], encoded[i][0].client_id, now,
                                      encoded[i][0].fence))
@@ -515,12 +528,12 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
     return [(job, stored[i]) for i, (job, _) in enumerate(encoded)]
 
 
-def _pipelined(job: _Job, encoded: list[tuple[str, str]]) -> bool:
+def _pipelined(db: Any, job: _Job, encoded: list[tuple[str, str]]) -> bool:
     """Whether a job may go in a pipeline: it is one statement (PostgreSQL, a small batch)
     and reads nothing after it, so that sending the next job's statement first changes
     nothing. A prompt starts its turn and a turn's end ends it in that statement; a
     permission's request or answer updates the turn's row after it (`_follow_turn`)."""
-    if not _at_once(encoded):
+    if not _at_once(db, encoded):
         return False
     kinds = {kind for kind, _ in job.events} & _TURN_KINDS
     return not kinds or _turn_change(job.events, job.client_id) is not None
@@ -563,14 +576,15 @@ def _store_many(
     """Check, number and insert the jobs `leading` names, of many sessions, together; return
     what each job stored, by index. A session that was not numbered (fenced, gone) is left
     out, for `_store_events` to say why."""
+    db = _db()
     runs = []
     for indexes in leading:
         job = encoded[indexes[0]][0]
-        pk = Session._meta.pk.get_db_prep_value(job.session_id, connection)
+        pk = Session._meta.pk.get_db_prep_value(job.session_id, db)
         events = [event for i in indexes for event in encoded[i][1]]
         runs.append(_Run(pk, job.fence, events, indexes))
-    created = Event._meta.get_field("created_at").get_db_prep_value(now, connection)
-    if connection.vendor == "postgresql":
+    created = Event._meta.get_field("created_at").get_db_prep_value(now, db)
+    if db.vendor == "postgresql":
         numbered = _number_many_postgresql(runs, created)
     else:
         numbered = _number_many(runs, created)
@@ -595,6 +609,7 @@ def _store_many(
 def _number_many_postgresql(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
     """One statement: check each run's fence, number its events and insert them; return the
     new last seq and the owner of each session numbered."""
+    db = _db()
     owners = [run.fence[0] if run.fence else None for run in runs]
     tokens = [run.fence[1] if run.fence else None for run in runs]
     event_sessions, positions, kinds, texts = [], [], [], []
@@ -610,7 +625,7 @@ def _number_many_postgresql(runs: list[_Run], created: Any) -> dict[Any, tuple[i
     ]  # fmt: skip
     # Bound on the server, not by Django's client-side cursor: the arrays travel as values,
     # and the statement, always the same text, is prepared once per connection.
-    with connection.cursor() as wrapper, psycopg.Cursor(wrapper.cursor.connection) as cursor:
+    with db.cursor() as wrapper, psycopg.Cursor(wrapper.cursor.connection) as cursor:
         cursor.execute(_many_sql(), params, prepare=True)
         return {row[0]: (int(row[1]), row[2]) for row in cursor.fetchall()}
 
@@ -646,9 +661,10 @@ def _number_many(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
     """SQLite: the leases read, the sessions numbered, the rows inserted, each in one
     statement per SQLITE_SESSIONS sessions (the transaction holds the write lock from its
     start, so nothing changes a lease between the read and the UPDATE)."""
+    db = _db()
     session, lease = Session._meta.db_table, Lease._meta.db_table
     numbered: dict[Any, tuple[int, Any]] = {}
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         for start in range(0, len(runs), SQLITE_SESSIONS):
             part = runs[start : start + SQLITE_SESSIONS]
             fenced = [run.pk for run in part if run.fence is not None]
