@@ -118,15 +118,21 @@ async def test_a_cancelled_receive_loses_no_later_message(make_layer):
     await sender.flush()
 
 
+def two_processes() -> tuple[SignedRedisChannelLayer, SignedRedisChannelLayer]:
+    """Craft's layer as two server processes have it: one Redis, one prefix."""
+    prefix = f"test-layer-{uuid.uuid4().hex[:8]}"
+    return tuple(  # type: ignore[return-value]
+        SignedRedisChannelLayer(
+            hosts=[{"address": REDIS_URL}], prefix=prefix, symmetric_encryption_keys=KEYS
+        )
+        for _ in range(2)
+    )
+
+
 async def test_a_doorbell_skips_the_channels_of_the_process_that_rings_it():
     """The event log's doorbell goes to other processes only: the ringing process's sockets
     heard of the events from memory (`craft.live.delivery`)."""
-    prefix = f"test-layer-{uuid.uuid4().hex[:8]}"
-    here, there = (
-        SignedRedisChannelLayer(hosts=[{"address": REDIS_URL}], prefix=prefix,
-                                symmetric_encryption_keys=KEYS)
-        for _ in range(2)
-    )  # fmt: skip
+    here, there = two_processes()
     mine, theirs = await here.new_channel(), await there.new_channel()
     for channel in (mine, theirs):
         await here.group_add("session", channel)
@@ -141,12 +147,7 @@ async def test_one_commits_doorbells_reach_only_the_other_processes_of_each_grou
     """The doorbells of one commit of many sessions go out together: each reaches the
     channels of its own group in other processes, and a group with only the ringing
     process's channels gets nothing."""
-    prefix = f"test-layer-{uuid.uuid4().hex[:8]}"
-    here, there = (
-        SignedRedisChannelLayer(hosts=[{"address": REDIS_URL}], prefix=prefix,
-                                symmetric_encryption_keys=KEYS)
-        for _ in range(2)
-    )  # fmt: skip
+    here, there = two_processes()
     mine = [await here.new_channel() for _ in range(30)]
     theirs = {n: await there.new_channel() for n in range(30) if n % 3 == 0}
     for n in range(30):
