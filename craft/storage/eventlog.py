@@ -108,22 +108,6 @@ class Fenced(Exception):
 Fence = tuple[str, int]
 
 
-def _store_events(
-    session_id: UUID,
-    events: Sequence[tuple[str, dict[str, Any]]],
-    encoded: list[tuple[str, str]],
-    client_id: str | None,
-    now: datetime,
-    fence: Fence | None = None,
-) -> Stored | None:
-    """Number and insert encoded events of one session; the caller holds a transaction.
-
-    With `client_id` (a prompt), store nothing and return None if the session already has an
-    event with that id. With `fence`, raise Fenced if that lease has moved on.
-    """
-    return _send_events(session_id, events, encoded, client_id, now, fence)()
-
-
 def _send_events(
     session_id: UUID,
     events: Sequence[tuple[str, dict[str, Any]]],
@@ -132,9 +116,15 @@ def _send_events(
     now: datetime,
     fence: Fence | None = None,
 ) -> Callable[[], Stored | None]:
-    """Send what numbers and inserts the events (see `_store_events`); return what reads its
-    answer and finishes the job. On PostgreSQL a small batch is one statement whose answer
-    is read only then, so that a pipeline can carry many sessions' statements at once."""
+    """Send what numbers and inserts encoded events of one session, in the caller's
+    transaction; return what reads the answer and finishes the job (call it for what was
+    stored). On PostgreSQL a small batch is one statement whose answer is read only then, so
+    that a pipeline can carry many sessions' statements at once.
+
+    With `client_id` (a prompt), store nothing and finish with None if the session already
+    has an event with that id. With `fence`, finishing raises Fenced if that lease has moved
+    on.
+    """
     db = _db()
     pk = Session._meta.pk.get_db_prep_value(session_id, db)
     created = Event._meta.get_field("created_at").get_db_prep_value(now, db)
@@ -159,7 +149,7 @@ def _numbered(
     turn: TurnChange | None,
     numbered: Callable[[], Numbered],
 ) -> Stored | None:
-    """The rest of `_store_events` once the events were sent: what the numbering said."""
+    """The rest of `_send_events` once the events were sent: what the numbering said."""
     result = numbered()
     if result is None:
         if client_id is not None and _prompt_stored(session_id, client_id):
@@ -501,7 +491,7 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
     """Store a batch's jobs (sorted by session) in the caller's transaction, each session's
     in order. The leading streamed events of every session are numbered together first;
     whatever that did not store (a prompt, a turn's change, a fenced or gone session) goes
-    through `_store_events`, one job at a time, after them."""
+    through `_send_events`, one job at a time, after them."""
     db = _db()
     stored: dict[int, Stored | None] = {}
     leading = _leading_plain(encoded)
@@ -522,9 +512,9 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
     else:
         for i in rest:
             job, events = encoded[i]
-            stored[i] = _store_events(
+            stored[i] = _send_events(
                 job.session_id, job.events, events, job.client_id, now, job.fence
-            )
+            )()
     return [(job, stored[i]) for i, (job, _) in enumerate(encoded)]
 
 
@@ -575,7 +565,7 @@ def _store_many(
 ) -> dict[int, Stored | None]:
     """Check, number and insert the jobs `leading` names, of many sessions, together; return
     what each job stored, by index. A session that was not numbered (fenced, gone) is left
-    out, for `_store_events` to say why."""
+    out, for `_send_events` to say why."""
     db = _db()
     runs = []
     for indexes in leading:
@@ -717,7 +707,7 @@ def append_events(
     if not encoded:
         return None
     with transaction.atomic():
-        stored = _store_events(session_id, events, encoded, client_id, timezone.now(), fence)
+        stored = _send_events(session_id, events, encoded, client_id, timezone.now(), fence)()
         if stored is None:
             return None
         transaction.on_commit(
