@@ -499,22 +499,21 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
         stored = _store_many(encoded, leading, now)
     rest = [i for i, (_, events) in enumerate(encoded) if i not in stored and events]
     stored.update((i, None) for i, (_, events) in enumerate(encoded) if not events)
+
+    def send(i: int) -> Callable[[], Stored | None]:
+        job, events = encoded[i]
+        return _send_events(job.session_id, job.events, events, job.client_id, now, job.fence)
+
     if len(rest) > 1 and all(_pipelined(db, *encoded[i]) for i in rest):
         # One statement per job, all sent before any answer is awaited: a round trip for the
         # batch, not one per job (400 sessions' prompts at once took 400 in a row).
         with db.connection.pipeline():
-            sent = [(i, _send_events(encoded[i][0].session_id, encoded[i][0].events,
-                                     encoded[i][1], encoded[i][0].client_id, now,
-                                     encoded[i][0].fence))
-                    for i in rest]  # fmt: skip
+            sent = [(i, send(i)) for i in rest]
         for i, finish in sent:
             stored[i] = finish()
     else:
         for i in rest:
-            job, events = encoded[i]
-            stored[i] = _send_events(
-                job.session_id, job.events, events, job.client_id, now, job.fence
-            )()
+            stored[i] = send(i)()
     return [(job, stored[i]) for i, (job, _) in enumerate(encoded)]
 
 
