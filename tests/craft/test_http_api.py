@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from django.test import Client
 
-from craft.models import Session
+from craft.models import Event, Session
 from craft.storage.eventlog import append_events
 from tests.ready import open_ready_session, settled_sandbox
 
@@ -98,6 +99,27 @@ def test_events_are_paged_after_a_seq(api, owner):
     assert body["has_more"] is False
     bad = api.get(f"/api/sessions/{session.pk}/events/", {"after": "x"})
     assert bad.status_code == 400
+
+
+def test_a_page_of_events_dates_them_as_isoformat_does(api, owner):
+    # The page's times are formatted by the database (not from a datetime per row): they must
+    # be exactly what the event's own datetime says, with or without a fraction of a second.
+    session = open_ready_session(owner)
+    append_events(session.pk, [("agent_message_chunk", {"n": i}) for i in range(4)])
+    moments = [
+        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        datetime(2026, 1, 2, 3, 4, 5, 1, tzinfo=UTC),
+        datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        # Not UTC: stored and served in UTC, whatever the zone it was made in.
+        datetime(2026, 6, 1, 12, 0, 0, 120000, tzinfo=timezone(timedelta(hours=-5))),
+    ]
+    for seq, moment in enumerate(moments, start=1):
+        Event.objects.filter(session=session, seq=seq).update(created_at=moment)
+    body = api.get(f"/api/sessions/{session.pk}/events/").json()
+    expected = [e.created_at.isoformat() for e in Event.objects.filter(session=session)]
+    assert [e["created_at"] for e in body["events"]] == expected
+    assert expected[0] == "2026-01-02T03:04:05+00:00"
+    assert expected[3] == "2026-06-01T17:00:00.120000+00:00"
 
 
 def test_one_event_is_served_in_full(api, owner):
