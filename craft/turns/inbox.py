@@ -40,6 +40,7 @@ class Inbox:
         self._asleep = True  # nobody is taking: put() must wake the loop
         self._woken = False  # a wake-up is on its way
         self._waiter: asyncio.Future[None] | None = None
+        self._timed_out = False  # take()'s timeout passed
         self._taking = 0
         self._on_idle = on_idle
         self._room = threading.Event()
@@ -77,18 +78,38 @@ class Inbox:
             if self._items:
                 self._on_idle()  # items that came after the taker's last look
 
-    async def take(self, limit: int) -> list[TurnItem]:
-        """Wait for items; return up to `limit` of them, never past the end of a turn."""
-        while not self._items:
-            self._waiter = self._loop.create_future()
-            self._asleep = True
+    # asyncio.timeout() would cost a timer per batch, even for items already there.
+    async def take(self, limit: int, timeout: float | None = None) -> list[TurnItem]:  # noqa: ASYNC109
+        """Wait for items, at most `timeout` s (then TimeoutError); return up to `limit` of
+        them, never past the end of a turn.
+
+        The timeout is a timer of its own, armed only when there is nothing to take: unlike
+        `asyncio.wait_for` (a task, a timer and a future per call), a stream's batches that
+        are already there cost nothing but the batch."""
+        if not self._items:
+            self._timed_out = False
+            timer = None if timeout is None else self._loop.call_later(timeout, self._time_out)
             try:
-                if not self._items:  # put() may have missed that we were about to sleep
-                    await self._waiter
+                while not self._items:
+                    if self._timed_out:
+                        raise TimeoutError
+                    self._waiter = self._loop.create_future()
+                    self._asleep = True
+                    try:
+                        if not self._items:  # put() may have missed that we were about to sleep
+                            await self._waiter
+                    finally:
+                        self._asleep = not self._taking
+                        self._waiter = None
             finally:
-                self._asleep = not self._taking
-                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         return self.take_nowait(limit)
+
+    def _time_out(self) -> None:
+        self._timed_out = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def take_nowait(self, limit: int) -> list[TurnItem]:
         batch: list[TurnItem] = []

@@ -293,9 +293,7 @@ class Turn:
             stored_size, over, dropped = 0, False, 0
             while True:
                 try:
-                    batch = await asyncio.wait_for(
-                        inbox.take(BATCH_LIMIT), self._patience(deadline - loop.time())
-                    )
+                    batch = await inbox.take(BATCH_LIMIT, self._patience(deadline - loop.time()))
                 except TimeoutError:
                     await self._time_out(connection, deadline - loop.time() <= 0)
                     continue
