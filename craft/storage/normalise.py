@@ -17,6 +17,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import orjson
+
 # A session's title column holds at most this many characters.
 MAX_TITLE = 200
 # Kinds are identifiers: the event column holds at most 64 characters.
@@ -72,7 +74,23 @@ def clean(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    """Return compact JSON that both databases accept and every reader can encode."""
+    """Return compact JSON that both databases accept and every reader can encode.
+
+    orjson writes what `json.dumps` would, several times faster (every streamed event is
+    encoded once, on the event writer's thread), except that it spells some floats
+    differently (1e-05 as 0.00001: the same number) and writes NaN and the infinities as null,
+    as `dumps_clean` does. It refuses what it cannot write as valid UTF-8 JSON (a lone
+    surrogate, a key that is not a string, an integer over 64 bits): those take `json`'s way.
+    """
+    try:
+        text = orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return _dumps_json(value)
+    # orjson writes a NUL as its escape, which PostgreSQL's jsonb refuses.
+    return text if "\\u0000" not in text else dumps_clean(value)
+
+
+def _dumps_json(value: Any) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:

@@ -243,3 +243,30 @@ def test_the_properties_hold_on_sqlite(tmp_path):
         env=env, cwd=django_settings.BASE_DIR, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+# Beyond JSON's own values: what agents' parsed output can hold that orjson refuses (integers
+# over 64 bits, keys that are not strings after a client's sloppy object) or writes its own way
+# (NaN and the infinities, floats spelled differently).
+ODD = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=2**64) | st.floats() | TEXT,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(TEXT | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=ODD)
+def test_stored_json_is_json_s_own_value_cleaned(value):
+    """The event writer's encoding (orjson, `json` where orjson refuses) stores what `json`
+    would have: the same value once parsed, NaN as null, nothing a reader cannot encode, no
+    NUL for PostgreSQL to refuse."""
+    from craft.storage.normalise import clean, dumps
+
+    text = dumps(value)
+    text.encode("utf-8")
+    assert "\\u0000" not in text
+    expected = json.loads(json.dumps(clean(value), ensure_ascii=False))
+    assert json.loads(text) == expected
