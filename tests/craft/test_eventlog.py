@@ -203,3 +203,27 @@ async def test_committed_events_reach_a_follower_from_memory(sessions):
     ((first, last, frames),) = received
     assert (first, last) == (1, 2)
     assert [json.loads(f)["seq"] for f in frames or []] == [1, 2]
+
+
+AWKWARD = ["back\\slash", "tab\there", "new\nline", "cr\rhere", "\\N", 'quote"s', "é😀", "\\\\t"]
+
+
+async def test_text_that_means_something_to_copy_is_stored_as_it_was_sent(owner):
+    # More events than one statement takes, so that PostgreSQL stores them with COPY, whose
+    # text format gives backslashes, tabs and line ends a meaning of their own.
+    session = await db_sync_to_async(open_ready_session)(owner, "awkward")
+    texts = [AWKWARD[i % len(AWKWARD)] + f" {i}" for i in range(80)]
+    events = [("user_message", {"id": "id\\1", "text": "prompt\t\\N"})]
+    events += [("agent_message_chunk", chunk(text)) for text in texts]
+    stored = await db_sync_to_async(append_events)(session.pk, events, client_id="id\\1")
+    assert stored is not None
+    rows = await db_sync_to_async(
+        lambda: list(Event.objects.filter(session=session).order_by("seq"))
+    )()
+    assert rows[0].client_id == "id\\1"
+    assert rows[0].data == {"id": "id\\1", "text": "prompt\t\\N"}
+    assert [row.data["content"]["text"] for row in rows[1:]] == texts
+    assert [row.client_id for row in rows[1:]] == [None] * len(texts)
+    # The same text as the websocket replays it.
+    frames = await db_sync_to_async(frames_after)(session.pk, 0, 100)
+    assert [json.loads(frame)["data"]["content"]["text"] for _, frame in frames[1:]] == texts
