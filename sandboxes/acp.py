@@ -49,6 +49,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, NoReturn, Protocol
 
+import orjson
+
 from sandboxes import elicitation
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,30 @@ REQUEST_CANCELLED = -32800  # ACP: the answer to a request withdrawn with $/canc
 AUTH_REQUIRED = -32000
 # How long `stop()` waits for the agent's answer to `session/close` before ending it anyway.
 CLOSE_SECONDS = 2.0
+
+# Every byte a digit or not: a run of 19 digits may be an integer past 64 bits.
+_DIGIT_RUNS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_LONG_NUMBER = b"0" * 19
+
+
+def parse_line(line: bytes) -> Any:
+    """Parse one line of an agent's JSON as `json.loads` does (ValueError or RecursionError
+    if it is not JSON).
+
+    orjson parses a line four times faster and gives the same value, except that it makes an
+    integer past 64 bits a float (json keeps it exact): a line with a run of 19 digits takes
+    json's way, as does every line orjson refuses (NaN, a lone surrogate's escape, nesting
+    past 1,024 levels, bytes that are not UTF-8), so that json says what is wrong with it.
+    """
+    if _LONG_NUMBER not in line.translate(_DIGIT_RUNS):
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError:
+            pass
+    # ACP is UTF-8; a bad byte spoils one character, not the line. Decoding here spares
+    # json.loads its encoding detection.
+    return json.loads(line.decode("utf-8", "replace"))
+
 
 # What Craft tells the agent it can do. `_meta.terminal_output`: tool calls may carry live
 # command output in their `_meta` (`terminal_info`, `terminal_output`, `terminal_exit`), as
@@ -824,9 +850,7 @@ class AgentConnection:
 
     def _handle_line(self, line: bytes) -> None:
         try:
-            # ACP is UTF-8; a bad byte spoils one character, not the line. Decoding here
-            # spares json.loads its encoding detection on every line.
-            message = json.loads(line.decode("utf-8", "replace"))
+            message = parse_line(line)
         except (ValueError, RecursionError):
             # Some agents (and npx wrappers) print banners on stdout: skip, never crash. JSON
             # nested too deep for the parser is skipped the same way.
