@@ -32,8 +32,10 @@ application = ProtocolTypeRouter(
 )
 
 from craft.cluster.lifecycle import install_in_daphne  # noqa: E402
+from craft.live import quiet_autobahn  # noqa: E402
 
 install_in_daphne()
+quiet_autobahn.install()
 
 # The cyclic garbage collector held the GIL for a third of daphne's busy time with 400
 # sessions streaming (py-spy --native: `gc_collect_main`), scanning the same long-lived
