@@ -134,8 +134,14 @@ def on_sandbox_changed(sender: Any, sandbox_id: Any, owner_id: Any, **kwargs: An
 
 
 def sandbox_state(sandbox: Sandbox) -> dict[str, str]:
-    """Return a sandbox's state as the `hello` and `sandbox` frames carry it."""
-    return {"status": sandbox.status, "detail": sandbox.status_detail, "error": sandbox.error}
+    """Return a sandbox's state as the `hello` and `sandbox` frames carry it: with its id, since
+    a session whose sandbox was stopped moves to a new one at its next prompt."""
+    return {
+        "id": str(sandbox.pk),
+        "status": sandbox.status,
+        "detail": sandbox.status_detail,
+        "error": sandbox.error,
+    }
 
 
 def read_sandbox_state(sandbox_id: UUID) -> dict[str, str] | None:

@@ -111,6 +111,26 @@ async def test_an_idle_page_does_not_poll(page, craft_server, session):
     assert polled == []
 
 
+async def test_the_sandbox_line_follows_the_session_to_its_new_sandbox(page, craft_server, session):
+    # Once the session has moved to a new sandbox, the sidebar's line is about that one: its
+    # later changes (here: stopped again) must reach the line too, not only the banner.
+    await db_sync_to_async(terminate_sandbox)(session.sandbox)
+    await page.goto(f"{craft_server.url}/sessions/{session.pk}/")
+    line = page.locator("#sandbox-status .sandbox-state")
+    await expect(line).to_have_text("Stopped")
+    await send_prompt(page, "hello again")
+    await expect(page.locator(TURN_END)).to_have_text("Done")
+    await expect(line).to_have_text("Ready")
+    # Stopped through the server (its notice reaches the page's socket), as a person would.
+    cookies = {c["name"]: c["value"] for c in await page.context.cookies()}
+    stopped = await page.request.delete(
+        f"{craft_server.url}/api/sandbox/", headers={"X-CSRFToken": cookies["csrftoken"]}
+    )
+    assert stopped.ok, await stopped.text()
+    await expect(page.locator("#sandbox-banner")).to_contain_text("sandbox was stopped")
+    await expect(line).to_have_text("Stopped")
+
+
 async def test_a_stopped_sandbox_s_session_carries_on_at_the_next_message(
     page, craft_server, session, owner
 ):

@@ -113,7 +113,8 @@ def test_the_socket_follows_a_pod_from_provisioning_to_running(kube, owner, tmp_
             states = [sock.hello["sandbox"], *pushed]
             assert any(s["status"] == "provisioning" and "pod" in s["detail"] for s in states)
             assert all(a != b for a, b in itertools.pairwise(states))
-            running = {"type": "sandbox", "status": "running", "detail": "ready", "error": ""}
+            running = {"type": "sandbox", "id": session["sandbox"], "status": "running",
+                       "detail": "ready", "error": ""}  # fmt: skip
             assert sandbox[-1] == running
             # Prompts go through once it says so.
             sock.send({"type": "resume", "after": 0})
@@ -134,8 +135,8 @@ def test_an_administrator_s_terminate_reaches_the_owner_s_socket(owner, staff, t
         admin_terminate(server, staff, session.sandbox_id)
         frames = sock.until(is_sandbox("terminated"))
         assert frames[-1] == {
-            "type": "sandbox", "status": "terminated", "detail": Sandbox.STOPPED_BY_STAFF,
-            "error": "",
+            "type": "sandbox", "id": str(session.sandbox_id), "status": "terminated",
+            "detail": Sandbox.STOPPED_BY_STAFF, "error": "",
         }  # fmt: skip
         sock.close()
     finally:
@@ -157,8 +158,8 @@ async def test_the_reaper_s_idle_terminate_reaches_the_socket(owner, settings):
     # The reaper runs on a thread of its own, as in the server.
     await db_sync_to_async(reaper.reap_sandboxes)(session_activity)
     frames = await receive_until(comm, is_sandbox("terminated"))
-    assert {"type": "sandbox", "status": "terminating", "detail": "terminating (idle)",
-            "error": ""} in frames  # fmt: skip
+    assert {"type": "sandbox", "id": str(session.sandbox_id), "status": "terminating",
+            "detail": "terminating (idle)", "error": ""} in frames  # fmt: skip
     await comm.disconnect()
 
 

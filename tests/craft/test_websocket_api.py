@@ -68,7 +68,12 @@ async def test_hello_reports_the_session_state(session, cookie):
         "session": str(session.pk),
         "last_seq": 3,
         "running": False,
-        "sandbox": {"status": "running", "detail": "ready", "error": ""},
+        "sandbox": {
+            "id": str(session.sandbox_id),
+            "status": "running",
+            "detail": "ready",
+            "error": "",
+        },
     }
     assert await comm.receive_nothing(0.2)  # no events before resume
     await comm.disconnect()

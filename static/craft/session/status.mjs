@@ -135,12 +135,17 @@ export function createStatus({ root, turnStartedAt }) {
   /** Show the session's sandbox as the server says it is now: the page's own data, then the
    *  socket's `hello` and `sandbox` frames (pushed as it changes, never polled). */
   function setSandbox(sandbox) {
+    // The session moves to a new sandbox at its next message once its own was stopped: from
+    // then on the sidebar's line (about the person's newest sandbox) follows that one.
+    const moved = typeof sandbox.id === "string" && sandbox.id !== "" && sandbox.id !== root.dataset.sandbox;
+    if (moved) root.dataset.sandbox = sandbox.id;
     const status = str(sandbox.status);
     sandboxStatus = status;
     sandboxDetail = str(sandbox.detail);
     sandboxChanges += 1;
     lineRetries = 0;
-    matchLine();
+    if (moved) refreshSandboxLine(); // the line may still be about the old one: matchLine would skip it
+    else matchLine();
     let text = SANDBOX_BANNERS[status];
     // While it starts, the banner shows how far it got (on Kubernetes: the pod's phase and
     // latest event), as the sidebar's sandbox line does.
