@@ -142,10 +142,3 @@ def sandbox_state(sandbox: Sandbox) -> dict[str, str]:
         "detail": sandbox.status_detail,
         "error": sandbox.error,
     }
-
-
-def read_sandbox_state(sandbox_id: UUID) -> dict[str, str] | None:
-    """Return the sandbox's state now, or None when its row is gone."""
-    sandbox = Sandbox.objects.filter(pk=sandbox_id).only("status", "status_detail", "error")
-    found = sandbox.first()
-    return None if found is None else sandbox_state(found)
