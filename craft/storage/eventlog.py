@@ -18,7 +18,8 @@ Rows are written with one prepared INSERT per batch rather than through model in
 is the hot path of every streamed token. On PostgreSQL a small batch (a follow-up's are one or
 two events) is checked, numbered and inserted, and its turn started or ended, by one
 statement: each statement is a round trip, and many sessions' such statements in one batch
-go in one pipeline. Values go through `craft.storage.normalise` first,
+go in one pipeline. On SQLite many sessions' prompts of one batch are looked up, numbered,
+inserted and their turns started together. Values go through `craft.storage.normalise` first,
 so every stored event can be replayed and rendered.
 """
 
@@ -510,18 +511,21 @@ def _prompt_stored(session_id: UUID, client_id: str) -> bool:
 MANY_SESSIONS = 2
 # SQLite numbers at most this many sessions per statement (two variables each).
 SQLITE_SESSIONS = 500
+# SQLite's turns inserted in one statement take at most this many variables.
+SQLITE_VARIABLES = 999
 
 _Encoded = tuple["_Job", list[tuple[str, str]]]
 
 
 def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Stored | None]]:
     """Store a batch's jobs (sorted by session) in the caller's transaction, each session's
-    in order. The leading streamed events of every session are numbered together first;
-    whatever that did not store (a prompt, a turn's change, a fenced or gone session) goes
-    through `_send_events`, one job at a time, after them."""
+    in order. The leading streamed events of every session (on SQLite, or its prompt) are
+    numbered together first; whatever that did not store (a prompt on PostgreSQL, a turn's
+    change, a repeated prompt, a fenced or gone session) goes through `_send_events`, one job
+    at a time, after them."""
     db = _db()
     stored: dict[int, Stored | None] = {}
-    leading = _leading_plain(encoded)
+    leading = _leading(encoded, prompts=db.vendor == "sqlite")
     if len(leading) >= MANY_SESSIONS:
         stored = _store_many(encoded, leading, now)
     rest = [i for i, (_, events) in enumerate(encoded) if i not in stored and events]
@@ -555,20 +559,29 @@ def _pipelined(db: Any, job: _Job, encoded: list[tuple[str, str]]) -> bool:
     return not kinds or _turn_change(job.events, job.client_id) is not None
 
 
-def _leading_plain(encoded: list[_Encoded]) -> list[list[int]]:
+def _leading(encoded: list[_Encoded], *, prompts: bool) -> list[list[int]]:
     """Per session, the indexes of its first jobs up to its first prompt or turn change
-    (and all under the same fence), if they hold any event."""
+    (and all under the same fence), if they hold any event; with `prompts`, a session whose
+    first job is a prompt has that job alone."""
     leading = []
     for _, group in groupby(range(len(encoded)), key=lambda i: encoded[i][0].session_id):
         run: list[int] = []
         for i in group:
             job = encoded[i][0]
+            if not run and prompts and _lone_prompt(job):
+                run.append(i)
+                break
             if not _plain(job) or (run and job.fence != encoded[run[0]][0].fence):
                 break
             run.append(i)
         if any(encoded[i][1] for i in run):
             leading.append(run)
     return leading
+
+
+def _lone_prompt(job: _Job) -> bool:
+    """A prompt and nothing else: its `user_message` alone, with its client id."""
+    return job.client_id is not None and [kind for kind, _ in job.events] == ["user_message"]
 
 
 def _plain(job: _Job) -> bool:
@@ -584,6 +597,7 @@ class _Run:
     fence: Fence | None
     events: list[tuple[str, str]]
     indexes: list[int]
+    client_id: str | None = None  # a prompt's (`_lone_prompt`): it starts the session's turn
 
 
 def _store_many(
@@ -598,12 +612,12 @@ def _store_many(
         job = encoded[indexes[0]][0]
         pk = Session._meta.pk.get_db_prep_value(job.session_id, db)
         events = [event for i in indexes for event in encoded[i][1]]
-        runs.append(_Run(pk, job.fence, events, indexes))
+        runs.append(_Run(pk, job.fence, events, indexes, job.client_id))
     created = Event._meta.get_field("created_at").get_db_prep_value(now, db)
     if db.vendor == "postgresql":
         numbered = _number_many_postgresql(runs, created)
     else:
-        numbered = _number_many(runs, created)
+        numbered = _number_many(runs, created, now)
     stored: dict[int, Stored | None] = {}
     for run in runs:
         if run.pk not in numbered:
@@ -673,10 +687,12 @@ def _many_sql() -> str:
     )
 
 
-def _number_many(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
-    """SQLite: the leases read, the sessions numbered, the rows inserted, each in one
-    statement per SQLITE_SESSIONS sessions (the transaction holds the write lock from its
-    start, so nothing changes a lease between the read and the UPDATE)."""
+def _number_many(runs: list[_Run], created: Any, now: datetime) -> dict[Any, tuple[int, Any]]:
+    """SQLite: the leases read, the prompts looked up, the sessions numbered, the rows
+    inserted and the prompts' turns started, each in one statement per SQLITE_SESSIONS
+    sessions (the transaction holds the write lock from its start, so nothing changes a lease
+    between the read and the UPDATE). A prompt stored before is left out (`_send_events`
+    then says so)."""
     db = _db()
     session, lease = Session._meta.db_table, Lease._meta.db_table
     numbered: dict[Any, tuple[int, Any]] = {}
@@ -692,8 +708,10 @@ def _number_many(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
                     fenced,
                 )
                 leases = {pk: (owner, int(token)) for pk, owner, token in cursor.fetchall()}
+            repeated = _prompts_stored(cursor, [run for run in part if run.client_id])
             kept = [run for run in part
-                    if run.fence is None or leases.get(run.pk) == tuple(run.fence)]  # fmt: skip
+                    if (run.fence is None or leases.get(run.pk) == tuple(run.fence))
+                    and run.pk not in repeated]  # fmt: skip
             if not kept:
                 continue
             cursor.execute(
@@ -709,10 +727,53 @@ def _number_many(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
                 if run.pk not in numbered:
                     continue
                 first = numbered[run.pk][0] - len(run.events) + 1
-                rows += [(run.pk, first + n, kind, text, None, created)
-                         for n, (kind, text) in enumerate(run.events)]  # fmt: skip
+                rows += [(run.pk, first + n, kind, text, run.client_id if n == 0 else None,
+                          created) for n, (kind, text) in enumerate(run.events)]  # fmt: skip
             _insert_rows(cursor, rows)
+            _start_turns(cursor, [(run.pk, numbered[run.pk][0]) for run in kept
+                                  if run.client_id and run.pk in numbered], now)  # fmt: skip
     return numbered
+
+
+def _prompts_stored(cursor: Any, prompts: list[_Run]) -> set[Any]:
+    """The sessions of `prompts` that already have an event with the prompt's client id."""
+    if not prompts:
+        return set()
+    values = ", ".join(["(%s, %s)"] * len(prompts))
+    cursor.execute(
+        f"WITH prompt(session_id, client_id) AS (VALUES {values}) "
+        f"SELECT prompt.session_id FROM prompt JOIN {Event._meta.db_table} AS event "
+        "ON event.session_id = prompt.session_id AND event.client_id = prompt.client_id",
+        [v for run in prompts for v in (run.pk, run.client_id)],
+    )
+    return {pk for (pk,) in cursor.fetchall()}
+
+
+def _start_turns(cursor: Any, prompts: list[tuple[Any, int]], now: datetime) -> None:
+    """Insert the running `Turn` of each (session, prompt's seq), this worker's, in a few
+    statements; a session with a turn running refuses (IntegrityError), as `_start_turn`."""
+    if not prompts:
+        return
+    workers.ensure_registered()  # a turn's worker must be known, or it looks gone
+    db = _db()
+    fields = _turn_fields()
+    turn = Turn(prompt_seq=0, worker=workers.me().key, started_at=now)  # each row its own
+    shared = [field.get_db_prep_save(field.pre_save(turn, True), db) for field in fields]
+    columns = [field.column for field in fields]
+    at_session, at_seq = columns.index("session_id"), columns.index("prompt_seq")
+    rows = []
+    for pk, seq in prompts:
+        row = list(shared)
+        row[at_session], row[at_seq] = pk, seq
+        rows.append(row)
+    per_statement = max(1, SQLITE_VARIABLES // len(fields))
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        values = ", ".join([f"({', '.join(['%s'] * len(fields))})"] * len(chunk))
+        cursor.execute(
+            f"INSERT INTO {Turn._meta.db_table} ({', '.join(columns)}) VALUES {values}",
+            [v for row in chunk for v in row],
+        )
 
 
 def append_events(

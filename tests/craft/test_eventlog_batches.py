@@ -1,4 +1,5 @@
-"""One batch, many sessions: the writer numbers every session's streamed events together.
+"""One batch, many sessions: the writer numbers every session's streamed events together
+(on SQLite, their prompts too).
 
 On PostgreSQL each test holds the writer on an append whose session row another connection
 has locked, so that what it submits meanwhile is committed as one batch; a lease row locked by
@@ -317,6 +318,104 @@ async def test_on_sqlite_a_batch_keeps_each_session_s_order_and_refuses_a_stale_
     assert await log_of(s3) == []
 
 
+@contextlib.contextmanager
+def sqlite_write_lock_held() -> Iterator[None]:
+    """What is submitted inside waits for SQLite's write lock, held by another connection,
+    and so is committed in at most two batches (the writer may take the first before the
+    rest is queued)."""
+    lock = sqlite3.connect(settings.DATABASES["default"]["NAME"])
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        yield
+        lock.rollback()
+    finally:
+        lock.close()
+
+
+@pytest.mark.skipif(not SQLITE, reason="the run on SQLite")
+async def test_on_sqlite_many_sessions_prompts_are_stored_together(owner):
+    """A burst of prompts of many sessions is looked up, numbered, inserted and their turns
+    started in a few statements for all of them; a prompt stored before is not stored again;
+    what each caller gets back, and each session's turn, are as one prompt at a time."""
+    (s1, f1), (s2, f2), (s3, f3), (s5, f5) = await leased(owner, 4)
+    await writer.append(s3.pk, prompt("earlier"), client_id="s3-p", fence=f3)
+    await writer.append(s3.pk, [("turn_end", {"stop_reason": "end_turn"})], fence=f3)
+    await writer.append(s5.pk, [chunk("before")], fence=f5)
+    appends = [
+        (s1, prompt("one"), "s1-p", f1),
+        (s2, prompt("two"), "s2-p", f2),
+        (s3, prompt("earlier"), "s3-p", f3),  # sent again, say after a reconnect
+        (s5, prompt("five"), "s5-p", f5),
+        (s1, [chunk("answer")], None, f1),
+    ]
+    with queries_in_every_thread() as seen:
+        with sqlite_write_lock_held():
+            futures = [
+                writer.submit(s.pk, events, client_id=client_id, fence=fence)
+                for s, events, client_id, fence in appends
+            ]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+
+    statements = [sql for _, sql in seen]
+    assert any(sql.startswith("WITH prompt(session_id, client_id)") for sql in statements)
+    assert any(sql.startswith("INSERT INTO craft_turn") for sql in statements)
+    # Only the repeated prompt was looked up on its own (the batch was not stored job by job).
+    assert sum("AND client_id = %s LIMIT 1" in sql for sql in statements) == 1, statements
+    assert [(r.first_seq, r.last_seq) for r in (results[0], results[1], results[3])] == [
+        (1, 1), (1, 1), (2, 2)
+    ]  # fmt: skip
+    assert results[2] is None
+    assert (results[4].first_seq, results[4].last_seq) == (2, 2)
+    texts = lambda log: [  # noqa: E731
+        d.get("text") or d.get("content", {}).get("text", kind) for _, kind, d in log
+    ]
+    assert texts(await log_of(s1)) == ["one", "answer"]
+    assert texts(await log_of(s3)) == ["earlier", "turn_end"]
+    assert texts(await log_of(s5)) == ["before", "five"]
+    turns = await db_sync_to_async(
+        lambda: {t.session_id: (t.state, t.prompt_seq, t.worker) for t in Turn.objects.all()}
+    )()
+    me = workers.me().key
+    assert turns == {
+        s1.pk: ("running", 1, me), s2.pk: ("running", 1, me), s3.pk: ("ended", 1, me),
+        s5.pk: ("running", 2, me),
+    }  # fmt: skip
+    # Their client ids were stored: sent again, they are found.
+    assert await writer.append(s2.pk, prompt("two"), client_id="s2-p", fence=f2) is None
+
+
+@pytest.mark.skipif(not SQLITE, reason="the run on SQLite")
+async def test_on_sqlite_a_prompt_of_a_session_with_a_turn_running_costs_only_its_own_job(owner):
+    """A session with a turn running cannot start a second one (its Turn row's constraint):
+    the statement starting the burst's turns fails, the batch is rolled back, and its jobs
+    are stored one at a time, so only that prompt is refused; so is a prompt whose lease was
+    taken over."""
+    (s1, f1), (s2, f2), (s3, f3), (s4, f4) = await leased(owner, 4)
+    await db_sync_to_async(Lease.objects.filter(pk=s4.pk).update)(token=F("token") + 1)
+    await writer.append(s1.pk, prompt("running"), client_id="s1-first", fence=f1)
+    with queries_in_every_thread() as seen:
+        with sqlite_write_lock_held():
+            futures = [
+                writer.submit(s1.pk, prompt("second"), client_id="s1-second", fence=f1),
+                writer.submit(s2.pk, prompt("fine"), client_id="s2-first", fence=f2),
+                writer.submit(s3.pk, prompt("also"), client_id="s3-first", fence=f3),
+                writer.submit(s4.pk, prompt("lost"), client_id="s4-first", fence=f4),
+            ]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+
+    assert any(sql.startswith("WITH prompt(session_id, client_id)") for _, sql in seen)
+    assert isinstance(results[0], IntegrityError), results[0]
+    assert [(r.first_seq, r.last_seq) for r in results[1:3]] == [(1, 1), (1, 1)]
+    assert isinstance(results[3], Fenced)
+    assert await log_of(s4) == []
+    assert [data["text"] for _, _, data in await log_of(s1)] == ["running"]
+    assert [data["text"] for _, _, data in await log_of(s2)] == ["fine"]
+    running = await db_sync_to_async(
+        lambda: dict(Turn.objects.filter(state="running").values_list("session_id", "prompt_seq"))
+    )()
+    assert running == {s1.pk: 1, s2.pk: 1, s3.pk: 1}
+
+
 @pytest.mark.skipif(SQLITE, reason="this is the run on SQLite")
 async def test_the_batches_hold_on_sqlite(tmp_path):
     """Run this module again with SQLite as the database."""
@@ -329,4 +428,4 @@ async def test_the_batches_hold_on_sqlite(tmp_path):
         env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "1 passed" in result.stdout, result.stdout[-2000:]
+    assert "3 passed" in result.stdout, result.stdout[-2000:]  # the three SQLite tests ran
