@@ -106,6 +106,9 @@ class AgentProcess(Protocol):
     """A running agent program, wherever it runs (a local subprocess, a pod exec)."""
 
     ident: str  # a process id or exec id, for logs and tests
+    # Whether `write` may wait for the agent (a pod exec's websocket). A local agent's pipe
+    # never does (`sandboxes.pipes.Outbox`): what it cannot take at once waits in memory.
+    writes_block: bool
 
     def write(self, data: bytes) -> None:
         """Write bytes to the agent's stdin (raise OSError once it is gone)."""
@@ -588,6 +591,12 @@ class AgentConnection:
             for item in early:
                 if sink is not None:
                     sink(item)
+
+    @property
+    def writes_block(self) -> bool:
+        """Whether sending to the agent may wait (see `AgentProcess.writes_block`): if not, a
+        prompt, an answer or a cancel may be sent from an event loop."""
+        return self.process.writes_block
 
     @property
     def is_running(self) -> bool:

@@ -22,7 +22,7 @@ from craft.errors import Refused
 from craft.models import Session
 from craft.storage.eventlog import Fenced
 from craft.turns import controls, records
-from craft.turns.agent_calls import call_agent
+from craft.turns.agent_calls import call_agent, send_to_agent
 from craft.turns.recovery import interrupted_answer, interrupted_elicitation, interruption
 from sandboxes import elicitation
 from sandboxes.acp import (
@@ -109,8 +109,9 @@ class Turn:
         self.interrupted = why
         self.interrupted_reason = reason
         self.cancel_requested = True
-        if self.runner.connection is not None:
-            await call_agent(self.runner.connection.cancel)
+        connection = self.runner.connection
+        if connection is not None:
+            await send_to_agent(connection, connection.cancel)
 
     async def answer_permission(self, request_id: str, option_id: str) -> None:
         """Answer the agent's permission request with one of its options."""
@@ -126,7 +127,7 @@ class Turn:
         await self.runner.append(
             [("permission_answer", {"request": request_id, "option": option_id})]
         )
-        await call_agent(connection.answer_permission, request_id, option_id)
+        await send_to_agent(connection, connection.answer_permission, request_id, option_id)
 
     async def answer_elicitation(
         self, request_id: str, action: str, content: dict[str, Any] | None
@@ -149,7 +150,7 @@ class Turn:
             data["content"] = checked
         # Stored before the agent hears it, like a permission answer.
         await self.runner.append([("elicitation_answer", data)])
-        await call_agent(connection.answer_elicitation, request_id, action, checked)
+        await send_to_agent(connection, connection.answer_elicitation, request_id, action, checked)
 
     async def _answer_open_requests_cancelled(self) -> None:
         answered = list(self.pending)
@@ -174,7 +175,7 @@ class Turn:
         ]
 
     async def _send_cancel(self, connection: AgentConnection) -> None:
-        await call_agent(connection.cancel)
+        await send_to_agent(connection, connection.cancel)
         asyncio.get_running_loop().create_task(
             self._stop_if_still_running(connection), context=contextvars.Context()
         )
@@ -284,8 +285,9 @@ class Turn:
         inbox = self.runner.inbox
         assert inbox is not None
         with inbox:
-            # Writing the prompt can block (a full pipe, a slow exec websocket): not here.
-            await call_agent(connection.prompt, self.prompt.text, inbox.put, blocks)
+            # Writing the prompt can block a pod exec's websocket (then not here); a local
+            # agent's full pipe keeps what it cannot take.
+            await send_to_agent(connection, connection.prompt, self.prompt.text, inbox.put, blocks)
             if self.cancel_requested:  # a cancel that came while the prompt was written
                 await self._send_cancel(connection)
             loop = asyncio.get_running_loop()

@@ -66,6 +66,8 @@ class ExecProcess:
     `idle_timeout` seconds means the connection is dead.
     """
 
+    writes_block = True  # a websocket send waits for the connection
+
     def __init__(
         self,
         api_client: k8s.ApiClient,

@@ -65,6 +65,8 @@ class LocalAgentProcess:
     of 077. Without `env` the child inherits this process's environment (tests only).
     """
 
+    writes_block = False  # its stdin is an `Outbox`
+
     def __init__(
         self,
         argv: list[str],

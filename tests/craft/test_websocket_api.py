@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -305,7 +306,45 @@ async def test_a_foreign_or_missing_origin_is_refused(session, cookie, origin):
     assert not connected
 
 
-async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(kube_backend, kube, owner):
+@pytest.fixture
+def sending_threads(monkeypatch):
+    """The names of the threads that send prompts, permission answers and cancels to agents."""
+    names: list[str] = []
+    for method in ("prompt", "answer_permission", "cancel"):
+        original = getattr(AgentConnection, method)
+
+        def noted(self, *args, original=original, **kwargs):
+            names.append(threading.current_thread().name)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(AgentConnection, method, noted)
+    return names
+
+
+async def test_a_local_agent_is_sent_its_prompts_and_answers_from_the_event_loop(
+    session, cookie, sending_threads
+):
+    """A local agent's pipe never makes a write wait (what it cannot take waits in memory),
+    so a prompt, an answer and a cancel go from the event loop, not through a thread."""
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "l1", "text": "write a.txt x"})
+    frames = await receive_until(comm, lambda f: f.get("kind") == "permission_request")
+    request = frames[-1]["data"]["request"]
+    await comm.send_json_to({"type": "permission", "request": request, "option": "allow"})
+    await receive_until(comm, is_turn_end)
+    await comm.send_json_to({"type": "prompt", "id": "l2", "text": "slow 50 0.1"})
+    await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    await comm.send_json_to({"type": "cancel"})
+    frames = await receive_until(comm, is_turn_end)
+    assert frames[-1]["data"] == {"stop_reason": "cancelled"}
+    assert sending_threads == [threading.current_thread().name] * 4
+    await comm.disconnect()
+
+
+async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(
+    kube_backend, kube, owner, sending_threads
+):
     from sandboxes.backends.kubernetes import pod_name
 
     session = await db_sync_to_async(open_ready_session)(owner, "on a pod")
@@ -327,6 +366,9 @@ async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(kube_back
     agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
     assert reply["data"]["content"]["text"].split()[:2] == ["pid", str(agents[0].pid)]
     assert len(agents) == 1  # one exec served both prompts
+    # A pod exec's websocket may make a write wait: never on the event loop.
+    assert len(sending_threads) == 3
+    assert all(name.startswith("craft-agent-call") for name in sending_threads), sending_threads
     await comm.disconnect()
 
 
