@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
-from sandboxes.backends import containment, firewall, get_backend
+from sandboxes.backends import containment, firewall, forget_backends, get_backend
 from sandboxes.connections import agent_connections
 from tests.agents import agent_command
 
@@ -187,7 +187,7 @@ def sandbox_root(request, tmp_path):
     settings = request.getfixturevalue("settings")
     settings.CRAFT_SANDBOX_ROOT = tmp_path / "sandboxes"
     settings.CRAFT_SANDBOX_BACKEND = "local"
-    get_backend.cache_clear()
+    forget_backends()
     return settings.CRAFT_SANDBOX_ROOT
 
 
@@ -233,9 +233,9 @@ def machine(settings):
     # this machine neither shares its uids nor replaces its allow-list.
     settings.CRAFT_SANDBOX_UID_BASE = secrets.randbelow(1000) * 1000 + 1_100_000_000
     settings.CRAFT_SANDBOX_UID_COUNT = 1000
-    get_backend.cache_clear()
+    forget_backends()
     yield place
-    get_backend.cache_clear()
+    forget_backends()
     firewall.remove(settings.CRAFT_SANDBOX_UID_BASE)
     shutil.rmtree(place, ignore_errors=True)
 
@@ -345,9 +345,9 @@ def kube_backend(settings, kube, tmp_path):
     from tests.sandboxes.kube import image_workspace_tool
 
     settings.CRAFT_K8S_WORKSPACE_TOOL = image_workspace_tool(tmp_path / "image-tools")
-    get_backend.cache_clear()
+    forget_backends()
     yield get_backend("kubernetes")
-    get_backend.cache_clear()
+    forget_backends()
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ import functools
 import logging
 import os
 import pwd
+import secrets
 import shlex
 import shutil
 import stat
@@ -545,7 +546,8 @@ def _install(target: Path, content: bytes, mode: int) -> Path:
             return target
     except OSError:
         pass
-    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    # Named for this call alone: another thread or process may be installing the same file.
+    staging = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")
     staging.write_bytes(content)
     staging.chmod(mode)
     os.replace(staging, target)

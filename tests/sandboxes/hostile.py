@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes import services
-from sandboxes.backends import get_backend
+from sandboxes.backends import forget_backends
 from tests.ready import open_ready_session
 
 from .agents import run_turn
@@ -19,7 +19,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need ro
 
 def contain(settings, uids: str) -> None:
     settings.CRAFT_SANDBOX_UIDS = uids
-    get_backend.cache_clear()
+    forget_backends()
 
 
 def open_agent(user):

@@ -16,7 +16,7 @@ import pytest
 
 from sandboxes import services
 from sandboxes.acp import AgentConnection, PermissionRequest, TurnEnd, TurnFailed
-from sandboxes.backends import SandboxError, get_backend
+from sandboxes.backends import SandboxError, forget_backends, get_backend
 from sandboxes.connections import TooManyAgents, agent_connections
 
 from ..conftest import run_concurrently
@@ -222,7 +222,7 @@ def test_at_most_the_configured_number_of_local_agents_start_at_once(
     owner, settings, tmp_path, slots
 ):
     settings.CRAFT_LOCAL_AGENT_STARTS = slots
-    get_backend.cache_clear()  # the backend takes the setting when it is made
+    forget_backends()  # the backend takes the setting when it is made
     log = tmp_path / "starts.log"
     slow_start = tmp_path / "slow-start"  # each start takes at least 0.4 s
     slow_start.write_text(
@@ -238,7 +238,7 @@ def test_at_most_the_configured_number_of_local_agents_start_at_once(
         assert all(c.is_running for c in connections)
     finally:
         services.stop_idle_connections(sandbox)
-        get_backend.cache_clear()
+        forget_backends()
     # How many starts were between their begin and their end at once, at most (an end
     # before a begin of the same instant).
     marks = sorted((float(at), int(step)) for at, step in

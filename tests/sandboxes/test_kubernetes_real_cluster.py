@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from sandboxes import services
-from sandboxes.backends import get_backend
+from sandboxes.backends import forget_backends
 from sandboxes.models import Sandbox
 
 from .agents import reply_text, run_turn
@@ -39,9 +39,9 @@ def cluster(settings):
     settings.CRAFT_K8S_NAMESPACE = os.environ.get("CRAFT_TEST_NAMESPACE", "craft-sandboxes")
     settings.CRAFT_K8S_IMAGE = os.environ.get("CRAFT_TEST_SANDBOX_IMAGE", "craft-sandbox:latest")
     settings.CRAFT_AGENT_COMMAND = ["craft-demo-agent"]
-    get_backend.cache_clear()
+    forget_backends()
     yield
-    get_backend.cache_clear()
+    forget_backends()
 
 
 def test_a_sandbox_pod_runs_one_agent_for_several_prompts(cluster, owner):

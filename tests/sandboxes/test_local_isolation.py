@@ -22,7 +22,7 @@ import pytest
 
 from craft import session_activity
 from sandboxes import reaper, services
-from sandboxes.backends import SandboxError, firewall, get_backend, jail
+from sandboxes.backends import SandboxError, firewall, forget_backends, jail
 from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
@@ -155,11 +155,11 @@ def test_sandboxes_refuse_to_start_without_their_isolation(settings, machine, ow
     assert refused.status == Sandbox.Status.FAILED
     assert "needs nftables" in refused.error
     settings.CRAFT_SANDBOX_NETWORK = "open"  # the operator's explicit choice
-    get_backend.cache_clear()
+    forget_backends()
     assert services.provision_sandbox(owner).status == Sandbox.Status.RUNNING
 
     monkeypatch.setattr(jail, "BWRAP", None)
-    get_backend.cache_clear()
+    forget_backends()
     with pytest.raises(SandboxError, match="need bubblewrap installed"):
         services.connect_agent(Sandbox.objects.get(owner=owner), uuid.uuid4())
 
