@@ -94,6 +94,7 @@ class SessionRunner:
         self._late: asyncio.Task[None] | None = None  # storing updates that came after a turn
         self._titled = False
         self._active_at = 0.0
+        self._touching: asyncio.Task[None] | None = None  # the sandbox's activity being written
         self.checkpoints = SessionCheckpoints(session_id, self.append)
         self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
         # What the last agent of this runner takes in prompts (None: not known yet).
@@ -393,18 +394,36 @@ class SessionRunner:
 
         A turn waits for a sandbox that is being provisioned (its prompt was accepted: the
         session moved to a new sandbox, see `records.sandbox_for_prompt`); a control does not.
+        The sandbox's activity is written at most every ACTIVITY_EVERY seconds, in the
+        background.
         """
         cached = self.connection
         if cached is not None and cached.is_running:
             if time.monotonic() - self._active_at > ACTIVITY_EVERY and self._sandbox_id:
                 self._active_at = time.monotonic()
-                await db_sync_to_async(sandbox_services.touch_sandbox)(self._sandbox_id)
+                # Beside the turn, not ahead of it: the agent hears the prompt without waiting
+                # for this write (400 sessions prompted at once queued 400 of them on the
+                # database threads before their agents heard a word).
+                if self._touching is None or self._touching.done():
+                    self._touching = asyncio.get_running_loop().create_task(
+                        self._touch(self._sandbox_id), context=contextvars.Context()
+                    )
             return cached
         self.connection = None
         async with self._starting:
             if self.connection is not None and self.connection.is_running:
                 return self.connection  # started meanwhile, for a control or a turn
             return await self._start_connection(wait_for_sandbox)
+
+    async def _touch(self, sandbox_id: UUID) -> None:
+        """Record that the sandbox is in use (its idle time, which reaping reads, restarts)."""
+        try:
+            await db_sync_to_async(sandbox_services.touch_sandbox)(sandbox_id)
+        except Exception:
+            logger.warning(
+                "session %s: recording its sandbox's activity failed", self.session_id,
+                exc_info=True,
+            )  # fmt: skip
 
     async def _start_to_make(self, wait: bool) -> records.Start:
         """Return what the session's agent starts with (its running sandbox, the agent
