@@ -18,9 +18,9 @@ Rows are written with one prepared INSERT per batch rather than through model in
 is the hot path of every streamed token. On PostgreSQL a small batch (a follow-up's are one or
 two events) is checked, numbered and inserted, and its turn started or ended, by one
 statement: each statement is a round trip, and many sessions' such statements in one batch
-go in one pipeline. On SQLite many sessions' prompts of one batch are looked up, numbered,
-inserted and their turns started together. Values go through `craft.storage.normalise` first,
-so every stored event can be replayed and rendered.
+go in one pipeline. Many sessions' prompts of one batch are checked, numbered, inserted and
+their turns started together, as their streamed events are. Values go through
+`craft.storage.normalise` first, so every stored event can be replayed and rendered.
 """
 
 from __future__ import annotations
@@ -519,13 +519,13 @@ _Encoded = tuple["_Job", list[tuple[str, str]]]
 
 def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Stored | None]]:
     """Store a batch's jobs (sorted by session) in the caller's transaction, each session's
-    in order. The leading streamed events of every session (on SQLite, or its prompt) are
-    numbered together first; whatever that did not store (a prompt on PostgreSQL, a turn's
-    change, a repeated prompt, a fenced or gone session) goes through `_send_events`, one job
+    in order. The leading streamed events of every session (or its prompt) are numbered
+    together first; whatever that did not store (a turn's change, a prompt behind other
+    appends, a repeated prompt, a fenced or gone session) goes through `_send_events`, one job
     at a time, after them."""
     db = _db()
     stored: dict[int, Stored | None] = {}
-    leading = _leading(encoded, prompts=db.vendor == "sqlite")
+    leading = _leading(encoded)
     if len(leading) >= MANY_SESSIONS:
         stored = _store_many(encoded, leading, now)
     rest = [i for i, (_, events) in enumerate(encoded) if i not in stored and events]
@@ -537,7 +537,7 @@ def _store_batch(encoded: list[_Encoded], now: datetime) -> list[tuple[_Job, Sto
 
     if len(rest) > 1 and all(_pipelined(db, *encoded[i]) for i in rest):
         # One statement per job, all sent before any answer is awaited: a round trip for the
-        # batch, not one per job (400 sessions' prompts at once took 400 in a row).
+        # batch, not one per job (400 sessions' turn ends at once took 400 in a row).
         with db.connection.pipeline():
             sent = [(i, send(i)) for i in rest]
         for i, finish in sent:
@@ -559,16 +559,16 @@ def _pipelined(db: Any, job: _Job, encoded: list[tuple[str, str]]) -> bool:
     return not kinds or _turn_change(job.events, job.client_id) is not None
 
 
-def _leading(encoded: list[_Encoded], *, prompts: bool) -> list[list[int]]:
+def _leading(encoded: list[_Encoded]) -> list[list[int]]:
     """Per session, the indexes of its first jobs up to its first prompt or turn change
-    (and all under the same fence), if they hold any event; with `prompts`, a session whose
-    first job is a prompt has that job alone."""
+    (and all under the same fence), if they hold any event; a session whose first job is a
+    prompt has that job alone."""
     leading = []
     for _, group in groupby(range(len(encoded)), key=lambda i: encoded[i][0].session_id):
         run: list[int] = []
         for i in group:
             job = encoded[i][0]
-            if not run and prompts and _lone_prompt(job):
+            if not run and _lone_prompt(job):
                 run.append(i)
                 break
             if not _plain(job) or (run and job.fence != encoded[run[0]][0].fence):
@@ -615,7 +615,7 @@ def _store_many(
         runs.append(_Run(pk, job.fence, events, indexes, job.client_id))
     created = Event._meta.get_field("created_at").get_db_prep_value(now, db)
     if db.vendor == "postgresql":
-        numbered = _number_many_postgresql(runs, created)
+        numbered = _number_many_postgresql(runs, created, now)
     else:
         numbered = _number_many(runs, created, now)
     stored: dict[int, Stored | None] = {}
@@ -636,9 +636,12 @@ def _store_many(
     return stored
 
 
-def _number_many_postgresql(runs: list[_Run], created: Any) -> dict[Any, tuple[int, Any]]:
-    """One statement: check each run's fence, number its events and insert them; return the
-    new last seq and the owner of each session numbered."""
+def _number_many_postgresql(
+    runs: list[_Run], created: Any, now: datetime
+) -> dict[Any, tuple[int, Any]]:
+    """One statement: check each run's fence (and a prompt's client id), number its events,
+    insert them and start the prompts' turns; return the new last seq and the owner of each
+    session numbered. A prompt stored before is left out (`_send_events` then says so)."""
     db = _db()
     owners = [run.fence[0] if run.fence else None for run in runs]
     tokens = [run.fence[1] if run.fence else None for run in runs]
@@ -650,25 +653,50 @@ def _number_many_postgresql(runs: list[_Run], created: Any) -> dict[Any, tuple[i
             kinds.append(kind)
             texts.append(text)
     params = [
-        [run.pk for run in runs], [len(run.events) for run in runs], owners, tokens, created,
-        created, event_sessions, positions, kinds, texts,
+        [run.pk for run in runs], [len(run.events) for run in runs], owners, tokens,
+        [run.client_id for run in runs], created, created, event_sessions, positions, kinds,
+        texts, *_turn_values(now),
     ]  # fmt: skip
     # Bound on the server, not by Django's client-side cursor: the arrays travel as values,
     # and the statement, always the same text, is prepared once per connection.
     with db.cursor() as wrapper, psycopg.Cursor(wrapper.cursor.connection) as cursor:
         cursor.execute(_many_sql(), params, prepare=True)
-        return {row[0]: (int(row[1]), row[2]) for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+    if any(prompted for *_, prompted in rows):
+        workers.ensure_registered()  # a turn's worker must be known, or it looks gone
+    return {row[0]: (int(row[1]), row[2]) for row in rows}
+
+
+def _turn_values(now: datetime) -> list[Any]:
+    """A new running `Turn`'s values of this worker, in `_turn_fields` order without its
+    session and prompt seq (each prompt's own)."""
+    db = _db()
+    turn = Turn(prompt_seq=0, worker=workers.me().key, started_at=now)
+    return [
+        field.get_db_prep_save(field.pre_save(turn, True), db)
+        for field in _turn_fields()
+        if field.column not in ("session_id", "prompt_seq")
+    ]
 
 
 @lru_cache(maxsize=1)
 def _many_sql() -> str:
     """Many sessions' events, numbered per session: the fence's locking reads of every lease
     first (in session order, as a takeover locks a lease before its session), then one UPDATE
-    of the sessions whose lease is still theirs (or that carry no fence), then the rows."""
+    of the sessions whose lease is still theirs (or that carry no fence) and whose prompt, if
+    they carry one, is not stored yet, then the rows and the prompts' turns."""
     session, event, lease = Session._meta.db_table, Event._meta.db_table, Lease._meta.db_table
+    db = _db()
+    turn_columns = [field.column for field in _turn_fields()]
+    turn_values = ", ".join(
+        "bump.id" if field.column == "session_id"
+        else "bump.last_seq - bump.count + 1" if field.column == "prompt_seq"
+        else f"%s::{field.db_type(db)}"  # a NULL's type is not the column's in a SELECT
+        for field in _turn_fields()
+    )  # fmt: skip
     return (
-        "WITH input AS (SELECT * FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::bigint[]) "
-        "AS i(session_id, count, owner, token)), "
+        "WITH input AS (SELECT * FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::bigint[], "
+        "%s::text[]) AS i(session_id, count, owner, token, client_id)), "
         f"fence AS MATERIALIZED (SELECT {lease}.session_id, {lease}.owner, {lease}.token "
         f"FROM {lease} WHERE {lease}.session_id IN "
         "(SELECT session_id FROM input WHERE owner IS NOT NULL) "
@@ -676,14 +704,19 @@ def _many_sql() -> str:
         f"bump AS (UPDATE {session} SET last_seq = {session}.last_seq + input.count, "
         f"updated_at = %s FROM input WHERE {session}.id = input.session_id AND "
         "(input.owner IS NULL OR EXISTS (SELECT 1 FROM fence WHERE fence.session_id = "
-        "input.session_id AND fence.owner = input.owner AND fence.token = input.token)) "
-        f"RETURNING {session}.id, {session}.last_seq, {session}.owner_id, input.count), "
+        "input.session_id AND fence.owner = input.owner AND fence.token = input.token)) AND "
+        f"(input.client_id IS NULL OR NOT EXISTS (SELECT 1 FROM {event} WHERE "
+        f"{event}.session_id = input.session_id AND {event}.client_id = input.client_id)) "
+        f"RETURNING {session}.id, {session}.last_seq, {session}.owner_id, input.count, "
+        "input.client_id), "
         f"added AS (INSERT INTO {event} {_COLUMNS} "
         "SELECT e.session_id, bump.last_seq - bump.count + 1 + e.position, e.kind, "
-        "e.data::jsonb, NULL, %s "
+        "e.data::jsonb, CASE WHEN e.position = 0 THEN bump.client_id END, %s "
         "FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::text[]) "
-        "AS e(session_id, position, kind, data) JOIN bump ON bump.id = e.session_id) "
-        "SELECT id, last_seq, owner_id FROM bump"
+        "AS e(session_id, position, kind, data) JOIN bump ON bump.id = e.session_id), "
+        f"started AS (INSERT INTO {Turn._meta.db_table} ({', '.join(turn_columns)}) "
+        f"SELECT {turn_values} FROM bump WHERE bump.client_id IS NOT NULL) "
+        "SELECT id, last_seq, owner_id, client_id IS NOT NULL FROM bump"
     )
 
 

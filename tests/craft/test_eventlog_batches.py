@@ -207,11 +207,12 @@ def prompt(text: str) -> list[tuple[str, dict]]:
 
 
 @postgresql_only
-async def test_many_sessions_prompts_and_turn_ends_are_sent_in_one_pipeline(owner):
-    """A batch of prompts and turn ends (a burst of sessions prompted at once) is one
-    statement per session, all sent before any answer is read: one round trip for the
-    batch. What each caller gets back, and each session's turn, are as they were one
-    statement at a time; a prompt already stored is not stored again."""
+async def test_many_sessions_prompts_are_numbered_together_and_turn_ends_pipelined(owner):
+    """A burst of prompts of many sessions is numbered, stored and their turns started by
+    the many-sessions statement; what is left (a turn's end, a prompt sent again) is one
+    statement per session, all sent before any answer is read: one round trip. What each
+    caller gets back, and each session's turn, are as they were one statement at a time; a
+    prompt already stored is not stored again."""
     (held, held_fence), (s1, f1), (s2, f2), (s3, f3), (s4, f4) = await leased(owner, 5)
     await writer.append(s3.pk, prompt("earlier"), client_id="s3-p", fence=f3)
     await writer.append(s4.pk, prompt("once"), client_id="s4-p", fence=f4)
@@ -222,7 +223,7 @@ async def test_many_sessions_prompts_and_turn_ends_are_sent_in_one_pipeline(owne
         (s3, [chunk("done"), ("turn_end", {"stop_reason": "end_turn"})], None, f3),
         (s4, prompt("once"), "s4-p", f4),  # sent again, say after a reconnect
     ]
-    with pipeline_states() as seen:
+    with pipeline_states() as seen, queries_in_every_thread() as statements:
         async with one_batch((held, held_fence)):
             futures = [
                 writer.submit(s.pk, events, client_id=client_id, fence=fence)
@@ -230,8 +231,10 @@ async def test_many_sessions_prompts_and_turn_ends_are_sent_in_one_pipeline(owne
             ]
         results = await asyncio.gather(*futures)
 
+    many = [sql for _, sql in statements if "unnest(" in sql]
+    assert len(many) == 1 and "started AS (INSERT INTO craft_turn" in many[0], statements
     stores = [pipelined for sql, pipelined in seen if sql.startswith("WITH")]
-    assert stores[1:] == [True] * 4, seen  # the held append first, alone
+    assert stores[1:] == [True] * 2, seen  # the held append first, alone
     assert [(r.first_seq, r.last_seq) for r in results[:3]] == [(1, 1), (1, 1), (2, 3)]
     assert results[3] is None
     turns = await db_sync_to_async(
@@ -268,13 +271,13 @@ async def test_a_fenced_session_in_a_pipelined_batch_is_refused_and_the_others_s
 
 
 @postgresql_only
-async def test_a_statement_failing_in_a_pipelined_batch_costs_only_its_own_job(owner):
+async def test_a_statement_failing_in_a_batch_costs_only_its_own_job(owner):
     """A session with a turn running cannot start a second one (its Turn row's constraint):
-    that statement fails inside the pipeline, the batch is rolled back, and its jobs are
-    stored one at a time, so only that prompt is refused."""
+    the many-sessions statement that starts the batch's turns fails, the batch is rolled
+    back, and its jobs are stored one at a time, so only that prompt is refused."""
     (held, held_fence), (s1, f1), (s2, f2) = await leased(owner, 3)
     await writer.append(s1.pk, prompt("running"), client_id="s1-first", fence=f1)
-    with pipeline_states() as seen:
+    with queries_in_every_thread() as seen:
         async with one_batch((held, held_fence)):
             futures = [
                 writer.submit(s1.pk, prompt("second"), client_id="s1-second", fence=f1),
@@ -282,7 +285,7 @@ async def test_a_statement_failing_in_a_pipelined_batch_costs_only_its_own_job(o
             ]
         results = await asyncio.gather(*futures, return_exceptions=True)
 
-    assert any(pipelined for sql, pipelined in seen if sql.startswith("WITH")), seen
+    assert any("started AS (INSERT INTO craft_turn" in sql for _, sql in seen), seen
     assert isinstance(results[0], IntegrityError), results[0]
     assert (results[1].first_seq, results[1].last_seq) == (1, 1)
     assert [data["text"] for _, _, data in await log_of(s1)] == ["running"]
