@@ -667,16 +667,20 @@ def _number_many_postgresql(
     return {row[0]: (int(row[1]), row[2]) for row in rows}
 
 
+# A new turn's own columns; `_turn_rest` has the others, the same for every turn started now.
+TURN_KEYS = ["session_id", "prompt_seq"]
+
+
+@lru_cache(maxsize=1)
+def _turn_rest() -> list[Any]:
+    return [field for field in _turn_fields() if field.column not in TURN_KEYS]
+
+
 def _turn_values(now: datetime) -> list[Any]:
-    """A new running `Turn`'s values of this worker, in `_turn_fields` order without its
-    session and prompt seq (each prompt's own)."""
+    """The values of `_turn_rest` for a running `Turn` of this worker started `now`."""
     db = _db()
     turn = Turn(prompt_seq=0, worker=workers.me().key, started_at=now)
-    return [
-        field.get_db_prep_save(field.pre_save(turn, True), db)
-        for field in _turn_fields()
-        if field.column not in ("session_id", "prompt_seq")
-    ]
+    return [field.get_db_prep_save(field.pre_save(turn, True), db) for field in _turn_rest()]
 
 
 @lru_cache(maxsize=1)
@@ -687,12 +691,11 @@ def _many_sql() -> str:
     they carry one, is not stored yet, then the rows and the prompts' turns."""
     session, event, lease = Session._meta.db_table, Event._meta.db_table, Lease._meta.db_table
     db = _db()
-    turn_columns = [field.column for field in _turn_fields()]
+    turn_columns = ", ".join([*TURN_KEYS, *(field.column for field in _turn_rest())])
+    # A NULL's type is not the column's in a SELECT: each value is cast to its column's.
     turn_values = ", ".join(
-        "bump.id" if field.column == "session_id"
-        else "bump.last_seq - bump.count + 1" if field.column == "prompt_seq"
-        else f"%s::{field.db_type(db)}"  # a NULL's type is not the column's in a SELECT
-        for field in _turn_fields()
+        ["bump.id", "bump.last_seq - bump.count + 1",
+         *(f"%s::{field.db_type(db)}" for field in _turn_rest())]
     )  # fmt: skip
     return (
         "WITH input AS (SELECT * FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::bigint[], "
@@ -714,7 +717,7 @@ def _many_sql() -> str:
         "e.data::jsonb, CASE WHEN e.position = 0 THEN bump.client_id END, %s "
         "FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::text[]) "
         "AS e(session_id, position, kind, data) JOIN bump ON bump.id = e.session_id), "
-        f"started AS (INSERT INTO {Turn._meta.db_table} ({', '.join(turn_columns)}) "
+        f"started AS (INSERT INTO {Turn._meta.db_table} ({turn_columns}) "
         f"SELECT {turn_values} FROM bump WHERE bump.client_id IS NOT NULL) "
         "SELECT id, last_seq, owner_id, client_id IS NOT NULL FROM bump"
     )
@@ -788,21 +791,13 @@ def _start_turns(cursor: Any, prompts: list[tuple[Any, int]], now: datetime) -> 
     if not prompts:
         return
     workers.ensure_registered()  # a turn's worker must be known, or it looks gone
-    db = _db()
-    fields = _turn_fields()
-    turn = Turn(prompt_seq=0, worker=workers.me().key, started_at=now)  # each row its own
-    shared = [field.get_db_prep_save(field.pre_save(turn, True), db) for field in fields]
-    columns = [field.column for field in fields]
-    at_session, at_seq = columns.index("session_id"), columns.index("prompt_seq")
-    rows = []
-    for pk, seq in prompts:
-        row = list(shared)
-        row[at_session], row[at_seq] = pk, seq
-        rows.append(row)
-    per_statement = max(1, SQLITE_VARIABLES // len(fields))
+    columns = [*TURN_KEYS, *(field.column for field in _turn_rest())]
+    shared = _turn_values(now)
+    rows = [[pk, seq, *shared] for pk, seq in prompts]
+    per_statement = max(1, SQLITE_VARIABLES // len(columns))
     for start in range(0, len(rows), per_statement):
         chunk = rows[start : start + per_statement]
-        values = ", ".join([f"({', '.join(['%s'] * len(fields))})"] * len(chunk))
+        values = ", ".join([f"({', '.join(['%s'] * len(columns))})"] * len(chunk))
         cursor.execute(
             f"INSERT INTO {Turn._meta.db_table} ({', '.join(columns)}) VALUES {values}",
             [v for row in chunk for v in row],
