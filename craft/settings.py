@@ -482,6 +482,8 @@ SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 SECURE_PROXY_SSL_HEADER = env_proxy_header("DJANGO_SECURE_PROXY_SSL_HEADER")
 SESSION_COOKIE_HTTPONLY = True
+# Django's database sessions, read by one statement written out (craft/browser_sessions.py).
+SESSION_ENGINE = "craft.browser_sessions"
 CSRF_FAILURE_VIEW = "craft.api_errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 
