@@ -5,9 +5,6 @@ SQLite, `make run`'s database)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import timedelta
 from importlib import import_module
 
@@ -21,10 +18,9 @@ from django.utils import timezone
 
 from craft.browser_sessions import SessionStore
 from tests.craft.wsclient import session_cookie
+from tests.sqlite_rerun import run_again_on_sqlite, runs_the_module_on_sqlite
 
 pytestmark = pytest.mark.django_db
-
-SQLITE = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
 
 
 def saved(data: dict) -> str:
@@ -81,15 +77,7 @@ def test_a_request_is_signed_in_until_its_session_expires(client, owner):
     assert answer.json()["error"]["code"] == "unauthenticated"
 
 
-@pytest.mark.skipif(SQLITE, reason="this is the run on SQLite")
+@runs_the_module_on_sqlite
 def test_sessions_read_the_same_on_sqlite(tmp_path):
-    """Run this module again with SQLite as the database."""
-    database = f"sqlite:///{tmp_path / 'sessions.sqlite3'}"
-    env = {**os.environ, "CRAFT_TEST_DATABASE_URL": database, "DATABASE_URL": database}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "not test_sessions_read_the_same_on_sqlite"],
-        env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "7 passed" in result.stdout, result.stdout[-2000:]
+    output = run_again_on_sqlite(__file__, tmp_path, deselect="on_sqlite")
+    assert "7 passed" in output, output[-2000:]

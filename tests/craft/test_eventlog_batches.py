@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
@@ -32,6 +29,7 @@ from craft.storage.eventlog import Fenced, writer
 from tests.conftest import queries_in_every_thread
 from tests.craft.test_fencing import other_connection, until, waiting_for_a_lock
 from tests.ready import open_ready_session
+from tests.sqlite_rerun import run_again_on_sqlite, runs_the_module_on_sqlite
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -419,16 +417,9 @@ async def test_on_sqlite_a_prompt_of_a_session_with_a_turn_running_costs_only_it
     assert running == {s1.pk: 1, s2.pk: 1, s3.pk: 1}
 
 
-@pytest.mark.skipif(SQLITE, reason="this is the run on SQLite")
+@runs_the_module_on_sqlite
 async def test_the_batches_hold_on_sqlite(tmp_path):
-    """Run this module again with SQLite as the database."""
-    database = f"sqlite:///{tmp_path / 'batches.sqlite3'}"
-    env = {**os.environ, "CRAFT_TEST_DATABASE_URL": database, "DATABASE_URL": database}
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "not test_the_batches_hold_on_sqlite"],
-        env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "3 passed" in result.stdout, result.stdout[-2000:]  # the three SQLite tests ran
+    output = await asyncio.to_thread(
+        run_again_on_sqlite, __file__, tmp_path, deselect="test_the_batches_hold_on_sqlite"
+    )
+    assert "3 passed" in output, output[-2000:]  # the three SQLite tests ran

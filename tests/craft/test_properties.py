@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 
 import pytest
-from django.conf import settings as django_settings
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +22,7 @@ from hypothesis import strategies as st
 from craft.models import Event, Session
 from craft.turns.registry import runners
 from tests.ready import open_ready_session
+from tests.sqlite_rerun import run_again_on_sqlite, runs_the_module_on_sqlite
 
 from ..agents import AGENTS
 from .wsclient import CONNECT_TIMEOUT, communicator, session_cookie
@@ -225,24 +224,13 @@ def settings_override(settings):
     return settings
 
 
-@pytest.mark.skipif(
-    django_settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3",
-    reason="this is the run on SQLite",
-)
+@runs_the_module_on_sqlite
 def test_the_properties_hold_on_sqlite(tmp_path):
     """Run this module's property tests again with SQLite as the database."""
-    env = {
-        **os.environ,
-        "CRAFT_TEST_DATABASE_URL": f"sqlite:///{tmp_path / 'properties.sqlite3'}",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'properties.sqlite3'}",
-        "CRAFT_PROPERTY_EXAMPLES": str(max(10, EXAMPLES // 2)),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "not sqlite"],
-        env=env, cwd=django_settings.BASE_DIR, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    examples = str(max(10, EXAMPLES // 2))
+    run_again_on_sqlite(
+        __file__, tmp_path, deselect="sqlite", env={"CRAFT_PROPERTY_EXAMPLES": examples}
+    )
 
 
 # Beyond JSON's own values: what agents' parsed output can hold that orjson refuses (integers

@@ -8,12 +8,8 @@ title is lost. Whoever writes it: the API, the page's rename form, the agent.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from django.conf import settings as django_settings
 from django.test import Client
 from django.urls import reverse
 
@@ -21,6 +17,7 @@ from craft.models import Event, Session
 from craft.storage.titles import set_session_title
 from craft.turns import controls
 from tests.ready import open_ready_session
+from tests.sqlite_rerun import run_again_on_sqlite, runs_the_module_on_sqlite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,18 +129,7 @@ def test_an_agent_s_title_is_cleaned_before_it_is_stored(owner):
     }
 
 
-@pytest.mark.skipif(
-    django_settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3",
-    reason="this is the run on SQLite",
-)
+@runs_the_module_on_sqlite
 def test_titles_are_cleaned_on_sqlite(tmp_path):
-    """Run this module's tests again with SQLite as the database."""
-    url = f"sqlite:///{tmp_path / 'titles.sqlite3'}"
-    env = {**os.environ, "CRAFT_TEST_DATABASE_URL": url, "DATABASE_URL": url}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "not sqlite"],
-        env=env, cwd=django_settings.BASE_DIR, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout
+    output = run_again_on_sqlite(__file__, tmp_path, deselect="sqlite", timeout=300)
+    assert " passed" in output
