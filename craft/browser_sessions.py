@@ -1,4 +1,4 @@
-"""Browser sessions: Django's database session store, read by one statement written once.
+"""Browser sessions: Django's database session store, read by one statement written out.
 
 Every HTTP request reads its browser session, and every websocket reads it twice (at its
 handshake, and again after joining its account's group: `craft.live.auth`). Django's store
