@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,8 +25,9 @@ import pytest
 from sandboxes.backends import containment, firewall
 
 from .agents import agent_command
-from .embedded import chunks, embedded_env, serve, turn
+from .embedded import ROOT, SignedIn, chunks, embedded_env, manage, serve, turn
 from .sandboxes.hostile import processes_of
+from .server import Daphne
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need root")
 
@@ -161,3 +165,45 @@ def test_a_warm_agent_dies_with_the_server(place, uid_base):
         while processes_of(uid):
             assert time.monotonic() < deadline, f"processes of uid {uid} outlived the server"
             time.sleep(0.05)
+
+
+def test_make_run_in_a_folder_other_users_cannot_enter_stops_and_no_agent_runs_as_root(uid_base):
+    """A checkout under /root (0700 on Debian): `make run` once served it with every agent
+    running as root, unjailed, network open. Now its first step stops, saying why and what to
+    do; and a server started anyway (its checks skipped) refuses to start the sandbox."""
+    place = Path(tempfile.mkdtemp(prefix="craft-private-"))  # 0700, as /root is
+    try:
+        var = place / "var"
+        var.mkdir()
+        python = containment.sandbox_python(uids=True)
+        hostile = shlex.join(agent_command("hostile_agent", place / "agents", python))
+        env = embedded(var, uid_base, CRAFT_AGENT_COMMAND=hostile)
+
+        migrate = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert migrate.returncode != 0
+        assert "sandboxes.E002" in migrate.stderr
+        assert f"other users may not enter {place} (mode 700)" in migrate.stderr
+        assert "CRAFT_SANDBOX_ROOT" in migrate.stderr
+
+        manage(env, "migrate", "--noinput", "--skip-checks")
+        output = manage(env, "ensure_admin", "--skip-checks")
+        password = re.search(r"with password (\S+)", output).group(1)
+        server = Daphne(var, base_env=env).start()
+        try:
+            assert server.process is not None
+            signed_in = SignedIn(server.url, password, server.process)
+            signed_in.post_json("/api/sessions/", {"title": "as root?"})
+            deadline = time.monotonic() + 60
+            while (sandbox := signed_in.get_json("/api/sandbox/"))["status"] == "provisioning":
+                assert time.monotonic() < deadline, "the sandbox never settled"
+                time.sleep(0.05)
+        finally:
+            server.terminate()
+        assert sandbox["status"] == "failed"
+        assert "sandbox users cannot reach the sandbox root" in sandbox["error"]
+        assert not list((var / "sandboxes").glob("*-*-*-*-*"))  # no sandbox folder, no agent
+    finally:
+        shutil.rmtree(place, ignore_errors=True)

@@ -108,17 +108,26 @@ def _server_login() -> str:
 
 def others_can_enter(folder: Path) -> bool:
     """Return whether a user who is neither owner nor in the group can reach `folder`."""
+    return closed_folder_above(folder) is None
+
+
+def closed_folder_above(folder: Path) -> Path | None:
+    """Return the first folder on the way to `folder` (itself included) that a user who is
+    neither owner nor in the group cannot pass through, or None when every one lets them.
+
+    Folders that do not exist yet count as passable: Craft creates them with the right mode.
+    """
     path = Path(os.path.abspath(folder))
-    for step in [path, *path.parents]:
+    for step in reversed([path, *path.parents]):
         try:
             mode = step.stat().st_mode
         except FileNotFoundError:
             continue  # created later by Craft, with the right mode
         except OSError:
-            return False
+            return step
         if not mode & stat.S_IXOTH:
-            return False
-    return True
+            return step
+    return None
 
 
 def others_can_run(program: str) -> bool:
@@ -169,20 +178,23 @@ def sandbox_python(uids: bool) -> str:
 def sandbox_uids_enabled(root: Path) -> bool:
     """Decide, from CRAFT_SANDBOX_UIDS, whether agents run as sandbox users; explain once.
 
-    `on` needs root and a sandbox root other users can enter, else raises
-    ImproperlyConfigured; `auto` turns sandbox users on exactly when both hold, and logs
-    why not otherwise; `off` never does.
+    As root they always do, unless the operator said `off`: whatever else is wrong (a sandbox
+    root other users cannot enter, a missing tool) makes sandboxes refuse to start
+    (`sandbox_root_problem`, the backend's `isolation_problem`), never run agents as root.
+    Without root, `on` raises ImproperlyConfigured and `auto` runs agents as the server's
+    own (unprivileged) user, the only one it has, and logs why.
     """
     mode = settings.CRAFT_SANDBOX_UIDS
     if mode == "off":
+        _explain_once(
+            "Sandbox users are off (CRAFT_SANDBOX_UIDS=off): agents run as the server's user "
+            f"(uid {os.geteuid()}), outside the jail, with the network open; see the README, "
+            "'What the local backend isolates'."
+        )
         return False
-    problem = ""
-    if os.geteuid() != 0:
-        problem = f"the server runs as uid {os.geteuid()}, not root"
-    elif not others_can_enter(root):
-        problem = f"other users cannot enter {root} (a parent folder lacks o+x)"
-    if not problem:
+    if os.geteuid() == 0:
         return True
+    problem = f"the server runs as uid {os.geteuid()}, not root"
     if mode == "on":
         raise ImproperlyConfigured(f"CRAFT_SANDBOX_UIDS=on, but {problem}")
     _explain_once(
@@ -191,6 +203,28 @@ def sandbox_uids_enabled(root: Path) -> bool:
         "README, 'What the local backend isolates'."
     )
     return False
+
+
+def sandbox_root_problem(root: Path) -> str:
+    """Return why sandbox users could not reach their folders under `root`, or "".
+
+    A sandbox's user must pass through every folder above its sandbox's: a checkout under
+    /root (0700 on Debian) cannot serve them. Craft then refuses to start sandboxes rather
+    than run their agents as root.
+    """
+    closed = closed_folder_above(root)
+    if closed is None:
+        return ""
+    try:
+        mode = f"mode {stat.S_IMODE(closed.stat().st_mode):o}"
+    except OSError as exc:
+        mode = exc.strerror or "unreadable"
+    return (
+        f"sandbox users cannot reach the sandbox root {root}: other users may not enter "
+        f"{closed} ({mode}). Set CRAFT_SANDBOX_ROOT to a folder outside it (for example "
+        "/var/lib/craft/sandboxes), or let other users pass through it (chmod o+x); "
+        "CRAFT_SANDBOX_UIDS=off would run every agent as this server's user, outside the jail"
+    )
 
 
 _explained: set[str] = set()

@@ -275,7 +275,12 @@ class LocalBackend:
             self.isolation_problem = self._isolate()
 
     def _isolate(self) -> str:
-        """Check the jail's tools and put the network rule in place; return why not, or ""."""
+        """Check the sandbox root and the jail's tools and put the network rule in place;
+        return why sandboxes cannot be isolated, or ""."""
+        problem = containment.sandbox_root_problem(self.sandbox_root)
+        if problem:
+            logger.error("local sandboxes will not start: %s", problem)
+            return problem
         missing = jail.missing_tools()
         if missing:
             problem = (

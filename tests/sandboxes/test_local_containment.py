@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -313,13 +314,47 @@ def test_on_without_root_stops_with_a_clear_error(settings, machine, monkeypatch
 
 
 @needs_root
-def test_auto_turns_sandbox_users_off_when_others_cannot_enter_the_root(settings, tmp_path):
-    # pytest's temporary folders are private (0700): a sandbox user could not reach its folder.
-    settings.CRAFT_SANDBOX_UIDS = "auto"
-    assert not containment.sandbox_uids_enabled(tmp_path / "sandboxes")
-    settings.CRAFT_SANDBOX_UIDS = "on"
-    with pytest.raises(ImproperlyConfigured, match="other users cannot enter"):
-        containment.sandbox_uids_enabled(tmp_path / "sandboxes")
+@pytest.mark.parametrize("uids", ["auto", "on"])
+def test_as_root_a_sandbox_root_others_cannot_enter_refuses_sandboxes_never_runs_agents_as_root(
+    settings, machine, owner, uids
+):
+    """A checkout under /root (0700 on Debian) once ran every agent as root, unjailed: now
+    sandboxes refuse to start, saying why and what to do, and no agent process starts."""
+    contain(settings, uids)
+    machine.chmod(0o700)  # a parent of the sandbox root that other users cannot enter
+    assert containment.sandbox_uids_enabled(settings.CRAFT_SANDBOX_ROOT)
+    problem = containment.sandbox_root_problem(settings.CRAFT_SANDBOX_ROOT)
+    assert f"other users may not enter {machine} (mode 700)" in problem
+    assert "CRAFT_SANDBOX_ROOT" in problem
+
+    sandbox = services.provision_sandbox(owner)
+    assert sandbox.status == sandbox.Status.FAILED
+    assert "sandbox users cannot reach the sandbox root" in sandbox.error
+    with pytest.raises(SandboxError, match="sandbox users cannot reach the sandbox root"):
+        get_backend().start_agent(sandbox, uuid.uuid4())
+    assert not (settings.CRAFT_SANDBOX_ROOT / str(sandbox.pk)).exists()
+
+    machine.chmod(0o755)  # the operator's fix, then a new backend (a restart)
+    contain(settings, uids)
+    session = open_ready_session(owner, "fixed")
+    whoami = ask(services.connect_agent(session.sandbox, session.pk), "whoami")
+    assert whoami["uid"] >= settings.CRAFT_SANDBOX_UID_BASE
+
+
+@needs_root
+def test_manage_py_stops_as_root_when_sandbox_users_cannot_reach_the_sandbox_root(
+    settings, machine
+):
+    from sandboxes.checks import sandbox_users
+
+    contain(settings, "auto")
+    assert sandbox_users() == []
+    machine.chmod(0o700)
+    (error,) = sandbox_users()
+    assert error.id == "sandboxes.E002"
+    assert f"{machine} (mode 700)" in error.msg
+    contain(settings, "off")  # said in so many words: agents run as root, and nothing stops
+    assert sandbox_users() == []
 
 
 def test_manage_py_stops_when_sandbox_users_are_on_but_impossible(settings, machine, monkeypatch):
