@@ -61,12 +61,13 @@ haproxy:
 	  echo "Installing Debian's haproxy for make run-cluster"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
-# As root, local agents run as sandbox users in a bubblewrap jail behind an nftables rule
-# (README, "What the local backend isolates"): without these, sandboxes refuse to start.
+# As root, local agents run as sandbox users in a bubblewrap jail, in a network of their
+# sandbox's own (pasta, from Debian's passt) behind an nftables rule (README, "What the local
+# backend isolates"): without these, sandboxes refuse to start.
 isolation:
-	@if [ "$$(id -u)" = 0 ] && ! { test -x /usr/bin/bwrap && test -x /usr/sbin/nft && test -x /usr/bin/git; }; then \
-	  echo "Installing Debian's bubblewrap, nftables and git for sandbox isolation and checkpoints"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap nftables git >/dev/null; \
+	@if [ "$$(id -u)" = 0 ] && ! { test -x /usr/bin/bwrap && test -x /usr/sbin/nft && test -x /usr/bin/git && test -x /usr/bin/pasta; }; then \
+	  echo "Installing Debian's bubblewrap, nftables, passt and git for sandbox isolation and checkpoints"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap nftables passt git >/dev/null; \
 	fi
 
 # Debian's Chromium for the browser tests (Playwright's own browser download is not used).

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
-from sandboxes.backends import containment, firewall, forget_backends, get_backend
+from sandboxes.backends import containment, firewall, forget_backends, get_backend, network
 from sandboxes.connections import agent_connections
 from tests.agents import agent_command
 
@@ -216,28 +216,42 @@ def stop_agents(request) -> Iterator[None]:
 
 
 @pytest.fixture
-def machine(settings):
-    """A sandbox root and var folder that other users can enter, as on a real server, and the
-    hostile agent as the agent command.
+def uid_base() -> Iterator[int]:
+    """A uid range of the test's own, and so a network rule and sandbox networks of its own:
+    another run of the suite on this machine neither shares its uids nor replaces its
+    allow-list. What the test's sandboxes left on the machine goes with it."""
+    base = secrets.randbelow(1000) * 1000 + 1_100_000_000
+    yield base
+    for sandbox_id in network.sandbox_ids(base):
+        network.remove(base, sandbox_id)
+    firewall.remove(base)
 
-    (pytest's own temporary folders are private to root, which would turn sandbox users off.)
-    """
-    place = Path(tempfile.mkdtemp(prefix="craft-containment-"))
-    place.chmod(0o755)
+
+@pytest.fixture
+def place() -> Iterator[Path]:
+    """A folder that other users can enter, as a checkout on a server is (pytest's own
+    temporary folders are private to root, where sandboxes refuse to start as root)."""
+    folder = Path(tempfile.mkdtemp(prefix="craft-containment-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def machine(settings, place, uid_base):
+    """A sandbox root and var folder that other users can enter, as on a real server, a uid
+    range of the test's own, and the hostile agent as the agent command."""
     settings.VAR_DIR = place / "var"
     settings.VAR_DIR.mkdir()
     settings.CRAFT_SANDBOX_ROOT = settings.VAR_DIR / "sandboxes"
     python = containment.sandbox_python(uids=True)
     settings.CRAFT_AGENT_COMMAND = agent_command("hostile_agent", place / "agents", python)
-    # A uid range of its own, and so a network rule of its own: another run of the suite on
-    # this machine neither shares its uids nor replaces its allow-list.
-    settings.CRAFT_SANDBOX_UID_BASE = secrets.randbelow(1000) * 1000 + 1_100_000_000
+    settings.CRAFT_SANDBOX_UID_BASE = uid_base
     settings.CRAFT_SANDBOX_UID_COUNT = 1000
     forget_backends()
     yield place
+    agent_connections.stop_all()
     forget_backends()
-    firewall.remove(settings.CRAFT_SANDBOX_UID_BASE)
-    shutil.rmtree(place, ignore_errors=True)
 
 
 def _redis_url() -> str:

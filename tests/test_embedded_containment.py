@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.backends import containment, firewall
+from sandboxes.backends import containment
 
 from .agents import agent_command
 from .embedded import ROOT, SignedIn, chunks, embedded_env, manage, serve, turn
@@ -32,22 +31,6 @@ from .server import Daphne
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need root")
 
 SECRET = "embedded-secret-key-that-agents-must-not-see-0123456789"
-
-
-@pytest.fixture
-def place():
-    folder = Path(tempfile.mkdtemp(prefix="craft-embedded-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def uid_base():
-    """A uid range (and so a network rule) of the test's own, as the `machine` fixture gives."""
-    base = secrets.randbelow(1000) * 1000 + 1_100_000_000
-    yield base
-    firewall.remove(base)
 
 
 def embedded(var: Path, uid_base: int, **extra: str) -> dict[str, str]:

@@ -16,17 +16,21 @@ from .embedded import chunks, embedded_env, manage, serve, turn
 
 
 @pytest.fixture
-def env(tmp_path):
-    return embedded_env(tmp_path / "var")
+def env(place, uid_base):
+    """`make run`'s environment, in a checkout other users can enter (as root, sandbox users
+    and their jail are then on, as they are for `make run`), with a uid range of its own."""
+    return embedded_env(
+        place / "var", CRAFT_SANDBOX_UID_BASE=str(uid_base), CRAFT_SANDBOX_UID_COUNT="1000"
+    )
 
 
-def test_ensure_admin_creates_a_random_password_once(env, tmp_path):
-    (tmp_path / "var").mkdir()
+def test_ensure_admin_creates_a_random_password_once(env, place):
+    (place / "var").mkdir()
     manage(env, "migrate", "--noinput")
     first = manage(env, "ensure_admin")
     password = re.search(r"with password (\S+)", first).group(1)
     assert len(password) >= 20
-    kept = tmp_path / "var" / "admin-password.txt"
+    kept = place / "var" / "admin-password.txt"
     assert kept.read_text().split() == ["admin", password]
     assert kept.stat().st_mode & 0o777 == 0o600
     second = manage(env, "ensure_admin")
@@ -34,8 +38,8 @@ def test_ensure_admin_creates_a_random_password_once(env, tmp_path):
     assert "exists" in second
 
 
-def test_make_runs_configuration_serves_a_two_prompt_conversation(env, tmp_path):
-    with serve(env, tmp_path / "var") as server:
+def test_make_runs_configuration_serves_a_two_prompt_conversation(env, place):
+    with serve(env, place / "var") as server:
         session = server.post_json("/api/sessions/", {"title": "embedded"})
         ws = server.socket(session["id"])
         try:
@@ -45,4 +49,4 @@ def test_make_runs_configuration_serves_a_two_prompt_conversation(env, tmp_path)
     assert [len(reply) for reply in replies] == [1, 1]
     assert replies[0] == replies[1]  # the same agent process answered both
     assert replies[0][0].startswith("pid ")
-    assert (tmp_path / "var" / "craft.sqlite3").exists()
+    assert (place / "var" / "craft.sqlite3").exists()

@@ -47,7 +47,8 @@ class Resource:
     """Something a backend holds for a sandbox, found by its own marks (see `inventory`)."""
 
     sandbox_id: UUID
-    kind: str  # "folder", "checkpoints" (local), "pod", "service", "secret" (kubernetes)
+    # "folder", "checkpoints", "network" (local), "pod", "service", "secret" (kubernetes)
+    kind: str
     name: str
 
     def __str__(self) -> str:

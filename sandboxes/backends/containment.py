@@ -493,7 +493,7 @@ def install_demo_agent(tools: Path, python: str) -> Path:
     tools.parent.chmod(0o755)
     _install_module(tools, source, python)
     command = shlex.join(module_command(python, tools, "demo_agent", "main()"))
-    return _install(tools / DEMO_AGENT, f'#!/bin/sh\nexec {command} "$@"\n'.encode(), 0o755)
+    return install_file(tools / DEMO_AGENT, f'#!/bin/sh\nexec {command} "$@"\n'.encode(), 0o755)
 
 
 def install_workspace_tool(tools: Path, python: str) -> Path:
@@ -528,7 +528,7 @@ def _install_module(tools: Path, source: Path, python: str) -> Path:
     against the source's size and time, which its header records.
     """
     content = source.read_bytes()
-    target = _install(tools / source.name, content, 0o644)
+    target = install_file(tools / source.name, content, 0o644)
     try:
         tag, code = _compiled(python, source.name, content)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -546,7 +546,7 @@ def _install_module(tools: Path, source: Path, python: str) -> Path:
     cache = tools / "__pycache__"
     cache.mkdir(exist_ok=True)
     cache.chmod(0o755)
-    _install(cache / f"{target.stem}.{tag}.pyc", header + code[4:], 0o644)
+    install_file(cache / f"{target.stem}.{tag}.pyc", header + code[4:], 0o644)
     return target
 
 
@@ -574,7 +574,8 @@ COMPILE = (
 )
 
 
-def _install(target: Path, content: bytes, mode: int) -> Path:
+def install_file(target: Path, content: bytes, mode: int) -> Path:
+    """Write `target` with `content` and `mode`, atomically, unless it has them already."""
     try:
         if target.read_bytes() == content and stat.S_IMODE(target.stat().st_mode) == mode:
             return target

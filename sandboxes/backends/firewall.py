@@ -1,8 +1,10 @@
 """The network rule that keeps local agents off this machine's own services.
 
 Every local agent runs as a uid of the sandbox range (`CRAFT_SANDBOX_UID_BASE` ..
-`+ CRAFT_SANDBOX_UID_COUNT - 1`). One nftables table on the output hook rejects what that
-range sends to:
+`+ CRAFT_SANDBOX_UID_COUNT - 1`), in its sandbox's network namespace (`network`), whose one
+way out is the sandbox's pasta, running as that uid too: so whatever a sandbox sends out of
+its namespace is a socket of its uid on this machine. One nftables table on the output hook
+rejects what that range sends to:
 
 * any address of this machine (`fib daddr type local`): 127.0.0.0/8 and ::1, and also the
   machine's own interface addresses, so a PostgreSQL, Redis or daphne listening on 0.0.0.0
@@ -14,10 +16,10 @@ except the endpoints an operator lists in `CRAFT_SANDBOX_ALLOW` (a local model s
 and port 53 of a loopback name server named in /etc/resolv.conf, so that names still
 resolve. Everything else (the internet, other machines) is left to the machine's own network.
 
-Why a rule on the uid range rather than a network namespace per sandbox with a user-mode
-stack (pasta, slirp4netns): the kernel applies it to every process of the uid however it was
-started, nothing runs on the data path of an agent's traffic, and a user-mode stack still
-reaches the machine's non-loopback addresses, so it would need this filter anyway.
+Why a rule on the uid range beside the namespace: the kernel applies it to every socket of
+the uid however it was made (pasta's, and any process of the uid outside a jail), and pasta
+reaches this machine's addresses as any program does, so the namespace alone would not keep
+them out.
 
 Connections are rejected (a TCP reset, an ICMP error), not dropped: an agent's client fails
 at once with "connection refused" instead of hanging until its timeout.

@@ -10,20 +10,27 @@ sandboxing tool Flatpak is built on), then switches to the sandbox's uid with se
 * **the machine read-only**: every mount is bound read-only, except the sandbox's own folder
   (its home, tmp and workspaces). So the files an agent can leave behind are in its sandbox's
   folder and nowhere else, and a uid is clean once that folder is gone.
-* **memory-backed /tmp, /var/tmp and /dev/shm of its own**, a minimal /dev, and System V IPC
-  of its own: gone with the agent. What the agent needs from the machine's /tmp (its command,
-  when a path on its command line is there, and Craft's tools) is bound in read-only.
-* **none of the machine's Unix sockets**: every socket file bound on the machine when the agent
-  starts (PostgreSQL's, which often trusts every local user, MariaDB's, Docker's, ...) is
-  covered with /dev/null in the agent's view. Sockets bound later are not: say so in the
-  README. TCP and UDP to the machine's own addresses are the network rule's job (`firewall`).
-* **no new privileges** (a setuid program runs with the agent's rights), and at most
-  `CRAFT_SANDBOX_PIDS` processes and threads for the whole sandbox: RLIMIT_NPROC counts per
-  uid, and a uid is one sandbox.
+* **memory-backed /tmp, /var/tmp, /dev/shm and /run of its own**, a minimal /dev, and System V
+  IPC of its own: gone with the agent. What the agent needs from the machine's /tmp (the
+  installation its command belongs to, when a path on its command line is there, and Craft's
+  tools) is bound in read-only (`install_folder` says which folder).
+* **no other sandbox**: the sandbox root is an empty folder in its view but for its own
+  sandbox and Craft's tools, so another sandbox's files, sockets and checkpoint stores are
+  not even there.
+* **none of the machine's Unix sockets**: /run (where services keep them) is its own, and
+  every other socket file bound on the machine when the agent starts (PostgreSQL's, which
+  often trusts every local user, MariaDB's, Docker's, ...) is covered with /dev/null in the
+  agent's view. Abstract sockets belong to a network namespace: the sandbox's own
+  (`network`), where also TCP and UDP to the machine's own addresses end (or, with
+  `CRAFT_SANDBOX_NETWORK=open`, nothing of that).
+* **no new privileges** (a setuid program runs with the agent's rights), **no user
+  namespaces** (`seccomp`), and at most `CRAFT_SANDBOX_PIDS` processes and threads for the
+  whole sandbox: RLIMIT_NPROC counts per uid, and a uid is one sandbox.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -32,16 +39,21 @@ from pathlib import Path
 
 from django.conf import settings
 
+from . import seccomp
 from .containment import SYSTEM_PATH, SandboxUser, as_user
 
 BWRAP = shutil.which("bwrap", path=SYSTEM_PATH)
 SETPRIV = shutil.which("setpriv", path=SYSTEM_PATH)
 PRLIMIT = shutil.which("prlimit", path=SYSTEM_PATH)
 UNIX_SOCKETS = Path("/proc/net/unix")
+RESOLV_CONF = Path("/etc/resolv.conf")
 # Replaced wholesale by bubblewrap, so nothing in them needs covering.
-PRIVATE = (Path("/tmp"), Path("/var/tmp"), Path("/dev"), Path("/proc"))
+PRIVATE = (Path("/tmp"), Path("/var/tmp"), Path("/dev"), Path("/proc"), Path("/run"))
 # Of those, where an agent's command or Craft's tools may lie (a checkout under /tmp).
 SHADOWED = (Path("/tmp"), Path("/var/tmp"))
+# Stands in the argv for the descriptor of the seccomp filter, opened anew for each start
+# (`passing_filter`): bubblewrap reads it once.
+SECCOMP_FD = "{seccomp filter}"
 
 
 def missing_tools() -> list[str]:
@@ -62,12 +74,20 @@ def jailed(
     user: SandboxUser,
     sandbox_root: Path,
     tools: Path,
+    network: Path | None = None,
+    no_network: bool = False,
+    resolv_conf: Path | None = None,
     binds: tuple[tuple[Path, str], ...] = (),
 ) -> list[str]:
     """Return the argv that runs `argv` as `user` in `workspace`, inside the jail.
 
-    `binds` mounts more folders, writable, at places under the jail's own /tmp: Craft's
-    workspace tool gets the session's checkpoint store so, and agents never do.
+    `network` is the sandbox's network namespace, joined before the jail (None: this
+    machine's network, `CRAFT_SANDBOX_NETWORK=open`); `no_network` gives the command a
+    network of nothing but a loopback of its own (Craft's workspace tool needs none).
+    `resolv_conf`, when given, is shown as /etc/resolv.conf. `binds` mounts more folders,
+    writable, at places under the jail's own /tmp: Craft's workspace tool gets the session's
+    checkpoint store so, and agents never do. The argv holds `SECCOMP_FD`: start it with
+    `passing_filter`.
     """
     assert BWRAP is not None and SETPRIV is not None and PRLIMIT is not None
     jail = [
@@ -80,28 +100,90 @@ def jailed(
         "--dev", "/dev",
         "--proc", "/proc",
     ]  # fmt: skip
-    for private in ("/tmp", "/var/tmp", "/dev/shm"):
-        jail += ["--perms", "1777", "--tmpfs", private]
-    if Path("/run/lock").is_dir():
-        jail += ["--perms", "1777", "--tmpfs", "/run/lock"]
+    if no_network:
+        jail.append("--unshare-net")
+    for private in ("/tmp", "/var/tmp", "/dev/shm", "/run", "/run/lock"):
+        jail += ["--perms", "1777" if private != "/run" else "0755", "--tmpfs", private]
     # The folders above shadow the machine's: bring back what the agent needs from them.
     made: set[Path] = set()
-    needed = [tools, *(Path(arg) for arg in argv if arg.startswith("/"))]
-    for path in dict.fromkeys(needed):
-        if path.exists() and _shadowed(path):
-            jail += [*_folders_above(path, made), "--ro-bind", str(path), str(path)]
-    jail += [*_folders_above(sandbox, made), "--bind", str(sandbox), str(sandbox)]
+    needed = [Path(arg) for arg in argv if arg.startswith("/")]
+    for folder in dict.fromkeys(install_folder(path) for path in needed if path.exists()):
+        if folder is not None and not folder.is_relative_to(sandbox_root):
+            jail += [*_folders_above(folder, made), "--ro-bind", str(folder), str(folder)]
+    # No other sandbox: an empty root but for Craft's tools and this sandbox (mounted after
+    # it, on top of it).
+    jail += [*_folders_above(sandbox_root, made), "--perms", "0711", "--tmpfs", str(sandbox_root)]
+    for folder in reversed(tools.parents):  # passable, as bwrap would make them 0700
+        if folder.is_relative_to(sandbox_root) and folder != sandbox_root:
+            jail += ["--perms", "0711", "--dir", str(folder)]
+    jail += ["--ro-bind", str(tools), str(tools), "--bind", str(sandbox), str(sandbox)]
     for source, target in binds:
         assert target.startswith("/tmp/")
         jail += ["--bind", str(source), target]
     for socket_path in machine_sockets(outside=sandbox_root):
         jail += ["--ro-bind", "/dev/null", str(socket_path)]
+    jail += _name_resolution(resolv_conf)
     # bwrap sets PWD for --chdir; the environment stays exactly the one Craft gives.
-    jail += ["--chdir", str(workspace), "--unsetenv", "PWD", "--"]
+    jail += ["--seccomp", SECCOMP_FD, "--chdir", str(workspace), "--unsetenv", "PWD", "--"]
     pids = settings.CRAFT_SANDBOX_PIDS
     if pids:
         jail += [PRLIMIT, f"--nproc={pids}:{pids}", "--"]
-    return [*jail, *as_user(user), *argv]
+    enter = [] if network is None else _enter(network)
+    return [*enter, *jail, *as_user(user), *argv]
+
+
+@contextlib.contextmanager
+def passing_filter(argv: list[str]) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """Yield `argv` with the seccomp filter's descriptor in place of `SECCOMP_FD`, and the
+    descriptors to pass to the process; close the descriptor once the process is started."""
+    if SECCOMP_FD not in argv:
+        yield argv, ()
+        return
+    fd = seccomp.program_fd()
+    try:
+        yield [str(fd) if arg == SECCOMP_FD else arg for arg in argv], (fd,)
+    finally:
+        os.close(fd)
+
+
+def install_folder(path: Path) -> Path | None:
+    """Return the folder to bind, read-only, into the jail for `path` (a command, a file on
+    its command line, Craft's tools) to work there, or None when the jail shows it already.
+
+    Only what lies in a folder the jail replaces (/tmp, /var/tmp) needs binding. Then: the
+    outermost `node_modules` above its real path (npm puts a package's dependencies beside
+    it, and `.bin` links into them), else the virtualenv it belongs to (the folder holding
+    `pyvenv.cfg`), else the folder it is in. Both the path as given and its real path count:
+    a link under /tmp may lead into an installation under /tmp.
+    """
+    for candidate in (Path(os.path.realpath(path)), Path(os.path.abspath(path))):
+        if not _shadowed(candidate):
+            continue
+        parents = [p for p in candidate.parents if _shadowed(p) and p not in SHADOWED]
+        for parent in reversed(parents):  # outermost first
+            if parent.name == "node_modules":
+                return parent
+        for parent in parents:  # innermost first
+            if (parent / "pyvenv.cfg").is_file():
+                return parent
+        return candidate if candidate.is_dir() else candidate.parent
+    return None
+
+
+def _enter(network: Path) -> list[str]:
+    nsenter = shutil.which("nsenter", path=SYSTEM_PATH) or "nsenter"
+    return [nsenter, f"--net={network}", "--"]
+
+
+def _name_resolution(resolv_conf: Path | None) -> list[str]:
+    """Return the bwrap arguments that show `resolv_conf` (or the machine's own, which may
+    lie in the replaced /run, as systemd-resolved's does) as /etc/resolv.conf."""
+    target = Path(os.path.realpath(RESOLV_CONF))
+    if resolv_conf is not None:
+        return ["--ro-bind", str(resolv_conf), str(target)]
+    if target.is_relative_to("/run") and target.is_file():
+        return ["--ro-bind", str(target), str(target)]
+    return []
 
 
 def _shadowed(path: Path) -> bool:

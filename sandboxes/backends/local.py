@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from django.conf import settings
@@ -31,7 +31,7 @@ from ..catalog import Launch, default_agent
 from ..pipes import Lines, Outbox, pipes
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
-from . import containment, firewall, jail
+from . import containment, firewall, jail, network
 from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
@@ -44,6 +44,14 @@ logger = logging.getLogger(__name__)
 # thread that started it (bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which the kernel
 # fires when the starting *thread* ends), and the threads that ask for agents come and go.
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-agent-spawner")
+
+
+def _spawn(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """Start `argv` (on the spawner thread), handing a jailed one its seccomp filter."""
+    with jail.passing_filter(argv) as (argv, fds):
+        return subprocess.Popen(argv, pass_fds=fds, **options)
+
+
 # Where an agent's end of output is heard: it waits up to a second for the exit code.
 _ends = ThreadPoolExecutor(max_workers=4, thread_name_prefix="craft-agent-ends")
 # Where the workspace tool finds the sandbox's checkpoint stores, inside its jail.
@@ -79,7 +87,7 @@ class LocalAgentProcess:
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
             self._popen = _spawner.submit(
-                subprocess.Popen,
+                _spawn,
                 argv,
                 cwd=cwd,
                 env=env,
@@ -165,7 +173,7 @@ class LocalToolProcess:
         try:
             # From the spawner thread, as agents are: a jailed tool dies with its thread.
             self._popen = _spawner.submit(
-                subprocess.Popen,
+                _spawn,
                 ["nice", "-n", str(TOOL_NICENESS), *argv],
                 env=env,
                 cwd="/",
@@ -282,6 +290,8 @@ class LocalBackend:
             logger.error("local sandboxes will not start: %s", problem)
             return problem
         missing = jail.missing_tools()
+        if settings.CRAFT_SANDBOX_NETWORK == "isolated":
+            missing += [tool for tool in network.missing_tools() if tool not in missing]
         if missing:
             problem = (
                 f"sandboxes need {' and '.join(missing)} installed to keep agents apart "
@@ -291,8 +301,8 @@ class LocalBackend:
             return problem
         if settings.CRAFT_SANDBOX_NETWORK == "open":
             logger.warning(
-                "CRAFT_SANDBOX_NETWORK=open: agents can reach this machine's own services "
-                "(its database, Redis, this server)"
+                "CRAFT_SANDBOX_NETWORK=open: agents share this machine's network and can reach "
+                "its own services (its database, Redis, this server)"
             )
             return ""
         return self._install_network_rule()
@@ -307,14 +317,28 @@ class LocalBackend:
         return ""
 
     def check_isolation(self) -> None:
-        """Put the network rule back if it went (someone flushed the machine's ruleset); the
-        reaper calls this on every pass. Sandboxes refuse to start while it is not there."""
-        if not self.uids or settings.CRAFT_SANDBOX_NETWORK == "open" or jail.missing_tools():
+        """Put the network rule back if it went (someone flushed the machine's ruleset), and
+        start again the pasta of a sandbox network whose pasta died; the reaper calls this
+        on every pass. Sandboxes refuse to start while the rule is not there."""
+        if not self._isolated_network() or jail.missing_tools():
             return
-        if firewall.is_installed(self.pool.first):
-            return
-        logger.error("the sandbox network rule is gone; putting it in place again")
-        self.isolation_problem = self._install_network_rule()
+        if not firewall.is_installed(self.pool.first):
+            logger.error("the sandbox network rule is gone; putting it in place again")
+            self.isolation_problem = self._install_network_rule()
+        users = {}
+        for sandbox_id in network.sandbox_ids(self.pool.first):
+            with contextlib.suppress(OSError, SandboxError):
+                users[sandbox_id] = self.pool.user_of(self.sandbox_root / str(sandbox_id))
+        allow = settings.CRAFT_SANDBOX_ALLOW
+        if restarted := network.restart_dead(self.pool.first, users, allow):
+            logger.warning("started the network of %d sandboxes again (pasta had died)", restarted)
+
+    def _isolated_network(self) -> bool:
+        return self.uids and settings.CRAFT_SANDBOX_NETWORK == "isolated"
+
+    def _network(self, sandbox: Sandbox, user: containment.SandboxUser) -> Path:
+        """Return the sandbox's network namespace, made (or its pasta started) if need be."""
+        return network.ensure(self.pool.first, sandbox.pk, user, settings.CRAFT_SANDBOX_ALLOW)
 
     def _refuse_unisolated(self) -> None:
         if self.isolation_problem:
@@ -362,14 +386,19 @@ class LocalBackend:
             root.chmod(0o700)
         except OSError as exc:
             raise SandboxError(f"cannot create sandbox folder: {exc}") from exc
+        if user is not None and self._isolated_network():
+            progress("setting up the sandbox's network")
+            self._network(sandbox, user)
         return str(root)
 
     def terminate(self, sandbox: Sandbox) -> None:
         root = self._root(sandbox)
         if self.uids:
-            # Every process of the sandbox, on this machine, whichever server started it.
+            # Every process of the sandbox, on this machine, whichever server started it
+            # (its network's pasta included), then its network namespace.
             with contextlib.suppress(OSError, SandboxError):
                 containment.kill_user_processes(self.pool.user_of(root))
+            network.remove(self.pool.first, sandbox.pk)
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
@@ -448,6 +477,7 @@ class LocalBackend:
         redact = list(launch.secrets.values())
         if user is None:
             return LocalAgentProcess(argv, cwd, env=env, redact=redact)
+        isolated = self._isolated_network()
         argv = jail.jailed(
             argv,
             sandbox=root,
@@ -455,6 +485,8 @@ class LocalBackend:
             user=user,
             sandbox_root=self.sandbox_root,
             tools=tools,
+            network=self._network(sandbox, user) if isolated else None,
+            resolv_conf=network.resolv_conf(self.pool.first) if isolated else None,
         )
         return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact)
 
@@ -491,6 +523,7 @@ class LocalBackend:
             user=user,
             sandbox_root=self.sandbox_root,
             tools=self.tools,
+            no_network=True,
             binds=((stores, STORES_IN_JAIL),),
         )
         return Workspace(
@@ -536,9 +569,14 @@ class LocalBackend:
 
         Folders of sandboxes provisioned under an earlier root are not seen.
         """
+        networks = [
+            Resource(sandbox_id, "network", network.name(self.pool.first, sandbox_id))
+            for sandbox_id in network.sandbox_ids(self.pool.first)
+        ]
         return [
             *self._folders_named_by_sandbox(self.sandbox_root, "folder"),
             *self._folders_named_by_sandbox(self._stores_root(), "checkpoints"),
+            *networks,
         ]
 
     @staticmethod
@@ -560,6 +598,11 @@ class LocalBackend:
         return found
 
     def remove(self, resource: Resource) -> None:
+        if resource.kind == "network":
+            # Its pasta runs as the sandbox's uid, which may be handed out again once nothing
+            # runs as it: stopped with the namespace.
+            network.remove(self.pool.first, resource.sandbox_id)
+            return
         folder = Path(resource.name)
         parent = self._stores_root() if resource.kind == "checkpoints" else self.sandbox_root
         if folder.parent != parent or folder.name != str(resource.sandbox_id):

@@ -14,9 +14,17 @@ the bad item was lost. Started with a method and the name of an answer in BAD_AN
                          `kill:<pid>` (signal 0), and a result is "ok", "denied", "missing" or
                          "error: <errno name>"
   connect <target>...    one chunk: {target: result} as JSON, where a target is `host:port` or
-                         `[v6 address]:port` (TCP), `dns:<address>` (a DNS query over UDP) or
-                         `unix:<path>` (a Unix stream socket), and a result is "ok",
+                         `[v6 address]:port` (TCP), `dns:<address>` (a DNS query over UDP),
+                         `unix:<path>` (a Unix stream socket) or `abstract:<name>` (an
+                         abstract Unix socket), and a result is "ok",
                          "refused", "timeout" or "error: <errno name>"
+  selfserve              listen on a free port of 127.0.0.1 and of ::1, and connect to each
+                         (a dev server and its test); one chunk: {address: result} as JSON
+  listen <target>...     listen, until the agent ends, on each `abstract:<name>` (an abstract
+                         Unix socket) or `unix:<path>` (a socket file, open to every user, its
+                         folder too); one chunk: {target: "listening" or the error} as JSON
+  read <path>            one chunk: the first 64 KiB of the file, or the error
+  exec <argv>...         run the command; one chunk: {"code", "stderr"} as JSON
   survivor               start a grandchild that escapes the agent's process group: double
                          fork, `setsid`, SIGTERM and SIGHUP ignored, asleep forever; one chunk:
                          its pid as the agent sees it
@@ -64,6 +72,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 SESSION = "hostile"
@@ -159,10 +168,10 @@ def probe_one(target: str) -> str:
 def connect_one(target: str) -> str:
     kind, _, rest = target.partition(":")
     try:
-        if kind == "unix":
+        if kind in ("unix", "abstract"):
             sock = socket.socket(socket.AF_UNIX)
             sock.settimeout(5)
-            sock.connect(rest)
+            sock.connect(rest if kind == "unix" else "\0" + rest)
         elif kind == "dns":
             sock = socket.socket(
                 socket.AF_INET6 if ":" in rest else socket.AF_INET, socket.SOCK_DGRAM
@@ -185,6 +194,72 @@ def connect_one(target: str) -> str:
     except OSError as exc:
         return f"error: {errno.errorcode.get(exc.errno or 0, str(exc))}"
     return "ok"
+
+
+# Listening sockets of `listen` and `selfserve`, kept open for as long as the agent runs.
+LISTENING: list[socket.socket] = []
+
+
+def serve_forever(sock: socket.socket) -> None:
+    """Accept and close connections on `sock` in a thread of its own, for as long as the
+    agent runs."""
+    sock.listen(16)
+    LISTENING.append(sock)
+
+    def accept() -> None:
+        while True:
+            connection, _ = sock.accept()
+            connection.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
+def self_serve() -> dict[str, str]:
+    results = {}
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            server = socket.socket(family)
+            server.bind((address, 0))
+            serve_forever(server)
+            port = server.getsockname()[1]
+        except OSError as exc:
+            results[address] = f"cannot listen: {errno.errorcode.get(exc.errno or 0, exc)}"
+            continue
+        target = f"[{address}]:{port}" if family == socket.AF_INET6 else f"{address}:{port}"
+        results[address] = connect_one(target)
+    return results
+
+
+def listen_on(target: str) -> str:
+    kind, _, rest = target.partition(":")
+    try:
+        sock = socket.socket(socket.AF_UNIX)
+        if kind == "abstract":
+            sock.bind("\0" + rest)
+        else:
+            sock.bind(rest)
+            os.chmod(rest, 0o777)
+            os.chmod(os.path.dirname(rest), 0o755)
+        serve_forever(sock)
+    except OSError as exc:
+        return f"error: {errno.errorcode.get(exc.errno or 0, str(exc))}"
+    return "listening"
+
+
+def read_file(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(65536).decode(errors="replace")
+    except OSError as exc:
+        return f"error: {errno.errorcode.get(exc.errno or 0, str(exc))}"
+
+
+def execute(argv: list[str]) -> dict[str, object]:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=30)
+    except OSError as exc:
+        return {"code": None, "stderr": f"error: {errno.errorcode.get(exc.errno or 0, exc)}"}
+    return {"code": done.returncode, "stderr": done.stderr.decode(errors="replace")[-2000:]}
 
 
 def start_survivor() -> int:
@@ -351,6 +426,14 @@ def run(word: str, args: list[str], text: str) -> dict:
         chunk(json.dumps({target: probe_one(target) for target in args}))
     elif word == "connect":
         chunk(json.dumps({target: connect_one(target) for target in args}))
+    elif word == "selfserve":
+        chunk(json.dumps(self_serve()))
+    elif word == "listen":
+        chunk(json.dumps({target: listen_on(target) for target in args}))
+    elif word == "read":
+        chunk(read_file(args[0]))
+    elif word == "exec":
+        chunk(json.dumps(execute(args)))
     elif word == "survivor":
         chunk(str(start_survivor()))
     elif word == "spawn":

@@ -35,8 +35,10 @@ def ask(connection, text: str):
     return json.loads(items[0].data["content"]["text"])
 
 
-def processes_of(uid: int) -> list[int]:
-    """Return the pids (as this machine sees them) of the live processes running as `uid`."""
+def processes_of(uid: int, *, network: bool = False) -> list[int]:
+    """Return the pids (as this machine sees them) of the live processes running as `uid`:
+    the sandbox's agents and what they started, and with `network` also its network's pasta
+    (which runs as the sandbox's uid, outside any agent's jail)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -46,7 +48,9 @@ def processes_of(uid: int) -> list[int]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields["State"].split()[0] not in ("Z", "X") and int(fields["Uid"].split()[0]) == uid:
+        if fields["State"].split()[0] in ("Z", "X") or int(fields["Uid"].split()[0]) != uid:
+            continue
+        if network or not fields["Name"].strip().startswith(("pasta", "passt")):
             found.append(int(entry.name))
     return found
 

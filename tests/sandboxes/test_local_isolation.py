@@ -19,14 +19,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from craft import session_activity
 from sandboxes import reaper, services
-from sandboxes.backends import SandboxError, firewall, forget_backends, jail
+from sandboxes.backends import SandboxError, firewall, forget_backends, jail, network
 from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
 
+from .agents import run_turn
 from .hostile import ask, contain, needs_root, open_agent, processes_of
 
 pytestmark = [needs_root, pytest.mark.django_db(transaction=True)]
@@ -118,9 +120,82 @@ def test_an_agent_cannot_reach_the_machines_own_services(
 
     refused = "refused"
     expected = {target: refused if "tcp" in blocked else "ok" for target in tcp}
-    expected |= {target: refused if "unix" in blocked else "ok" for target in sockets}
+    # Not even there: /run (where both are) is the jail's own.
+    expected |= {target: "error: ENOENT" if "unix" in blocked else "ok" for target in sockets}
     expected |= dict.fromkeys(reachable, "ok")
     assert results == expected
+
+
+@pytest.mark.parametrize("network", ["isolated", "open"])
+def test_an_agent_reaches_the_servers_it_starts_on_its_own_loopback(
+    settings, machine, owner, network
+):
+    """A dev server, a test database, opencode's own API: an agent serves on 127.0.0.1 and
+    ::1 and connects to itself, while the machine's PostgreSQL, Redis and a server of its
+    loopback stay out of reach (the rule once refused both alike)."""
+    contain(settings, "on")
+    settings.CRAFT_SANDBOX_NETWORK = network
+    with listening() as server_port:
+        _, agent = open_agent(owner)
+        own = ask(agent, "selfserve")
+        machine_services = ["127.0.0.1:5432", "127.0.0.1:6379", f"127.0.0.1:{server_port}"]
+        theirs = ask(agent, "connect " + " ".join(machine_services))
+    assert own == {"127.0.0.1": "ok", "::1": "ok"}
+    reached = "refused" if network == "isolated" else "ok"
+    assert theirs == dict.fromkeys(machine_services, reached)
+
+
+def test_sandboxes_share_no_sockets_and_see_none_of_the_machines(
+    settings, machine, owner, stranger
+):
+    """An abstract socket, a socket file bound after the other's agent started, and
+    /proc/net: one sandbox's are not another's, nor the machine's. Control: without the jail
+    both sockets are reached and /proc/net lists the machine's PostgreSQL."""
+    contain(settings, "on")
+    _check_sockets_between_sandboxes(machine, owner, stranger, isolated=True)
+
+
+def test_without_the_jail_sockets_are_shared(settings, machine, owner, stranger):
+    contain(settings, "off")
+    _check_sockets_between_sandboxes(machine, owner, stranger, isolated=False)
+
+
+def _check_sockets_between_sandboxes(machine, owner, stranger, isolated: bool) -> None:
+    victim_session, victim = open_agent(owner)
+    _, attacker = open_agent(stranger)  # started before the victim binds anything
+    name = f"craft-test-{machine.name}"
+    socket_file = Path(victim_session.sandbox.reference) / "home" / "agent.sock"
+    targets = [f"abstract:{name}", f"unix:{socket_file}"]
+    assert ask(victim, "listen " + " ".join(targets)) == dict.fromkeys(targets, "listening")
+    results = ask(attacker, "connect " + " ".join(targets))
+    postgres_port = ":1538 "  # 5432, as /proc/net/tcp writes it
+    listed = ask_text(attacker, "read /proc/net/tcp")
+    unix = ask_text(attacker, "read /proc/net/unix")
+    if isolated:
+        assert results == {targets[0]: "refused", targets[1]: "error: ENOENT"}
+        assert postgres_port not in listed and name not in unix
+    else:
+        assert results == dict.fromkeys(targets, "ok")
+        assert postgres_port in listed and name in unix
+
+
+def ask_text(connection, text: str) -> str:
+    """Run a turn and return the text of its first chunk."""
+    return run_turn(connection, text)[0].data["content"]["text"]
+
+
+def test_user_namespaces_are_refused_in_the_jail(settings, machine, owner):
+    """`unshare -Urn` would hand the agent every capability over namespaces of its own: the
+    kernel surface most escalations go through. Control: without the jail it works."""
+    for uids, refused in (("on", True), ("off", False)):
+        contain(settings, uids)
+        _, agent = open_agent(owner)
+        for argv in (["unshare", "-Urn", "true"], ["unshare", "-U", "true"]):
+            done = ask(agent, "exec " + " ".join(argv))
+            assert (done["code"] != 0) is refused, (uids, argv, done)
+            if refused:
+                assert "Operation not permitted" in done["stderr"]
+        agent_connections.stop_all()
 
 
 def test_the_network_rule_is_one_table_for_the_uid_range_with_the_allowed_endpoints(
@@ -148,8 +223,42 @@ def test_the_reaper_puts_back_a_network_rule_someone_removed(settings, machine, 
     assert firewall.is_installed(base)
 
 
+def test_the_reaper_starts_a_sandbox_network_whose_pasta_died_again(settings, machine, owner):
+    """pasta is the sandbox's one way out: killed, the sandbox's agents keep their loopback
+    and lose the rest until the reaper's next pass starts it again, in the same namespace."""
+    contain(settings, "on")
+    with listening() as allowed_port:
+        settings.CRAFT_SANDBOX_ALLOW = [(ipaddress.ip_address("127.0.0.1"), allowed_port)]
+        _, agent = open_agent(owner)
+        target = f"127.0.0.1:{allowed_port}"
+        assert ask(agent, f"connect {target}") == {target: "ok"}
+        uid = ask(agent, "whoami")["uid"]
+        [pasta] = set(processes_of(uid, network=True)) - set(processes_of(uid))
+        os.kill(pasta, 9)
+        wait_until(lambda: pasta not in processes_of(uid, network=True), "pasta is dead")
+        assert ask(agent, f"connect {target}") == {target: "refused"}
+        reaper.reap_sandboxes(session_activity)
+        assert ask(agent, f"connect {target}") == {target: "ok"}  # the same agent, back out
+        assert ask(agent, "selfserve") == {"127.0.0.1": "ok", "::1": "ok"}
+
+
+def test_the_reaper_removes_the_network_of_a_sandbox_that_is_gone(settings, machine, owner):
+    contain(settings, "on")
+    sandbox = services.provision_sandbox(owner)
+    base = settings.CRAFT_SANDBOX_UID_BASE
+    uid = Path(sandbox.reference).stat().st_uid
+    assert network.sandbox_ids(base) == [sandbox.pk]
+    assert processes_of(uid, network=True)  # its pasta
+    with connection.cursor() as cursor:  # the row only, no terminate: as a restored backup
+        cursor.execute(f"DELETE FROM {Sandbox._meta.db_table} WHERE id = %s", [sandbox.pk])
+    reaper.reap_sandboxes(session_activity)
+    assert network.sandbox_ids(base) == []
+    wait_until(lambda: not processes_of(uid, network=True), "the network's pasta is left")
+
+
 def test_sandboxes_refuse_to_start_without_their_isolation(settings, machine, owner, monkeypatch):
     contain(settings, "on")
+    bwrap = jail.BWRAP
     monkeypatch.setattr(firewall, "NFT", None)
     refused = services.provision_sandbox(owner)
     assert refused.status == Sandbox.Status.FAILED
@@ -161,6 +270,13 @@ def test_sandboxes_refuse_to_start_without_their_isolation(settings, machine, ow
     monkeypatch.setattr(jail, "BWRAP", None)
     forget_backends()
     with pytest.raises(SandboxError, match="need bubblewrap installed"):
+        services.connect_agent(Sandbox.objects.get(owner=owner), uuid.uuid4())
+
+    monkeypatch.setattr(jail, "BWRAP", bwrap)
+    monkeypatch.setattr(network, "PASTA", None)
+    settings.CRAFT_SANDBOX_NETWORK = "isolated"
+    forget_backends()
+    with pytest.raises(SandboxError, match=r"need passt installed .*apt-get install passt"):
         services.connect_agent(Sandbox.objects.get(owner=owner), uuid.uuid4())
 
 
@@ -180,6 +296,7 @@ def test_a_double_forked_survivor_ends_with_its_agent_and_its_sandbox(
         agent_connections.stop_session(session.sandbox_id, session.pk)
     else:
         services.terminate_sandbox(session.sandbox)
+        wait_until(lambda: not processes_of(uid, network=True), "its network outlived it")
     wait_until(lambda: not processes_of(uid), f"processes of uid {uid} are left")
 
 
@@ -239,8 +356,9 @@ def test_a_sandbox_runs_at_most_craft_sandbox_pids_processes(
 
 
 def test_an_agent_writes_only_in_its_sandbox_and_a_tmp_of_its_own(settings, machine, owner):
-    # World-writable, like /tmp, and outside it: anyone could leave files here.
-    open_folder = Path("/run") / f"craft-test-open-{machine.name}"
+    # World-writable, like /tmp, and outside it (and /run, which the jail replaces too):
+    # anyone could leave files here.
+    open_folder = Path("/var/lib") / f"craft-test-open-{machine.name}"
     open_folder.mkdir()
     open_folder.chmod(0o1777)
     targets = {
