@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,6 +30,7 @@ from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
 
+from ..agents import AGENTS
 from .agents import run_turn
 from .hostile import ask, contain, needs_root, open_agent, processes_of
 
@@ -182,6 +185,58 @@ def _check_sockets_between_sandboxes(machine, owner, stranger, isolated: bool) -
 def ask_text(connection, text: str) -> str:
     """Run a turn and return the text of its first chunk."""
     return run_turn(connection, text)[0].data["content"]["text"]
+
+
+def test_an_agent_installed_under_tmp_runs_with_its_whole_installation(settings, machine, owner):
+    """npm's layout under /tmp, which the jail replaces with its own: the command is a link
+    in `node_modules/.bin` to a package that loads another package beside it. Binding back
+    only the command's file (as the jail once did) fails it, as Claude Code failed with
+    ERR_MODULE_NOT_FOUND."""
+    contain(settings, "on")
+    install = Path(tempfile.mkdtemp(prefix="craft-npm-"))
+    try:
+        install.chmod(0o755)
+        modules = install / "node_modules"
+        (modules / "agent-core").mkdir(parents=True)
+        (modules / "the-agent" / "bin").mkdir(parents=True)
+        (modules / ".bin").mkdir()
+        shutil.copyfile(AGENTS / "hostile_agent.py", modules / "agent-core" / "hostile_agent.py")
+        launcher = modules / "the-agent" / "bin" / "agent"
+        launcher.write_text(
+            "#!/usr/bin/python3\n"
+            "import os, runpy\n"
+            "here = os.path.dirname(os.path.realpath(__file__))\n"
+            "core = os.path.join(here, '..', '..', 'agent-core', 'hostile_agent.py')\n"
+            "runpy.run_path(core, run_name='__main__')\n"
+        )
+        for folder in [install, *(p for p in modules.rglob("*") if p.is_dir())]:
+            folder.chmod(0o755)
+        for file in modules.rglob("*"):
+            if file.is_file():
+                file.chmod(0o755)
+        (modules / ".bin" / "the-agent").symlink_to("../the-agent/bin/agent")
+        settings.CRAFT_AGENT_COMMAND = [str(modules / ".bin" / "the-agent")]
+        _, agent = open_agent(owner)
+        assert ask(agent, "whoami")["uid"] >= settings.CRAFT_SANDBOX_UID_BASE
+        assert jail.install_folder(modules / ".bin" / "the-agent") == modules
+    finally:
+        shutil.rmtree(install, ignore_errors=True)
+
+
+def test_an_installation_is_found_by_its_layout():
+    assert jail.install_folder(Path("/usr/bin/python3")) is None  # the jail shows it
+    assert jail.install_folder(Path("/tmp/a/node_modules/x/node_modules/y/z.js")) == Path(
+        "/tmp/a/node_modules"
+    )
+    assert jail.install_folder(Path("/tmp/loose/agent")) == Path("/tmp/loose")
+    folder = Path(tempfile.mkdtemp(prefix="craft-venv-"))
+    try:
+        (folder / "bin").mkdir()
+        (folder / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (folder / "bin" / "fast-agent").write_text("")
+        assert jail.install_folder(folder / "bin" / "fast-agent") == folder
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_user_namespaces_are_refused_in_the_jail(settings, machine, owner):
