@@ -18,10 +18,10 @@ update or idempotent), each writing a `ReaperAction` for what it did:
   - terminates again sandboxes stuck in `terminating` for `CRAFT_SANDBOX_TERMINATING_TIMEOUT`;
   - terminates idle sandboxes, when `CRAFT_SANDBOX_IDLE_SECONDS` is set (see `Sandbox.is_idle`:
     no session activity, no running turn and no live agent in any process for that long);
-  - asks each backend in use for its inventory (folders; pods and services by Craft's
-    labels): what no live sandbox owns is removed, and a running sandbox whose folder or pod
-    is gone (checked again with a health check) is marked `failed`, so that the next session
-    provisions it again;
+  - asks each backend in use for its inventory (folders and cgroups; pods and services by
+    Craft's labels): what no live sandbox owns is removed (a cgroup's processes killed as
+    one), and a running sandbox whose folder or pod is gone (checked again with a health
+    check) is marked `failed`, so that the next session provisions it again;
   - forgets reaper actions older than `KEEP_ACTIONS`.
 
 Nothing is done to a sandbox or session with a running turn. Sessions, and so turns, belong

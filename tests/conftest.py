@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
-from sandboxes.backends import containment, firewall, forget_backends, get_backend
+from sandboxes.backends import budget, containment, firewall, forget_backends, get_backend
 from sandboxes.connections import agent_connections
 from tests.agents import agent_command
 
@@ -235,8 +235,11 @@ def machine(settings):
     settings.CRAFT_SANDBOX_UID_COUNT = 1000
     forget_backends()
     yield place
+    # Its agents first: they live in its cgroups.
+    agent_connections.stop_all()
     forget_backends()
     firewall.remove(settings.CRAFT_SANDBOX_UID_BASE)
+    budget.remove(settings.CRAFT_SANDBOX_UID_BASE)
     shutil.rmtree(place, ignore_errors=True)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.backends import containment, firewall
+from sandboxes.backends import budget, containment, firewall
 
 from .agents import agent_command
 from .embedded import chunks, embedded_env, serve, turn
@@ -44,6 +44,7 @@ def uid_base():
     base = secrets.randbelow(1000) * 1000 + 1_100_000_000
     yield base
     firewall.remove(base)
+    budget.remove(base)
 
 
 def embedded(var: Path, uid_base: int, **extra: str) -> dict[str, str]:

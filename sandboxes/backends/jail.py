@@ -17,9 +17,10 @@ sandboxing tool Flatpak is built on), then switches to the sandbox's uid with se
   starts (PostgreSQL's, which often trusts every local user, MariaDB's, Docker's, ...) is
   covered with /dev/null in the agent's view. Sockets bound later are not: say so in the
   README. TCP and UDP to the machine's own addresses are the network rule's job (`firewall`).
-* **no new privileges** (a setuid program runs with the agent's rights), and at most
-  `CRAFT_SANDBOX_PIDS` processes and threads for the whole sandbox: RLIMIT_NPROC counts per
-  uid, and a uid is one sandbox.
+* **no new privileges** (a setuid program runs with the agent's rights). Where the sandbox
+  has no budget of cgroups (`budget`; `CRAFT_SANDBOX_LIMITS=off`), at most
+  `CRAFT_SANDBOX_PIDS` processes and threads for the whole sandbox by RLIMIT_NPROC, which
+  counts per uid (a uid is one sandbox), zombies included and machine-wide.
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def jailed(
     sandbox_root: Path,
     tools: Path,
     binds: tuple[tuple[Path, str], ...] = (),
+    uid_nproc: bool = True,
 ) -> list[str]:
     """Return the argv that runs `argv` as `user` in `workspace`, inside the jail.
 
     `binds` mounts more folders, writable, at places under the jail's own /tmp: Craft's
-    workspace tool gets the session's checkpoint store so, and agents never do.
+    workspace tool gets the session's checkpoint store so, and agents never do. `uid_nproc`
+    holds CRAFT_SANDBOX_PIDS by RLIMIT_NPROC: for a sandbox without the pids controller.
     """
     assert BWRAP is not None and SETPRIV is not None and PRLIMIT is not None
     jail = [
@@ -99,7 +102,7 @@ def jailed(
     # bwrap sets PWD for --chdir; the environment stays exactly the one Craft gives.
     jail += ["--chdir", str(workspace), "--unsetenv", "PWD", "--"]
     pids = settings.CRAFT_SANDBOX_PIDS
-    if pids:
+    if pids and uid_nproc:
         jail += [PRLIMIT, f"--nproc={pids}:{pids}", "--"]
     return [*jail, *as_user(user), *argv]
 

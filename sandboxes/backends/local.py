@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +32,7 @@ from ..catalog import Launch, default_agent
 from ..pipes import Lines, Outbox, pipes
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
-from . import containment, firewall, jail
+from . import budget, containment, firewall, jail
 from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ TOOL_NICENESS = 10
 # What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
 # answer to the agent's request a few hundred bytes. More means the agent stopped reading.
 STDIN_WAITING_BYTES = 16 << 20
+# How often, at most, an agent's output makes Craft look whether the kernel killed one of
+# its processes for want of memory (one small read of its cgroup).
+MEMORY_WATCH_SECONDS = 1.0
 
 
 class LocalAgentProcess:
@@ -62,7 +66,8 @@ class LocalAgentProcess:
 
     The backend always passes `env` (the agent's whole environment) and, with sandbox users,
     an argv that runs the agent in its jail as the sandbox's user (`jail.jailed`) and a umask
-    of 077. Without `env` the child inherits this process's environment (tests only).
+    of 077, and with a budget the cgroup `leaf` the argv enters first (killed and removed with
+    the agent). Without `env` the child inherits this process's environment (tests only).
     """
 
     writes_block = False  # its stdin is an `Outbox`
@@ -75,7 +80,11 @@ class LocalAgentProcess:
         env: dict[str, str] | None = None,
         umask: int = -1,
         redact: Iterable[str] = (),
+        leaf: budget.Leaf | None = None,
     ) -> None:
+        self._leaf = leaf
+        self._memory_kills = 0  # of its processes, as last seen
+        self._memory_seen_at = 0.0
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
             self._popen = _spawner.submit(
@@ -93,6 +102,8 @@ class LocalAgentProcess:
                 bufsize=1 << 16,
             ).result()
         except OSError as exc:
+            if leaf is not None:
+                leaf.close()
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
         self.ident = str(self._popen.pid)
         self.pid = self._popen.pid
@@ -113,6 +124,8 @@ class LocalAgentProcess:
         # Multi-megabyte lines are normal in ACP; `limit` keeps a runaway one out of memory.
         # The lines are cut on the pipes' thread; the end, which may wait for the exit code,
         # is heard on a thread of `_ends`.
+        if self._leaf is not None:
+            line = self._watching_memory(line)
         lines = Lines(limit, line, too_long)
 
         def ended() -> None:
@@ -130,6 +143,47 @@ class LocalAgentProcess:
     def stderr_tail(self) -> str:
         return self._stderr.tail()
 
+    def end_reason(self) -> str | None:
+        """Return "the agent ran out of memory (limit ...)" when the kernel killed it (or the
+        jail around it) for want of memory in its sandbox's budget; else None."""
+        # 137: the jail's answer when what it runs was killed by SIGKILL (128 + 9).
+        if self._leaf is None or self.exit_code() not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return None
+        if not self._leaf.oom_kills():
+            return None
+        return out_of_memory(self._leaf.budget.limits.memory)
+
+    def _watching_memory(self, line: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """Wrap `line` so that the agent's output, at most every MEMORY_WATCH_SECONDS, logs
+        the processes of the agent the kernel killed for want of memory while it lives on."""
+
+        def watched(data: bytes) -> None:
+            now = time.monotonic()
+            if now - self._memory_seen_at >= MEMORY_WATCH_SECONDS:
+                self._memory_seen_at = now
+                self._log_memory_kills()
+            line(data)
+
+        return watched
+
+    def _log_memory_kills(self) -> None:
+        if self._leaf is None:
+            return
+        kills = self._leaf.oom_kills()
+        if kills <= self._memory_kills:
+            return
+        if (reason := self.end_reason()) is not None:
+            logger.warning("agent %s: %s", self.ident, reason)
+        else:
+            memory = self._leaf.budget.limits.memory
+            limit = budget.format_size(memory) if memory else "none"
+            logger.warning(
+                "agent %s: the kernel killed %d of its processes for want of memory "
+                "(its sandbox's limit is %s)",
+                self.ident, kills - self._memory_kills, limit,
+            )  # fmt: skip
+        self._memory_kills = kills
+
     def terminate(self, timeout: float = 5.0) -> None:
         """Close stdin (ACP agents exit on EOF), then SIGTERM, then SIGKILL the group."""
         self._stdin.close()
@@ -146,6 +200,10 @@ class LocalAgentProcess:
                 self._popen.wait()
         # The agent may have left children holding the pipes; the group is ours to clean.
         self._signal_group(signal.SIGKILL)
+        if self._leaf is not None:
+            # And whatever else it started, however it forked: its cgroup goes as one.
+            self._log_memory_kills()
+            self._leaf.close()
         for stream in (self._popen.stdout, self._popen.stderr):
             if stream is not None:
                 pipes.close(stream)
@@ -229,6 +287,13 @@ class LocalToolProcess:
                 stream.close()
 
 
+def out_of_memory(limit: int) -> str:
+    """Return what a turn says of an agent the kernel killed for want of memory."""
+    if not limit:
+        return "the agent ran out of memory (this machine's)"
+    return f"the agent ran out of memory (limit {budget.format_size(limit)})"
+
+
 def resolve_command(argv: list[str], path: str | None = None) -> list[str]:
     """Find argv[0] on `path`, by default this process's PATH and the folder of this Python
     (a virtualenv's bin is often not on PATH)."""
@@ -250,8 +315,9 @@ class LocalBackend:
 
     With sandbox users (`CRAFT_SANDBOX_UIDS`), a sandbox's folder, its `home`, `tmp` and
     session workspaces belong to the sandbox's own uid with mode 0700, and its agents run as
-    that uid, in their jail, behind the network rule; when the jail or the rule cannot be put
-    in place, sandboxes refuse to start and say why (`isolation_problem`).
+    that uid, in their jail, behind the network rule, within the sandbox's budget (`budget`,
+    cgroups); when the jail, the budget or the rule cannot be put in place, sandboxes refuse
+    to start and say why (`isolation_problem`).
     `<root>/.craft/bin` holds the bundled demo agent, first on every agent's PATH.
     """
 
@@ -266,6 +332,7 @@ class LocalBackend:
         self._tools_lock = threading.Lock()
         self._tools_installed: set[Path] = set()
         self.isolation_problem = ""
+        self.budget: budget.Budget | None = None
         if self.uids:
             pool = self.pool
             last = pool.first + pool.count - 1
@@ -284,6 +351,9 @@ class LocalBackend:
             )
             logger.error("local sandboxes will not start: %s", problem)
             return problem
+        problem = self._make_budget()
+        if problem:
+            return problem
         if settings.CRAFT_SANDBOX_NETWORK == "open":
             logger.warning(
                 "CRAFT_SANDBOX_NETWORK=open: agents can reach this machine's own services "
@@ -291,6 +361,37 @@ class LocalBackend:
             )
             return ""
         return self._install_network_rule()
+
+    def _make_budget(self) -> str:
+        """Set up the cgroups that hold each sandbox's budget; return why not, or ""."""
+        if settings.CRAFT_SANDBOX_LIMITS == "off":
+            logger.warning(
+                "CRAFT_SANDBOX_LIMITS=off: sandboxes run without a memory, CPU or process "
+                "budget; one can take this machine's memory and CPU from every other"
+            )
+            return ""
+        limits = budget.Limits(
+            memory=settings.CRAFT_SANDBOX_MEMORY,
+            cpu=settings.CRAFT_SANDBOX_CPU,
+            pids=settings.CRAFT_SANDBOX_PIDS,
+        )
+        try:
+            self.budget = budget.Budget(budget.detect(), self.pool.first, limits)
+        except SandboxError as exc:
+            problem = (
+                f"sandboxes need cgroups for their memory, CPU and process budget: {exc}. "
+                "Set CRAFT_SANDBOX_LIMITS=off to run them without one"
+            )
+            logger.error("local sandboxes will not start: %s", problem)
+            return problem
+        logger.info(
+            "each sandbox's budget: memory %s, CPU %s, processes %s (%s)",
+            budget.format_size(limits.memory) if limits.memory else "unlimited",
+            f"{limits.cpu:g} cores" if limits.cpu else "unlimited",
+            limits.pids or "unlimited",
+            self.budget.describe(),
+        )
+        return ""
 
     def _install_network_rule(self) -> str:
         pool = self.pool
@@ -361,6 +462,8 @@ class LocalBackend:
 
     def terminate(self, sandbox: Sandbox) -> None:
         root = self._root(sandbox)
+        if self.budget is not None:
+            self._kill_budget(sandbox.pk)
         if self.uids:
             # Every process of the sandbox, on this machine, whichever server started it.
             with contextlib.suppress(OSError, SandboxError):
@@ -368,6 +471,15 @@ class LocalBackend:
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
+
+    def _kill_budget(self, sandbox_id: UUID) -> None:
+        """Kill the sandbox's processes as one (its cgroup) and remove its cgroups; what
+        fails is logged, and the reaper removes the cgroup of a terminated sandbox later."""
+        assert self.budget is not None
+        try:
+            self.budget.kill_sandbox(sandbox_id)
+        except SandboxError as exc:
+            logger.warning("sandbox %s: %s", sandbox_id, exc)
 
     def _stores_root(self) -> Path:
         return self.sandbox_root / containment.CRAFT_DIR / "checkpoints"
@@ -450,8 +562,12 @@ class LocalBackend:
             user=user,
             sandbox_root=self.sandbox_root,
             tools=tools,
+            uid_nproc=self.budget is None,
         )
-        return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact)
+        leaf = self.budget.agent_leaf(sandbox.pk) if self.budget is not None else None
+        if leaf is not None:
+            argv = leaf.command(argv)
+        return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact, leaf=leaf)
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user
@@ -487,13 +603,22 @@ class LocalBackend:
             sandbox_root=self.sandbox_root,
             tools=self.tools,
             binds=((stores, STORES_IN_JAIL),),
+            uid_nproc=self.budget is None,
         )
+        within = self._tool_budget(sandbox)
         return Workspace(
-            lambda args: LocalToolProcess([*containment.as_user(user), *command, *args]),
-            lambda args: LocalToolProcess([*jailed, *args]),
+            lambda args: LocalToolProcess(within([*containment.as_user(user), *command, *args])),
+            lambda args: LocalToolProcess(within([*jailed, *args])),
             f"{STORES_IN_JAIL}/{session}",
             waits=True,
         )
+
+    def _tool_budget(self, sandbox: Sandbox) -> Callable[[list[str]], list[str]]:
+        """Return what puts a run of Craft's workspace tool in the sandbox's
+        budget: the argv that enters the tool's cgroup first (as it is, without a budget)."""
+        if self.budget is None:
+            return lambda argv: argv
+        return self.budget.tool_leaf(sandbox.pk).command
 
     def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:
         """Return the folder of the sandbox's checkpoint stores, creating it (the sandbox's
@@ -526,14 +651,21 @@ class LocalBackend:
         return Health(True, "folder present")
 
     def inventory(self) -> list[Resource]:
-        """Return the sandbox folders under the current root (named by sandbox id), and the
-        folders of their checkpoint stores (kind "checkpoints").
+        """Return the sandbox folders under the current root (named by sandbox id), the
+        folders of their checkpoint stores (kind "checkpoints") and their cgroups ("cgroup").
 
         Folders of sandboxes provisioned under an earlier root are not seen.
         """
+        cgroups = []
+        if self.budget is not None:
+            cgroups = [
+                Resource(sandbox_id, "cgroup", f"{self.budget.installation}/{sandbox_id}")
+                for sandbox_id in self.budget.sandboxes()
+            ]
         return [
             *self._folders_named_by_sandbox(self.sandbox_root, "folder"),
             *self._folders_named_by_sandbox(self._stores_root(), "checkpoints"),
+            *cgroups,
         ]
 
     @staticmethod
@@ -555,6 +687,10 @@ class LocalBackend:
         return found
 
     def remove(self, resource: Resource) -> None:
+        if resource.kind == "cgroup":
+            if self.budget is not None:
+                self.budget.kill_sandbox(resource.sandbox_id)
+            return
         folder = Path(resource.name)
         parent = self._stores_root() if resource.kind == "checkpoints" else self.sandbox_root
         if folder.parent != parent or folder.name != str(resource.sandbox_id):
