@@ -558,6 +558,9 @@ if 0 < CRAFT_SANDBOX_CPU < 0.01:
     raise ImproperlyConfigured(
         f"CRAFT_SANDBOX_CPU must be 0 (no limit) or at least 0.01, got {CRAFT_SANDBOX_CPU:g}"
     )
+# Past this disk use (measured by the reaper), a sandbox's sessions take no new prompt (0: no
+# limit).
+CRAFT_SANDBOX_DISK = env_size("CRAFT_SANDBOX_DISK", 10 << 30)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 # How many local agents may be starting at once (0: no limit): a start is mostly the agent's

@@ -59,6 +59,8 @@ STDIN_WAITING_BYTES = 16 << 20
 # How often, at most, an agent's output makes Craft look whether the kernel killed one of
 # its processes for want of memory (one small read of its cgroup).
 MEMORY_WATCH_SECONDS = 1.0
+# The longest a measure of a sandbox's disk use may take (the reaper waits for it).
+DISK_MEASURE_SECONDS = 120.0
 
 
 class LocalAgentProcess:
@@ -614,11 +616,43 @@ class LocalBackend:
         )
 
     def _tool_budget(self, sandbox: Sandbox) -> Callable[[list[str]], list[str]]:
-        """Return what puts a run of Craft's workspace tool in the sandbox's
+        """Return what puts a run of Craft's workspace tool (or its `du`) in the sandbox's
         budget: the argv that enters the tool's cgroup first (as it is, without a budget)."""
         if self.budget is None:
             return lambda argv: argv
         return self.budget.tool_leaf(sandbox.pk).command
+
+    def disk_usage(self, sandbox: Sandbox) -> int | None:
+        """Return the bytes the sandbox's folder and its checkpoint stores take on disk, as
+        `du` sees them run as the sandbox's user (in a jail like the tool's, within its
+        budget); None when it could not be measured. Folders the sandbox made unreadable
+        to its own user are not counted."""
+        root = self._root(sandbox)
+        if not root.is_dir():
+            return None
+        du = shutil.which("du", path=containment.SYSTEM_PATH) or "du"
+        try:
+            user = self.pool.user_of(root) if self.uids else None
+            stores = self._checkpoint_stores(sandbox, user)
+        except (OSError, SandboxError) as exc:
+            logger.warning("cannot measure sandbox %s: %s", sandbox.pk, exc)
+            return None
+        if user is None:
+            argv = [du, "-s", "-B1", "--", str(root), str(stores)]
+        else:
+            argv = self._tool_budget(sandbox)(
+                jail.jailed(
+                    [du, "-s", "-B1", "--", str(root), STORES_IN_JAIL],
+                    sandbox=root,
+                    workspace=root,
+                    user=user,
+                    sandbox_root=self.sandbox_root,
+                    tools=self.tools,
+                    binds=((stores, STORES_IN_JAIL),),
+                    uid_nproc=self.budget is None,
+                )
+            )
+        return _measure(argv, str(sandbox.pk))
 
     def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:
         """Return the folder of the sandbox's checkpoint stores, creating it (the sandbox's
@@ -697,3 +731,44 @@ class LocalBackend:
             raise SandboxError(f"{folder} is not a sandbox folder of this server")
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _measure(argv: list[str], sandbox: str) -> int | None:
+    """Run `du` (argv) from the spawner thread, at most DISK_MEASURE_SECONDS; return the sum
+    of the sizes it printed, or None."""
+    try:
+        process = _spawner.submit(
+            subprocess.Popen,
+            argv,
+            env={"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH},
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        ).result()
+    except OSError as exc:
+        logger.warning("cannot measure sandbox %s: %s", sandbox, exc)
+        return None
+    try:
+        out, err = process.communicate(timeout=DISK_MEASURE_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        logger.warning("measuring sandbox %s took over %g s", sandbox, DISK_MEASURE_SECONDS)
+        return None
+    sizes = [line.split(b"\t", 1)[0] for line in out.splitlines()]
+    if not sizes or not all(size.isdigit() for size in sizes):
+        logger.warning(
+            "cannot measure sandbox %s: du exited %s: %s",
+            sandbox, process.returncode, err.decode(errors="replace").strip()[-500:],
+        )  # fmt: skip
+        return None
+    if process.returncode:
+        # Some folders could not be read (the sandbox closed them to itself): counted without.
+        logger.info(
+            "sandbox %s: du could not read everything: %s",
+            sandbox, err.decode(errors="replace").strip()[-300:],
+        )  # fmt: skip
+    return sum(int(size) for size in sizes)
