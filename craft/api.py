@@ -8,6 +8,7 @@ from functools import wraps
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.debug import sensitive_variables
@@ -72,6 +73,11 @@ def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
         "error": sandbox.error,
         "created_at": sandbox.created_at.isoformat(),
         "last_activity_at": sandbox.last_activity_at.isoformat(),
+        "disk_bytes": sandbox.disk_bytes,
+        "disk_measured_at": (
+            sandbox.disk_measured_at.isoformat() if sandbox.disk_measured_at else None
+        ),
+        "disk_limit_bytes": settings.CRAFT_SANDBOX_DISK or None,
     }
 
 

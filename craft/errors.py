@@ -21,5 +21,9 @@ class SessionLimit(SessionError):
     """The user has as many sessions as one person may have."""
 
 
+class DiskFull(SessionError):
+    """The session's sandbox takes more disk than CRAFT_SANDBOX_DISK: no new prompt."""
+
+
 class UnknownAgent(SessionError):
     """A session was asked for with an agent the catalog does not offer."""

@@ -74,6 +74,27 @@ def _env_number(name: str, default: Any, minimum: Any, parse: Any, what: str) ->
     return value
 
 
+SIZE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+
+
+def env_size(name: str, default: int, *, minimum: int = 0) -> int:
+    """Return a size in bytes: a number of bytes, or a number with a binary unit (`512MiB`,
+    `4 GiB`, `1.5Gi`; KiB, MiB, GiB, TiB). 0 stays 0 (no limit); others are at least
+    `minimum`."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i(?:b)?)?\s*", raw, re.IGNORECASE)
+    if match is None:
+        raise ImproperlyConfigured(
+            f"{name} must be a size: bytes, or a number with KiB, MiB, GiB or TiB, got {raw!r}"
+        )
+    value = int(float(match[1]) * (1 << SIZE_UNITS[(match[2] or "").lower()]))
+    if 0 < value < minimum:
+        raise ImproperlyConfigured(f"{name} must be 0 or at least {minimum} bytes, got {raw!r}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """Return a comma-separated variable as a list without blanks."""
     raw = os.environ.get(name)
@@ -527,6 +548,19 @@ CRAFT_SANDBOX_NETWORK = env_choice("CRAFT_SANDBOX_NETWORK", "isolated", {"isolat
 CRAFT_SANDBOX_ALLOW = env_endpoints("CRAFT_SANDBOX_ALLOW")
 # With sandbox users, the most processes and threads one sandbox may run at once (0: no limit).
 CRAFT_SANDBOX_PIDS = env_int("CRAFT_SANDBOX_PIDS", 4096)
+# With sandbox users, each sandbox's budget is held by a cgroup of its own: "off" runs
+# sandboxes without one (see the README). Memory (with swap) in bytes and CPU in cores, 0: no
+# limit.
+CRAFT_SANDBOX_LIMITS = env_choice("CRAFT_SANDBOX_LIMITS", "on", {"on", "off"})
+CRAFT_SANDBOX_MEMORY = env_size("CRAFT_SANDBOX_MEMORY", 4 << 30, minimum=32 << 20)
+CRAFT_SANDBOX_CPU = env_float("CRAFT_SANDBOX_CPU", 2.0)
+if 0 < CRAFT_SANDBOX_CPU < 0.01:
+    raise ImproperlyConfigured(
+        f"CRAFT_SANDBOX_CPU must be 0 (no limit) or at least 0.01, got {CRAFT_SANDBOX_CPU:g}"
+    )
+# Past this disk use (measured by the reaper), a sandbox's sessions take no new prompt (0: no
+# limit).
+CRAFT_SANDBOX_DISK = env_size("CRAFT_SANDBOX_DISK", 10 << 30)
 # Seconds to wait for the agent's `initialize` and `session/new` answers.
 CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum=1.0)
 # How many local agents may be starting at once (0: no limit): a start is mostly the agent's

@@ -135,6 +135,10 @@ class AgentProcess(Protocol):
     def stderr_tail(self) -> str:
         """Return the last lines the agent wrote to stderr (for error messages)."""
 
+    def end_reason(self) -> str | None:
+        """Return why the agent ended, in words, when the backend knows better than its exit
+        code (the kernel killed it for want of memory); else None."""
+
     def terminate(self, timeout: float = 5.0) -> None:
         """End the program (closing stdin first, then killing) and free its resources."""
 
@@ -853,6 +857,8 @@ class AgentConnection:
         while self.process.exit_code() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         code = self.process.exit_code()
+        if (reason := self.process.end_reason()) is not None:
+            return reason
         message = "agent exited" + (f" with code {code}" if code is not None else "")
         tail = self.process.stderr_tail().strip()
         return f"{message}: {tail[-500:]}" if tail else message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -17,6 +18,7 @@ from django.utils.timesince import timesince
 
 from . import services
 from .backends import get_backend
+from .backends.budget import format_size
 from .models import ReaperAction, Sandbox, WarmSandbox
 
 REAPER_LOG_LENGTH = 20
@@ -34,6 +36,7 @@ class SandboxAdmin(admin.ModelAdmin):
         "reference",
         "live_connections",
         "idle",
+        "disk",
         "latest_reaper_action",
         "age",
     ]
@@ -52,6 +55,8 @@ class SandboxAdmin(admin.ModelAdmin):
         "last_activity_at",
         "idle",
         "terminated_at",
+        "disk",
+        "disk_measured_at",
         "live_connections",
         "health",
         "reaper_log",
@@ -89,6 +94,17 @@ class SandboxAdmin(admin.ModelAdmin):
         if sandbox.status == Sandbox.Status.TERMINATED:
             return "-"
         return timesince(sandbox.idle_since(self.session_activity(sandbox)), timezone.now())
+
+    @admin.display(description="disk", ordering="disk_bytes")
+    def disk(self, sandbox: Sandbox) -> str:
+        """What its files take on disk as last measured, and whether that is over the limit."""
+        if sandbox.disk_bytes is None:
+            return "-"
+        used = format_size(sandbox.disk_bytes)
+        limit = settings.CRAFT_SANDBOX_DISK
+        if limit and sandbox.disk_bytes > limit:
+            return f"{used} (over the limit of {format_size(limit)}: takes no new prompt)"
+        return used
 
     @admin.display(description="latest reaper action", ordering="_latest_action_at")
     def latest_reaper_action(self, sandbox: Sandbox) -> str:

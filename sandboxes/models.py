@@ -61,6 +61,10 @@ class Sandbox(models.Model):
     # process's reaper) a live agent connection in some server process.
     last_activity_at = models.DateTimeField(default=timezone.now)
     terminated_at = models.DateTimeField(null=True, blank=True)
+    # What its files take on disk (its folder or volume, with its checkpoint stores), as the
+    # reaper last measured it, and when; empty where the backend cannot tell.
+    disk_bytes = models.BigIntegerField(null=True, blank=True)
+    disk_measured_at = models.DateTimeField(null=True, blank=True)
 
     objects = SandboxQuerySet.as_manager()
 

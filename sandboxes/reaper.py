@@ -18,10 +18,13 @@ update or idempotent), each writing a `ReaperAction` for what it did:
   - terminates again sandboxes stuck in `terminating` for `CRAFT_SANDBOX_TERMINATING_TIMEOUT`;
   - terminates idle sandboxes, when `CRAFT_SANDBOX_IDLE_SECONDS` is set (see `Sandbox.is_idle`:
     no session activity, no running turn and no live agent in any process for that long);
-  - asks each backend in use for its inventory (folders; pods and services by Craft's
-    labels): what no live sandbox owns is removed, and a running sandbox whose folder or pod
-    is gone (checked again with a health check) is marked `failed`, so that the next session
-    provisions it again;
+  - asks each backend in use for its inventory (folders and cgroups; pods and services by
+    Craft's labels): what no live sandbox owns is removed (a cgroup's processes killed as
+    one), and a running sandbox whose folder or pod is gone (checked again with a health
+    check) is marked `failed`, so that the next session provisions it again;
+  - measures the disk use of the running sandboxes used since their last measure (the
+    local backend's, with `du` as the sandbox's user), and notes those over
+    `CRAFT_SANDBOX_DISK`: their sessions take no new prompt;
   - forgets reaper actions older than `KEEP_ACTIONS`.
 
 Nothing is done to a sandbox or session with a running turn. Sessions, and so turns, belong
@@ -144,6 +147,7 @@ def reap_sandboxes(sessions: Sessions) -> Report:
         _retry_terminating,
         _terminate_idle,
         _sweep,
+        _measure_disk,
         _forget_old_actions,
     ):
         try:
@@ -288,6 +292,12 @@ def _sweep(sessions: Sessions, now: datetime, report: Report) -> None:
                 action = services.mark_gone(sandbox, health.detail, "found by the reaper")
                 if action is not None:
                     report.actions.append(action)
+
+
+def _measure_disk(sessions: Sessions, now: datetime, report: Report) -> None:
+    """Measure the disk use of sandboxes used since their last measure, for at most half a
+    pass's interval (the rest in the next passes); note which are over CRAFT_SANDBOX_DISK."""
+    services.measure_disk(settings.CRAFT_REAPER_INTERVAL_SECONDS / 2)
 
 
 def tend_warm_sandboxes() -> None:

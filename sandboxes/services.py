@@ -19,11 +19,13 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db import connection as db_connection
+from django.db.models import F, Q
 from django.utils import timezone
 
 from . import warm
 from .acp import AgentConnection, AgentError
 from .backends import Health, SandboxError, WarmUnusable, get_backend, warm_pool
+from .backends.budget import format_size
 from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
@@ -410,10 +412,81 @@ def session_workspace(sandbox: Sandbox, session_id: UUID, *, just_read: bool = F
 
 
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
-    """Stop the session's agent connection (if any) and remove its workspace."""
+    """Stop the session's agent connection (if any) and remove its workspace; the sandbox's
+    disk use is measured again at the reaper's next pass."""
     agent_connections.stop_session(sandbox.pk, session_id)
     if sandbox.status in (Sandbox.Status.RUNNING, Sandbox.Status.FAILED):
         get_backend(sandbox.backend).remove_workspace(sandbox, session_id)
+        Sandbox.objects.filter(pk=sandbox.pk).update(disk_measured_at=None)
+
+
+# --- disk use -------------------------------------------------------------------------------
+
+# This process's view of the sandboxes over CRAFT_SANDBOX_DISK (id: bytes), as of its last
+# reaper pass: prompts are checked against it without a query.
+_over_disk: dict[UUID, int] = {}
+
+
+def measure_disk(seconds: float) -> int:
+    """Measure the disk use of the running sandboxes not measured since their last activity,
+    least recently measured first, for about `seconds` at most; then read which sandboxes
+    are over CRAFT_SANDBOX_DISK into this process's view. Return how many were measured.
+
+    Each measure is claimed by a conditional update of `disk_measured_at` (to the time it
+    starts, so that activity during it brings another), so that server processes reaping at
+    once never measure one sandbox twice.
+    """
+    deadline = time.monotonic() + seconds
+    due = (
+        Sandbox.objects.filter(status=Sandbox.Status.RUNNING)
+        .filter(Q(disk_measured_at=None) | Q(disk_measured_at__lt=F("last_activity_at")))
+        .order_by(F("disk_measured_at").asc(nulls_first=True))
+    )
+    measured = 0
+    for sandbox in due[:MEASURES_PER_PASS]:
+        if time.monotonic() > deadline:
+            break
+        start = timezone.now()
+        claimed = Sandbox.objects.filter(
+            pk=sandbox.pk, disk_measured_at=sandbox.disk_measured_at
+        ).update(disk_measured_at=start)
+        if not claimed:
+            continue  # another process measures it
+        used = get_backend(sandbox.backend).disk_usage(sandbox)
+        if used is not None:
+            Sandbox.objects.filter(pk=sandbox.pk).update(disk_bytes=used)
+        measured += 1
+    read_disk_use()
+    return measured
+
+
+# At most so many sandboxes are measured in one pass (the rest, in the next ones).
+MEASURES_PER_PASS = 500
+
+
+def read_disk_use() -> None:
+    """Read which live sandboxes are over CRAFT_SANDBOX_DISK into this process's view."""
+    global _over_disk
+    limit = settings.CRAFT_SANDBOX_DISK
+    over = Sandbox.objects.live().filter(disk_bytes__gt=limit) if limit else Sandbox.objects.none()
+    _over_disk = {pk: used or 0 for pk, used in over.values_list("pk", "disk_bytes")}
+
+
+def disk_refusal(sandbox_id: UUID | None) -> str | None:
+    """Return why a new prompt is refused in the sandbox (its files take more disk than
+    CRAFT_SANDBOX_DISK, as last measured), in words for its owner; None when it is not."""
+    limit = settings.CRAFT_SANDBOX_DISK
+    used = _over_disk.get(sandbox_id) if sandbox_id is not None else None
+    if not limit or used is None or used <= limit:
+        return None
+    interval = settings.CRAFT_REAPER_INTERVAL_SECONDS
+    again = f"{interval / 60:g} min" if interval >= 60 else f"{interval:g} s"
+    return (
+        f"Your sandbox's files take {format_size(used)} of disk, over its limit of "
+        f"{format_size(limit)}, so the agent takes no new message; nothing was deleted. Free "
+        "space by deleting sessions you no longer need (their files go with them): the disk "
+        f"is measured again within {again}."
+    )
 
 
 def connect_agent(

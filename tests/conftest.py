@@ -18,7 +18,14 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
-from sandboxes.backends import containment, firewall, forget_backends, get_backend, network
+from sandboxes.backends import (
+    budget,
+    containment,
+    firewall,
+    forget_backends,
+    get_backend,
+    network,
+)
 from sandboxes.connections import agent_connections
 from tests.agents import agent_command
 
@@ -225,6 +232,7 @@ def uid_base() -> Iterator[int]:
     for sandbox_id in network.sandbox_ids(base):
         network.remove(base, sandbox_id)
     firewall.remove(base)
+    budget.remove(base)
 
 
 @pytest.fixture
@@ -250,6 +258,7 @@ def machine(settings, place, uid_base):
     settings.CRAFT_SANDBOX_UID_COUNT = 1000
     forget_backends()
     yield place
+    # Its agents first: they live in its cgroups, which `uid_base` removes.
     agent_connections.stop_all()
     forget_backends()
 

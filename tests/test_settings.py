@@ -67,6 +67,11 @@ def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
         ("CRAFT_SANDBOX_ALLOW", "localhost:80", "CRAFT_SANDBOX_ALLOW: 'localhost' is not an IP"),
         ("CRAFT_SANDBOX_ALLOW", "[::1]:70000", "is not address:port (a port from 1 to 65535)"),
         ("CRAFT_SANDBOX_PIDS", "-1", "CRAFT_SANDBOX_PIDS must be at least 0"),
+        ("CRAFT_SANDBOX_LIMITS", "auto", "CRAFT_SANDBOX_LIMITS must be one of off, on"),
+        ("CRAFT_SANDBOX_MEMORY", "4GB", "CRAFT_SANDBOX_MEMORY must be a size: bytes, or a"),
+        ("CRAFT_SANDBOX_MEMORY", "1MiB", "CRAFT_SANDBOX_MEMORY must be 0 or at least 33554432"),
+        ("CRAFT_SANDBOX_CPU", "0.001", "CRAFT_SANDBOX_CPU must be 0 (no limit) or at least 0.01"),
+        ("CRAFT_SANDBOX_DISK", "lots", "CRAFT_SANDBOX_DISK must be a size"),
         (
             "CRAFT_SOCKET_AUTH_CHECK_SECONDS",
             "often",
@@ -256,3 +261,21 @@ def test_the_catalog_file_is_read_into_agents(tmp_path):
             "credentials": [],
         },
     ]
+
+
+def test_sizes_are_bytes_or_binary_units():
+    show = "import craft.settings as s; print(s.CRAFT_SANDBOX_MEMORY, s.CRAFT_SANDBOX_DISK)"
+    for memory, disk, expected in [
+        ("512MiB", "10 GiB", f"{512 << 20} {10 << 30}"),
+        ("1.5Gi", "0", f"{3 << 29} 0"),
+        ("268435456", "2tib", f"{1 << 28} {2 << 40}"),
+        ("0", "4096", "0 4096"),
+    ]:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRAFT_"))}
+        result = subprocess.run(
+            [sys.executable, "-c", show],
+            env={**clean, "DJANGO_DEBUG": "1", "CRAFT_SANDBOX_MEMORY": memory,
+                 "CRAFT_SANDBOX_DISK": disk},
+            cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert result.stdout.split() == expected.split(), result.stderr

@@ -6,6 +6,7 @@ from typing import NamedTuple
 from uuid import UUID
 
 from craft import credentials
+from craft.errors import DiskFull
 from craft.models import Event, Session
 from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
@@ -33,8 +34,9 @@ def sandbox_status(session_id: UUID) -> str | None:
 @db_sync_to_async
 def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | None, bool]:
     """Return the status of the sandbox the session's next turn runs in, and whether the
-    session was moved to it now. With `keys`, first raise CredentialsMissing if the session's
-    agent could not start for want of its owner's keys (nothing moves then).
+    session was moved to it now. With `keys` (a new prompt), first raise CredentialsMissing
+    if the session's agent could not start for want of its owner's keys, and DiskFull if its
+    sandbox is over its disk limit (nothing moves then).
 
     A session whose sandbox was terminated (by an administrator, by its owner, as idle) goes
     on in its owner's live sandbox, provisioned in the background if need be
@@ -44,6 +46,8 @@ def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | N
     if keys and (missing := credentials.missing_in(session)) is not None:
         raise missing
     if session.sandbox.status != Sandbox.Status.TERMINATED:
+        if keys and (full := sandbox_services.disk_refusal(session.sandbox_id)) is not None:
+            raise DiskFull(full)
         return session.sandbox.status, False
     sandbox = sandbox_services.request_sandbox(session.owner)
     if sandbox.status == Sandbox.Status.TERMINATING:

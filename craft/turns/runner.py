@@ -49,7 +49,7 @@ from craft.commands import (
     SetMode,
     StartAgent,
 )
-from craft.errors import Refused
+from craft.errors import DiskFull, Refused
 from craft.models import Session
 from craft.storage.db import db_calls, db_sync_to_async
 from craft.storage.eventlog import Fence, Fenced, Stored, writer
@@ -208,10 +208,15 @@ class SessionRunner:
                     status, moved = await records.sandbox_for_prompt(self.session_id, keys=True)
                 except credentials.CredentialsMissing as missing:
                     raise Refused("credentials_missing", str(missing)) from None
+                except DiskFull as over:
+                    raise Refused("disk_full", str(over)) from None
                 starting = status == Sandbox.Status.PROVISIONING
                 if not prompt.queue and starting and not moved:
                     # Nothing is stored: the client sends it again when the sandbox is ready.
                     raise Refused("sandbox_starting", SANDBOX_STARTING)
+            elif (full := sandbox_services.disk_refusal(self._sandbox_id)) is not None:
+                # Its agent runs: the sandbox it runs in is the session's (checked in memory).
+                raise Refused("disk_full", full)
             if not prompt.queue:
                 starting = False  # a moved session's turn waits for its new sandbox
                 if self.running:

@@ -114,6 +114,11 @@ class SandboxBackend(Protocol):
     def remove(self, resource: Resource) -> None:
         """Delete one resource that `inventory` returned; gone already counts as removed."""
 
+    def disk_usage(self, sandbox: "Sandbox") -> int | None:
+        """Return the bytes the sandbox's files take on disk (its workspaces, home and
+        checkpoint stores), measured with the sandbox's own rights; None where the backend
+        cannot tell. May take seconds: the reaper calls it."""
+
     def check_isolation(self) -> None:
         """Put back what keeps sandboxes apart if it went missing (the local network rule,
         the namespace's NetworkPolicy); the reaper calls this on every pass."""

@@ -23,9 +23,11 @@ sandboxing tool Flatpak is built on), then switches to the sandbox's uid with se
   agent's view. Abstract sockets belong to a network namespace: the sandbox's own
   (`network`), where also TCP and UDP to the machine's own addresses end (or, with
   `CRAFT_SANDBOX_NETWORK=open`, nothing of that).
-* **no new privileges** (a setuid program runs with the agent's rights), **no user
-  namespaces** (`seccomp`), and at most `CRAFT_SANDBOX_PIDS` processes and threads for the
-  whole sandbox: RLIMIT_NPROC counts per uid, and a uid is one sandbox.
+* **no new privileges** (a setuid program runs with the agent's rights), and **no user
+  namespaces** (`seccomp`). Where the sandbox has no budget of cgroups (`budget`;
+  `CRAFT_SANDBOX_LIMITS=off`), at most `CRAFT_SANDBOX_PIDS` processes and threads for the
+  whole sandbox by RLIMIT_NPROC, which counts per uid (a uid is one sandbox), zombies
+  included and machine-wide.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def jailed(
     no_network: bool = False,
     resolv_conf: Path | None = None,
     binds: tuple[tuple[Path, str], ...] = (),
+    uid_nproc: bool = True,
 ) -> list[str]:
     """Return the argv that runs `argv` as `user` in `workspace`, inside the jail.
 
@@ -86,8 +89,9 @@ def jailed(
     network of nothing but a loopback of its own (Craft's workspace tool needs none).
     `resolv_conf`, when given, is shown as /etc/resolv.conf. `binds` mounts more folders,
     writable, at places under the jail's own /tmp: Craft's workspace tool gets the session's
-    checkpoint store so, and agents never do. The argv holds `SECCOMP_FD`: start it with
-    `passing_filter`.
+    checkpoint store so, and agents never do. `uid_nproc` holds CRAFT_SANDBOX_PIDS by
+    RLIMIT_NPROC: for a sandbox without the pids controller. The argv holds `SECCOMP_FD`:
+    start it with `passing_filter`.
     """
     assert BWRAP is not None and SETPRIV is not None and PRLIMIT is not None
     jail = [
@@ -126,7 +130,7 @@ def jailed(
     # bwrap sets PWD for --chdir; the environment stays exactly the one Craft gives.
     jail += ["--seccomp", SECCOMP_FD, "--chdir", str(workspace), "--unsetenv", "PWD", "--"]
     pids = settings.CRAFT_SANDBOX_PIDS
-    if pids:
+    if pids and uid_nproc:
         jail += [PRLIMIT, f"--nproc={pids}:{pids}", "--"]
     enter = [] if network is None else _enter(network)
     return [*enter, *jail, *as_user(user), *argv]

@@ -233,6 +233,10 @@ class KubernetesBackend:
             if not _is_status(exc, 404):
                 raise SandboxError(f"cannot delete the failed pod: {_reason(exc)}") from exc
 
+    def disk_usage(self, sandbox: Sandbox) -> int | None:
+        # Not measured: a pod's disk is bounded by its own ephemeral-storage limit.
+        return None
+
     def check_isolation(self) -> None:
         # Someone may have deleted the policy: ask again (a 409 means it is there).
         self._policy_namespaces.discard(self.namespace)

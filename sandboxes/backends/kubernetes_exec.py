@@ -202,6 +202,10 @@ class ExecProcess:
     def stderr_tail(self) -> str:
         return self._stderr.tail()
 
+    def end_reason(self) -> str | None:
+        # The pod's own limits act inside it; an exec does not hear why its process ended.
+        return None
+
     def close_stdin(self) -> None:
         """Close the program's stdin (only the v5 protocol can; older ones ignore this)."""
         if self.protocol == V5_PROTOCOL and not self._done.is_set():

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +32,7 @@ from ..catalog import Launch, default_agent
 from ..pipes import Lines, Outbox, pipes
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
-from . import containment, firewall, jail, network
+from . import budget, containment, firewall, jail, network
 from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
@@ -63,6 +64,11 @@ TOOL_NICENESS = 10
 # What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
 # answer to the agent's request a few hundred bytes. More means the agent stopped reading.
 STDIN_WAITING_BYTES = 16 << 20
+# How often, at most, an agent's output makes Craft look whether the kernel killed one of
+# its processes for want of memory (one small read of its cgroup).
+MEMORY_WATCH_SECONDS = 1.0
+# The longest a measure of a sandbox's disk use may take (the reaper waits for it).
+DISK_MEASURE_SECONDS = 120.0
 
 
 class LocalAgentProcess:
@@ -70,7 +76,8 @@ class LocalAgentProcess:
 
     The backend always passes `env` (the agent's whole environment) and, with sandbox users,
     an argv that runs the agent in its jail as the sandbox's user (`jail.jailed`) and a umask
-    of 077. Without `env` the child inherits this process's environment (tests only).
+    of 077, and with a budget the cgroup `leaf` the argv enters first (killed and removed with
+    the agent). Without `env` the child inherits this process's environment (tests only).
     """
 
     writes_block = False  # its stdin is an `Outbox`
@@ -83,7 +90,11 @@ class LocalAgentProcess:
         env: dict[str, str] | None = None,
         umask: int = -1,
         redact: Iterable[str] = (),
+        leaf: budget.Leaf | None = None,
     ) -> None:
+        self._leaf = leaf
+        self._memory_kills = 0  # of its processes, as last seen
+        self._memory_seen_at = 0.0
         try:
             # A new session (process group) so that terminate() reaches the agent's children.
             self._popen = _spawner.submit(
@@ -101,6 +112,8 @@ class LocalAgentProcess:
                 bufsize=1 << 16,
             ).result()
         except OSError as exc:
+            if leaf is not None:
+                leaf.close()
             raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
         self.ident = str(self._popen.pid)
         self.pid = self._popen.pid
@@ -121,6 +134,8 @@ class LocalAgentProcess:
         # Multi-megabyte lines are normal in ACP; `limit` keeps a runaway one out of memory.
         # The lines are cut on the pipes' thread; the end, which may wait for the exit code,
         # is heard on a thread of `_ends`.
+        if self._leaf is not None:
+            line = self._watching_memory(line)
         lines = Lines(limit, line, too_long)
 
         def ended() -> None:
@@ -138,6 +153,47 @@ class LocalAgentProcess:
     def stderr_tail(self) -> str:
         return self._stderr.tail()
 
+    def end_reason(self) -> str | None:
+        """Return "the agent ran out of memory (limit ...)" when the kernel killed it (or the
+        jail around it) for want of memory in its sandbox's budget; else None."""
+        # 137: the jail's answer when what it runs was killed by SIGKILL (128 + 9).
+        if self._leaf is None or self.exit_code() not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return None
+        if not self._leaf.oom_kills():
+            return None
+        return out_of_memory(self._leaf.budget.limits.memory)
+
+    def _watching_memory(self, line: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """Wrap `line` so that the agent's output, at most every MEMORY_WATCH_SECONDS, logs
+        the processes of the agent the kernel killed for want of memory while it lives on."""
+
+        def watched(data: bytes) -> None:
+            now = time.monotonic()
+            if now - self._memory_seen_at >= MEMORY_WATCH_SECONDS:
+                self._memory_seen_at = now
+                self._log_memory_kills()
+            line(data)
+
+        return watched
+
+    def _log_memory_kills(self) -> None:
+        if self._leaf is None:
+            return
+        kills = self._leaf.oom_kills()
+        if kills <= self._memory_kills:
+            return
+        if (reason := self.end_reason()) is not None:
+            logger.warning("agent %s: %s", self.ident, reason)
+        else:
+            memory = self._leaf.budget.limits.memory
+            limit = budget.format_size(memory) if memory else "none"
+            logger.warning(
+                "agent %s: the kernel killed %d of its processes for want of memory "
+                "(its sandbox's limit is %s)",
+                self.ident, kills - self._memory_kills, limit,
+            )  # fmt: skip
+        self._memory_kills = kills
+
     def terminate(self, timeout: float = 5.0) -> None:
         """Close stdin (ACP agents exit on EOF), then SIGTERM, then SIGKILL the group."""
         self._stdin.close()
@@ -154,6 +210,10 @@ class LocalAgentProcess:
                 self._popen.wait()
         # The agent may have left children holding the pipes; the group is ours to clean.
         self._signal_group(signal.SIGKILL)
+        if self._leaf is not None:
+            # And whatever else it started, however it forked: its cgroup goes as one.
+            self._log_memory_kills()
+            self._leaf.close()
         for stream in (self._popen.stdout, self._popen.stderr):
             if stream is not None:
                 pipes.close(stream)
@@ -237,6 +297,13 @@ class LocalToolProcess:
                 stream.close()
 
 
+def out_of_memory(limit: int) -> str:
+    """Return what a turn says of an agent the kernel killed for want of memory."""
+    if not limit:
+        return "the agent ran out of memory (this machine's)"
+    return f"the agent ran out of memory (limit {budget.format_size(limit)})"
+
+
 def resolve_command(argv: list[str], path: str | None = None) -> list[str]:
     """Find argv[0] on `path`, by default this process's PATH and the folder of this Python
     (a virtualenv's bin is often not on PATH)."""
@@ -258,8 +325,9 @@ class LocalBackend:
 
     With sandbox users (`CRAFT_SANDBOX_UIDS`), a sandbox's folder, its `home`, `tmp` and
     session workspaces belong to the sandbox's own uid with mode 0700, and its agents run as
-    that uid, in their jail, behind the network rule; when the jail or the rule cannot be put
-    in place, sandboxes refuse to start and say why (`isolation_problem`).
+    that uid, in their jail, behind the network rule, within the sandbox's budget (`budget`,
+    cgroups); when the jail, the budget or the rule cannot be put in place, sandboxes refuse
+    to start and say why (`isolation_problem`).
     `<root>/.craft/bin` holds the bundled demo agent, first on every agent's PATH.
     """
 
@@ -274,6 +342,7 @@ class LocalBackend:
         self._tools_lock = threading.Lock()
         self._tools_installed: set[Path] = set()
         self.isolation_problem = ""
+        self.budget: budget.Budget | None = None
         if self.uids:
             pool = self.pool
             last = pool.first + pool.count - 1
@@ -299,6 +368,9 @@ class LocalBackend:
             )
             logger.error("local sandboxes will not start: %s", problem)
             return problem
+        problem = self._make_budget()
+        if problem:
+            return problem
         if settings.CRAFT_SANDBOX_NETWORK == "open":
             logger.warning(
                 "CRAFT_SANDBOX_NETWORK=open: agents share this machine's network and can reach "
@@ -306,6 +378,37 @@ class LocalBackend:
             )
             return ""
         return self._install_network_rule()
+
+    def _make_budget(self) -> str:
+        """Set up the cgroups that hold each sandbox's budget; return why not, or ""."""
+        if settings.CRAFT_SANDBOX_LIMITS == "off":
+            logger.warning(
+                "CRAFT_SANDBOX_LIMITS=off: sandboxes run without a memory, CPU or process "
+                "budget; one can take this machine's memory and CPU from every other"
+            )
+            return ""
+        limits = budget.Limits(
+            memory=settings.CRAFT_SANDBOX_MEMORY,
+            cpu=settings.CRAFT_SANDBOX_CPU,
+            pids=settings.CRAFT_SANDBOX_PIDS,
+        )
+        try:
+            self.budget = budget.Budget(budget.detect(), self.pool.first, limits)
+        except SandboxError as exc:
+            problem = (
+                f"sandboxes need cgroups for their memory, CPU and process budget: {exc}. "
+                "Set CRAFT_SANDBOX_LIMITS=off to run them without one"
+            )
+            logger.error("local sandboxes will not start: %s", problem)
+            return problem
+        logger.info(
+            "each sandbox's budget: memory %s, CPU %s, processes %s (%s)",
+            budget.format_size(limits.memory) if limits.memory else "unlimited",
+            f"{limits.cpu:g} cores" if limits.cpu else "unlimited",
+            limits.pids or "unlimited",
+            self.budget.describe(),
+        )
+        return ""
 
     def _install_network_rule(self) -> str:
         pool = self.pool
@@ -325,20 +428,30 @@ class LocalBackend:
         if not firewall.is_installed(self.pool.first):
             logger.error("the sandbox network rule is gone; putting it in place again")
             self.isolation_problem = self._install_network_rule()
-        users = {}
-        for sandbox_id in network.sandbox_ids(self.pool.first):
-            with contextlib.suppress(OSError, SandboxError):
-                users[sandbox_id] = self.pool.user_of(self.sandbox_root / str(sandbox_id))
         allow = settings.CRAFT_SANDBOX_ALLOW
-        if restarted := network.restart_dead(self.pool.first, users, allow):
-            logger.warning("started the network of %d sandboxes again (pasta had died)", restarted)
+        for sandbox_id in network.sandbox_ids(self.pool.first):
+            folder = self.sandbox_root / str(sandbox_id)
+            if not folder.is_dir():
+                continue  # an orphan: the sweep removes it
+            try:
+                user = self.pool.user_of(folder)
+                if not network.is_up(self.pool.first, sandbox_id, user, allow):
+                    logger.warning("starting the network of sandbox %s again", sandbox_id)
+                    self._network(sandbox_id, user)
+            except (OSError, SandboxError) as exc:
+                logger.error("cannot start the network of sandbox %s again: %s", sandbox_id, exc)
 
     def _isolated_network(self) -> bool:
         return self.uids and settings.CRAFT_SANDBOX_NETWORK == "isolated"
 
-    def _network(self, sandbox: Sandbox, user: containment.SandboxUser) -> Path:
-        """Return the sandbox's network namespace, made (or its pasta started) if need be."""
-        return network.ensure(self.pool.first, sandbox.pk, user, settings.CRAFT_SANDBOX_ALLOW)
+    def _network(self, sandbox_id: UUID, user: containment.SandboxUser) -> Path:
+        """Return the sandbox's network namespace, made (or its pasta started, within the
+        sandbox's budget) if need be."""
+        within: Callable[[list[str]], list[str]] = list
+        if self.budget is not None:
+            within = self.budget.network_leaf(sandbox_id).command
+        allow = settings.CRAFT_SANDBOX_ALLOW
+        return network.ensure(self.pool.first, sandbox_id, user, allow, within)
 
     def _refuse_unisolated(self) -> None:
         if self.isolation_problem:
@@ -388,11 +501,13 @@ class LocalBackend:
             raise SandboxError(f"cannot create sandbox folder: {exc}") from exc
         if user is not None and self._isolated_network():
             progress("setting up the sandbox's network")
-            self._network(sandbox, user)
+            self._network(sandbox.pk, user)
         return str(root)
 
     def terminate(self, sandbox: Sandbox) -> None:
         root = self._root(sandbox)
+        if self.budget is not None:
+            self._kill_budget(sandbox.pk)
         if self.uids:
             # Every process of the sandbox, on this machine, whichever server started it
             # (its network's pasta included), then its network namespace.
@@ -402,6 +517,15 @@ class LocalBackend:
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
+
+    def _kill_budget(self, sandbox_id: UUID) -> None:
+        """Kill the sandbox's processes as one (its cgroup) and remove its cgroups; what
+        fails is logged, and the reaper removes the cgroup of a terminated sandbox later."""
+        assert self.budget is not None
+        try:
+            self.budget.kill_sandbox(sandbox_id)
+        except SandboxError as exc:
+            logger.warning("sandbox %s: %s", sandbox_id, exc)
 
     def _stores_root(self) -> Path:
         return self.sandbox_root / containment.CRAFT_DIR / "checkpoints"
@@ -485,10 +609,14 @@ class LocalBackend:
             user=user,
             sandbox_root=self.sandbox_root,
             tools=tools,
-            network=self._network(sandbox, user) if isolated else None,
+            network=self._network(sandbox.pk, user) if isolated else None,
             resolv_conf=network.resolv_conf(self.pool.first) if isolated else None,
+            uid_nproc=self.budget is None,
         )
-        return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact)
+        leaf = self.budget.agent_leaf(sandbox.pk) if self.budget is not None else None
+        if leaf is not None:
+            argv = leaf.command(argv)
+        return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact, leaf=leaf)
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user
@@ -525,13 +653,55 @@ class LocalBackend:
             tools=self.tools,
             no_network=True,
             binds=((stores, STORES_IN_JAIL),),
+            uid_nproc=self.budget is None,
         )
+        within = self._tool_budget(sandbox)
         return Workspace(
-            lambda args: LocalToolProcess([*containment.as_user(user), *command, *args]),
-            lambda args: LocalToolProcess([*jailed, *args]),
+            lambda args: LocalToolProcess(within([*containment.as_user(user), *command, *args])),
+            lambda args: LocalToolProcess(within([*jailed, *args])),
             f"{STORES_IN_JAIL}/{session}",
             waits=True,
         )
+
+    def _tool_budget(self, sandbox: Sandbox) -> Callable[[list[str]], list[str]]:
+        """Return what puts a run of Craft's workspace tool (or its `du`) in the sandbox's
+        budget: the argv that enters the tool's cgroup first (as it is, without a budget)."""
+        if self.budget is None:
+            return lambda argv: argv
+        return self.budget.tool_leaf(sandbox.pk).command
+
+    def disk_usage(self, sandbox: Sandbox) -> int | None:
+        """Return the bytes the sandbox's folder and its checkpoint stores take on disk, as
+        `du` sees them run as the sandbox's user (in a jail like the tool's, within its
+        budget); None when it could not be measured. Folders the sandbox made unreadable
+        to its own user are not counted."""
+        root = self._root(sandbox)
+        if not root.is_dir():
+            return None
+        du = shutil.which("du", path=containment.SYSTEM_PATH) or "du"
+        try:
+            user = self.pool.user_of(root) if self.uids else None
+            stores = self._checkpoint_stores(sandbox, user)
+        except (OSError, SandboxError) as exc:
+            logger.warning("cannot measure sandbox %s: %s", sandbox.pk, exc)
+            return None
+        if user is None:
+            argv = [du, "-s", "-B1", "--", str(root), str(stores)]
+        else:
+            argv = self._tool_budget(sandbox)(
+                jail.jailed(
+                    [du, "-s", "-B1", "--", str(root), STORES_IN_JAIL],
+                    sandbox=root,
+                    workspace=root,
+                    user=user,
+                    sandbox_root=self.sandbox_root,
+                    tools=self.tools,
+                    no_network=True,
+                    binds=((stores, STORES_IN_JAIL),),
+                    uid_nproc=self.budget is None,
+                )
+            )
+        return _measure(argv, str(sandbox.pk))
 
     def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:
         """Return the folder of the sandbox's checkpoint stores, creating it (the sandbox's
@@ -564,8 +734,8 @@ class LocalBackend:
         return Health(True, "folder present")
 
     def inventory(self) -> list[Resource]:
-        """Return the sandbox folders under the current root (named by sandbox id), and the
-        folders of their checkpoint stores (kind "checkpoints").
+        """Return the sandbox folders under the current root (named by sandbox id), the
+        folders of their checkpoint stores (kind "checkpoints") and their cgroups ("cgroup").
 
         Folders of sandboxes provisioned under an earlier root are not seen.
         """
@@ -573,10 +743,17 @@ class LocalBackend:
             Resource(sandbox_id, "network", network.name(self.pool.first, sandbox_id))
             for sandbox_id in network.sandbox_ids(self.pool.first)
         ]
+        cgroups = []
+        if self.budget is not None:
+            cgroups = [
+                Resource(sandbox_id, "cgroup", f"{self.budget.installation}/{sandbox_id}")
+                for sandbox_id in self.budget.sandboxes()
+            ]
         return [
             *self._folders_named_by_sandbox(self.sandbox_root, "folder"),
             *self._folders_named_by_sandbox(self._stores_root(), "checkpoints"),
             *networks,
+            *cgroups,
         ]
 
     @staticmethod
@@ -603,9 +780,54 @@ class LocalBackend:
             # runs as it: stopped with the namespace.
             network.remove(self.pool.first, resource.sandbox_id)
             return
+        if resource.kind == "cgroup":
+            if self.budget is not None:
+                self.budget.kill_sandbox(resource.sandbox_id)
+            return
         folder = Path(resource.name)
         parent = self._stores_root() if resource.kind == "checkpoints" else self.sandbox_root
         if folder.parent != parent or folder.name != str(resource.sandbox_id):
             raise SandboxError(f"{folder} is not a sandbox folder of this server")
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _measure(argv: list[str], sandbox: str) -> int | None:
+    """Run `du` (argv) from the spawner thread, at most DISK_MEASURE_SECONDS; return the sum
+    of the sizes it printed, or None."""
+    try:
+        process = _spawner.submit(
+            _spawn,
+            argv,
+            env={"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH},
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        ).result()
+    except OSError as exc:
+        logger.warning("cannot measure sandbox %s: %s", sandbox, exc)
+        return None
+    try:
+        out, err = process.communicate(timeout=DISK_MEASURE_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        logger.warning("measuring sandbox %s took over %g s", sandbox, DISK_MEASURE_SECONDS)
+        return None
+    sizes = [line.split(b"\t", 1)[0] for line in out.splitlines()]
+    if not sizes or not all(size.isdigit() for size in sizes):
+        logger.warning(
+            "cannot measure sandbox %s: du exited %s: %s",
+            sandbox, process.returncode, err.decode(errors="replace").strip()[-500:],
+        )  # fmt: skip
+        return None
+    if process.returncode:
+        # Some folders could not be read (the sandbox closed them to itself): counted without.
+        logger.info(
+            "sandbox %s: du could not read everything: %s",
+            sandbox, err.decode(errors="replace").strip()[-300:],
+        )  # fmt: skip
+    return sum(int(size) for size in sizes)

@@ -44,7 +44,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -146,9 +146,24 @@ def resolv_conf(first_uid: int) -> Path | None:
     return path
 
 
-def ensure(first_uid: int, sandbox_id: UUID, user: SandboxUser, allow: Allowed) -> Path:
+def is_up(first_uid: int, sandbox_id: UUID, user: SandboxUser, allow: Allowed) -> bool:
+    """Return whether the sandbox's namespace is there with its pasta running for `allow`."""
+    state_file = _state_dir(first_uid) / f"{UUID(str(sandbox_id))}.json"
+    return path(first_uid, sandbox_id).exists() and _running(
+        _read_state(state_file), _pasta_spec(user, allow)
+    )
+
+
+def ensure(
+    first_uid: int,
+    sandbox_id: UUID,
+    user: SandboxUser,
+    allow: Allowed,
+    within: Callable[[list[str]], list[str]] = list,
+) -> Path:
     """Return the sandbox's namespace, with its pasta running for `allow`: made now, or the
     one there is (pasta started again if it died, or if the allowed endpoints changed).
+    `within` wraps pasta's command (to start it in the sandbox's cgroup, say).
 
     Safe to call from several threads and server processes at once (a lock per sandbox).
     Raise SandboxError, saying why, when it cannot be made.
@@ -156,17 +171,18 @@ def ensure(first_uid: int, sandbox_id: UUID, user: SandboxUser, allow: Allowed) 
     netns = path(first_uid, sandbox_id)
     wanted = _pasta_spec(user, allow)
     state_file = _state_dir(first_uid) / f"{UUID(str(sandbox_id))}.json"
-    if netns.exists() and _running(_read_state(state_file), wanted):
+    if is_up(first_uid, sandbox_id, user, allow):
         return netns  # the common case: no lock, no process started
     with _locked(_state_dir(first_uid) / f"{UUID(str(sandbox_id))}.lock"):
         state = _read_state(state_file)
         if netns.exists() and _running(state, wanted):
             return netns
         _stop_pasta(state)
+        pid_file = state_file.with_suffix(".pid")
         if not netns.exists():
             _run([IP, "netns", "add", netns.name], "make the sandbox's network namespace")
             _run([IP, "-n", netns.name, "link", "set", "lo", "up"], "bring its loopback up")
-        pid = _start_pasta(netns, user, allow, state_file.with_suffix(".pid"))
+        pid = _start_pasta(within(pasta_argv(netns, user, allow, pid_file)), user, pid_file)
         state = {**wanted, "pid": pid, "start": _start_time(pid)}
         install_file(state_file, json.dumps(state).encode(), 0o600)
         logger.info(
@@ -204,24 +220,6 @@ def sandbox_ids(first_uid: int) -> list[UUID]:
                 with contextlib.suppress(ValueError):
                     found.append(UUID(entry.name.removeprefix(prefix)))
     return found
-
-
-def restart_dead(first_uid: int, users: dict[UUID, SandboxUser], allow: Allowed) -> int:
-    """Start pasta again for each of these sandboxes' namespaces whose pasta died; return how
-    many. (Its agents had no way out meanwhile; the namespace, and their loopback, stayed.)"""
-    restarted = 0
-    for sandbox_id in sandbox_ids(first_uid):
-        user = users.get(sandbox_id)
-        state = _read_state(_state_dir(first_uid) / f"{sandbox_id}.json")
-        if user is None or _running(state, _pasta_spec(user, allow)):
-            continue
-        try:
-            ensure(first_uid, sandbox_id, user, allow)
-        except SandboxError as exc:
-            logger.error("cannot start the network of sandbox %s again: %s", sandbox_id, exc)
-            continue
-        restarted += 1
-    return restarted
 
 
 # --- pasta ----------------------------------------------------------------------------------
@@ -270,9 +268,9 @@ def pasta_argv(netns: Path, user: SandboxUser, allow: Allowed, pid_file: Path) -
     return argv
 
 
-def _start_pasta(netns: Path, user: SandboxUser, allow: Allowed, pid_file: Path) -> int:
-    """Start pasta for the namespace; return its pid once the namespace is configured (pasta
-    goes to the background only then)."""
+def _start_pasta(argv: list[str], user: SandboxUser, pid_file: Path) -> int:
+    """Run `argv` (pasta's, for a namespace); return pasta's pid once the namespace is
+    configured (pasta goes to the background only then)."""
     # pasta writes its pid file as the sandbox's uid, in root's folder: made for it here.
     with contextlib.suppress(FileNotFoundError):
         pid_file.unlink()
@@ -281,7 +279,7 @@ def _start_pasta(netns: Path, user: SandboxUser, allow: Allowed, pid_file: Path)
     os.close(fd)
     try:
         result = subprocess.run(
-            pasta_argv(netns, user, allow, pid_file),
+            argv,
             env={"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"},
             cwd="/",
             stdin=subprocess.DEVNULL,

@@ -30,6 +30,16 @@ the bad item was lost. Started with a method and the name of an answer in BAD_AN
                          its pid as the agent sees it
   spawn <n>              start n sleeping children; one chunk: how many started (they are
                          ended again before the turn ends)
+  forkbomb               start a fork bomb that escapes the agent's process group (setsid):
+                         every process forks as fast as it can and never waits for its
+                         children, which exit (and stay zombies) once they cannot fork; one
+                         chunk, once a fork has failed: how many the first bomb process forked
+  hog <MiB>              allocate and touch <MiB> MiB in the agent itself; one chunk, if it
+                         lives: the MiB it holds (it lets go of them before the turn ends)
+  hogchild <MiB>         the same in a child; one chunk: the child's exit code (-9: killed)
+  burn <seconds> <n>     keep <n> processes busy on the CPU for <seconds>; one chunk: the CPU
+                         seconds they used, as a number
+  cgroup                 one chunk: /proc/self/cgroup as a JSON object {controllers: path}
   redis-inject <host:port[/db]> <session id> <text>
                          what an agent that reaches the channel layer's Redis can try: into
                          the channel of every socket of the session, a forged
@@ -68,6 +78,7 @@ the bad item was lost. Started with a method and the name of an answer in BAD_AN
 import errno
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -297,6 +308,68 @@ def spawn(count: int) -> int:
     return len(children)
 
 
+def fork_bomb() -> int:
+    """Start a fork bomb outside the agent's process group; return, once a fork has failed,
+    how many children its first process made."""
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        os.close(reader)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        made, first = 0, True
+        while True:
+            try:
+                pid = os.fork()
+            except OSError:
+                if first:
+                    os.write(writer, str(made).encode().ljust(16))
+                    first = False
+                elif made == 0:
+                    os._exit(0)  # a child that cannot fork: a zombie nobody waits for
+                time.sleep(0.01)
+                continue
+            if pid == 0:
+                if first:
+                    os.close(writer)  # only the first process tells
+                made, first = 0, False
+            else:
+                made += 1
+    os.close(writer)
+    made = int(os.read(reader, 16))
+    os.close(reader)
+    return made
+
+
+PAGE = 4096
+
+
+def hog(mebibytes: int) -> list[bytearray]:
+    """Allocate `mebibytes` MiB and write to every page of them (so they are really held)."""
+    held = []
+    for _ in range(0, mebibytes, 64):
+        chunk = bytearray(64 << 20)
+        chunk[::PAGE] = b"\x01" * ((64 << 20) // PAGE)
+        held.append(chunk)
+    return held
+
+
+def burn(seconds: float, count: int) -> float:
+    """Keep `count` processes busy for `seconds`; return the CPU seconds they used."""
+    children = []
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                pass
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def msgpack(value: object) -> bytes:
     """Encode `value` (dicts, lists, strings, ints, booleans, None) as msgpack."""
     if value is None:
@@ -438,6 +511,21 @@ def run(word: str, args: list[str], text: str) -> dict:
         chunk(str(start_survivor()))
     elif word == "spawn":
         chunk(str(spawn(int(args[0]))))
+    elif word == "forkbomb":
+        chunk(str(fork_bomb()))
+    elif word == "hog":
+        held = hog(int(args[0]))
+        chunk(str(len(held) * 64))
+        del held
+    elif word == "hogchild":
+        child = subprocess.run([sys.executable, __file__, "--hog", args[0]])
+        chunk(str(child.returncode))
+    elif word == "burn":
+        chunk(str(burn(float(args[0]), int(args[1]))))
+    elif word == "cgroup":
+        with open("/proc/self/cgroup") as handle:
+            lines = handle.read().splitlines()
+        chunk(json.dumps({line.split(":")[1]: line.split(":", 2)[2] for line in lines}))
     elif word == "redis-inject":
         chunk(json.dumps(redis_inject(args[0], args[1], " ".join(args[2:]))))
     elif word == "link":
@@ -520,6 +608,9 @@ def run(word: str, args: list[str], text: str) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--hog"]:
+        hog(int(sys.argv[2]))
+        return
     bad_method, bad_answer = sys.argv[1:3] if len(sys.argv) >= 3 else (None, None)
     for line in sys.stdin:
         message = json.loads(line)

@@ -248,6 +248,12 @@ function refused(frame) {
     status.showFrameErrorWithLink(`${message} Your message is kept.`, root.dataset.keysUrl, "Open Keys");
     return;
   }
+  if (frame.code === "disk_full") {
+    // The message says how much the files take, the limit and what to do; the prompt stays.
+    const message = typeof frame.message === "string" ? frame.message : FRAME_ERRORS.disk_full;
+    status.showFrameError(`${message} Your message is kept.`);
+    return;
+  }
   if (frame.code === "not_queued" && queue.notQueued()) {
     status.showFrameError(`${FRAME_ERRORS.not_queued} Your edit is in the box.`);
     return;

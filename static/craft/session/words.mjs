@@ -45,6 +45,7 @@ export const FRAME_ERRORS = {
   agent_starting: "The agent is starting. Try again in a moment.",
   agent_unavailable: "The agent could not start, so the change was not made.",
   credentials_missing: "This session's agent needs a key you have not stored.",
+  disk_full: "Your sandbox's files take more disk than its limit, so the agent takes no new message. Delete sessions you no longer need.",
   session_deleted: "This session was deleted (in another tab or window), with its conversation and files. Start a new session to carry on.",
   shutting_down: "The server is restarting. Your message is kept: send it again once the page has reconnected.",
   unavailable: "The server running this session does not answer. Your message is kept: send it again in a moment.",
