@@ -93,18 +93,24 @@ format: dev-venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Real third-party ACP agents for the opt-in realagent tests; `make test` runs those tests when
-# one is there. From npm, at the versions pinned in tests/realagent/package.json: opencode
-# (about 180 MB), Claude Code's ACP adapter (with the Claude Agent SDK and Claude Code, a native
-# binary; about 260 MB), Codex's ACP adapter (a native binary; about 225 MB) and Gemini CLI
-# (about 100 MB). fast-agent, pinned here, in a virtualenv of its own (about 340 MB) as its
-# releases with an ACP server do not install on this project's Python: Python 3.13 (the
-# version it was tried with), found on PATH or through pyenv; skipped without one.
+# Real third-party ACP agents for the realagent tests, which `make test` runs as root with
+# sandbox users, the jail and the sandbox's network on. From npm, at the versions pinned in
+# tests/realagent/package.json: opencode (about 180 MB), Claude Code's ACP adapter (with the
+# Claude Agent SDK and Claude Code, a native binary; about 260 MB), Codex's ACP adapter (a
+# native binary; about 225 MB) and Gemini CLI (about 100 MB). fast-agent, pinned here, in a
+# virtualenv of its own (about 340 MB) as its releases with an ACP server do not install on
+# this project's Python: Python 3.13 (the version it was tried with), found on PATH or
+# through pyenv; skipped without one. Sandbox users must be able to run that Python: one
+# they cannot (pyenv's, under /root) is copied into tests/realagent/python3.13 (without its
+# own tests) and told where its libpython is (Debian's patchelf).
 REALAGENTS := $(addprefix tests/realagent/node_modules/.bin/,opencode claude-agent-acp codex-acp gemini)
 FAST_AGENT_VERSION := 0.10.48
 FAST_AGENT_VENV := tests/realagent/fast-agent
+FAST_AGENT_PYTHON := tests/realagent/python3.13
 
-realagent:
+realagent: tests/realagent/.installed
+
+tests/realagent/.installed: tests/realagent/package.json Makefile
 	cd tests/realagent && npm install --no-audit --no-fund --no-package-lock
 	@python=$$(python3.13 -c 'import sys; print(sys.executable)' 2>/dev/null \
 	  || { command -v pyenv >/dev/null \
@@ -113,26 +119,37 @@ realagent:
 	if [ -z "$$python" ]; then \
 	  echo "Skipped fast-agent: it is installed with Python 3.13, and found none (python3.13 on PATH, or in pyenv)."; \
 	else \
+	  if [ "$$(id -u)" = 0 ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups "$$python" -c '' 2>/dev/null; then \
+	    echo "Copying $$python into $(FAST_AGENT_PYTHON), where sandbox users can run it"; \
+	    command -v patchelf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patchelf >/dev/null; }; \
+	    prefix=$$("$$python" -c 'import sys; print(sys.base_prefix)'); \
+	    rm -rf $(FAST_AGENT_PYTHON) $(FAST_AGENT_VENV) && mkdir -p $(FAST_AGENT_PYTHON) \
+	    && cp -a "$$prefix"/bin "$$prefix"/lib "$$prefix"/include $(FAST_AGENT_PYTHON)/ \
+	    && rm -rf $(FAST_AGENT_PYTHON)/lib/python3.13/test $(FAST_AGENT_PYTHON)/lib/python3.13/site-packages/* \
+	    && patchelf --set-rpath '$$ORIGIN/../lib' $(FAST_AGENT_PYTHON)/bin/python3.13 \
+	    && chmod -R a+rX $(FAST_AGENT_PYTHON) \
+	    && python=$(CURDIR)/$(FAST_AGENT_PYTHON)/bin/python3.13; \
+	  fi; \
 	  echo "Installing fast-agent-mcp $(FAST_AGENT_VERSION) with $$python"; \
-	  $$python -m venv $(FAST_AGENT_VENV) \
+	  "$$python" -m venv $(FAST_AGENT_VENV) \
 	  && $(FAST_AGENT_VENV)/bin/pip install --quiet --upgrade pip \
-	  && $(FAST_AGENT_VENV)/bin/pip install --quiet fast-agent-mcp==$(FAST_AGENT_VERSION); \
+	  && $(FAST_AGENT_VENV)/bin/pip install --quiet fast-agent-mcp==$(FAST_AGENT_VERSION) \
+	  && chmod -R a+rX $(FAST_AGENT_VENV); \
 	fi
+	touch $@
 
 # The suite runs on two processes (pytest-xdist), each with its own test database and Redis
 # database; PYTEST_WORKERS=0 runs it in this one.
 PYTEST_WORKERS ?= 2
 
-test: dev-venv browser haproxy isolation node lint
+test: dev-venv browser haproxy isolation node realagent lint
 	node --test tests/js/
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	@if for agent in $(REALAGENTS) $(FAST_AGENT_VENV)/bin/fast-agent; do [ -x $$agent ] && break; done; then \
-	  $(BIN)/pytest -m realagent tests/realagent; \
-	else echo "Skipped the realagent tests: \`make realagent\` installs opencode, Claude Code, Codex, Gemini CLI and fast-agent for them."; fi
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m realagent tests/realagent
 
 # The benchmarks of bench/ as one table (SQLite; BENCH_DATABASE_URL=postgres://... for PostgreSQL).
 bench: dev-venv browser
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache tests/realagent/node_modules $(FAST_AGENT_VENV)
+	rm -rf $(VENV) var .pytest_cache .ruff_cache tests/realagent/node_modules tests/realagent/.installed $(FAST_AGENT_VENV) $(FAST_AGENT_PYTHON)

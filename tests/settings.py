@@ -10,8 +10,11 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-used-anywhere-el
 os.environ.setdefault("DJANGO_SECURE_COOKIES", "0")
 # Tests (and the daphne the browser tests start) speak plain HTTP on loopback.
 os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
-# Test agents run from the checkout with the virtualenv's Python, which sandbox users may not be
-# able to run (pyenv under /root, say): the containment tests turn sandbox users on themselves.
+# Most tests are about Craft, not the sandbox, and run their agents from the checkout with the
+# virtualenv's Python, which sandbox users may not be able to run (pyenv under /root, say):
+# they run with sandbox users off. The tests of what runs in a sandbox (tests/sandboxes'
+# isolation and containment, the embedded server's, every real agent's) turn them on, with
+# the jail, the sandbox's network and its budget, as `make run` as root has them.
 os.environ.setdefault("CRAFT_SANDBOX_UIDS", "off")
 # A fixed key for the credentials people store (docs/agents.md), used by tests only.
 # No warm agents unless a test asks for them (tests/sandboxes/test_warm_agents.py): the rest

@@ -13,7 +13,7 @@ sandboxing tool Flatpak is built on), then switches to the sandbox's uid with se
 * **memory-backed /tmp, /var/tmp, /dev/shm and /run of its own**, a minimal /dev, and System V
   IPC of its own: gone with the agent. What the agent needs from the machine's /tmp (the
   installation its command belongs to, when a path on its command line is there, and Craft's
-  tools) is bound in read-only (`install_folder` says which folder).
+  tools) is bound in read-only (`install_folders` says which).
 * **no other sandbox**: the sandbox root is an empty folder in its view but for its own
   sandbox and Craft's tools, so another sandbox's files, sockets and checkpoint stores are
   not even there.
@@ -111,8 +111,9 @@ def jailed(
     # The folders above shadow the machine's: bring back what the agent needs from them.
     made: set[Path] = set()
     needed = [Path(arg) for arg in argv if arg.startswith("/")]
-    for folder in dict.fromkeys(install_folder(path) for path in needed if path.exists()):
-        if folder is not None and not folder.is_relative_to(sandbox_root):
+    folders = [folder for path in needed if path.exists() for folder in install_folders(path)]
+    for folder in dict.fromkeys(folders):
+        if not folder.is_relative_to(sandbox_root):
             jail += [*_folders_above(folder, made), "--ro-bind", str(folder), str(folder)]
     # No other sandbox: an empty root but for Craft's tools and this sandbox (mounted after
     # it, on top of it).
@@ -150,28 +151,51 @@ def passing_filter(argv: list[str]) -> Iterator[tuple[list[str], tuple[int, ...]
         os.close(fd)
 
 
-def install_folder(path: Path) -> Path | None:
-    """Return the folder to bind, read-only, into the jail for `path` (a command, a file on
-    its command line, Craft's tools) to work there, or None when the jail shows it already.
+def install_folders(path: Path) -> list[Path]:
+    """Return the folders to bind, read-only, into the jail for `path` (a command, a file on
+    its command line) to work there: none when the jail shows it already.
 
-    Only what lies in a folder the jail replaces (/tmp, /var/tmp) needs binding. Then: the
-    outermost `node_modules` above its real path (npm puts a package's dependencies beside
-    it, and `.bin` links into them), else the virtualenv it belongs to (the folder holding
-    `pyvenv.cfg`), else the folder it is in. Both the path as given and its real path count:
-    a link under /tmp may lead into an installation under /tmp.
+    Only what lies in a folder the jail replaces (/tmp, /var/tmp) needs binding. Then, for the
+    path as given and for its real path (a link under /tmp may lead into an installation
+    under /tmp): the outermost `node_modules` above it (npm puts a package's dependencies
+    beside it, and `.bin` links into them), else the virtualenv it belongs to (the folder
+    holding `pyvenv.cfg`), else the installation prefix it is in (the folder above a `bin`),
+    else its folder. A script's `#!` interpreter counts as a path of its own.
     """
-    for candidate in (Path(os.path.realpath(path)), Path(os.path.abspath(path))):
-        if not _shadowed(candidate):
-            continue
-        parents = [p for p in candidate.parents if _shadowed(p) and p not in SHADOWED]
-        for parent in reversed(parents):  # outermost first
-            if parent.name == "node_modules":
-                return parent
-        for parent in parents:  # innermost first
-            if (parent / "pyvenv.cfg").is_file():
-                return parent
-        return candidate if candidate.is_dir() else candidate.parent
-    return None
+    found: dict[Path, None] = {}
+    for candidate in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
+        if _shadowed(candidate):
+            found[_installation(candidate)] = None
+    for interpreter in _interpreter(path):
+        found.update(dict.fromkeys(install_folders(interpreter)))
+    return list(found)
+
+
+def _installation(path: Path) -> Path:
+    parents = [p for p in path.parents if _shadowed(p) and p not in SHADOWED]
+    for parent in reversed(parents):  # outermost first
+        if parent.name == "node_modules":
+            return parent
+    for parent in parents:  # innermost first
+        if (parent / "pyvenv.cfg").is_file():
+            return parent
+    folder = path if path.is_dir() else path.parent
+    if folder.name == "bin" and folder.parent in parents:
+        return folder.parent
+    return folder
+
+
+def _interpreter(path: Path) -> list[Path]:
+    """Return the interpreter a script names on its `#!` line (not `/usr/bin/env`), if any."""
+    try:
+        with open(path, "rb") as handle:
+            first_line = handle.readline(256)
+    except OSError:
+        return []
+    words = first_line[2:].split() if first_line.startswith(b"#!") else []
+    if not words or words[0] == b"/usr/bin/env" or not words[0].startswith(b"/"):
+        return []
+    return [Path(os.fsdecode(words[0]))]
 
 
 def _enter(network: Path) -> list[str]:

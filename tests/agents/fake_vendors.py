@@ -1,6 +1,8 @@
-"""Fake Anthropic, OpenAI (Responses) and Gemini model servers on loopback, for real agents.
+"""Fake Anthropic, OpenAI (Responses, Chat Completions) and Gemini model servers on loopback,
+for real agents.
 
-Claude Code, Codex and Gemini CLI each speak only their vendor's API. These servers speak
+Claude Code, Codex and Gemini CLI each speak only their vendor's API; opencode and fast-agent
+speak OpenAI's Chat Completions (`<url>/v1`). These servers speak
 those APIs the way the real ones do, streaming included, and decide like a tiny model, from
 the conversation they are sent and the tools the agent offers in its request:
 
@@ -44,8 +46,10 @@ except ImportError:  # run as a script
 SLOW_WORDS = 80
 SLOW_DELAY = 0.25
 
-SHELL_TOOLS = ("Bash", "run_shell_command", "shell_command", "shell", "exec_command")
-WRITE_TOOLS = ("Write", "write_file", "apply_patch")
+SHELL_TOOLS = (
+    "Bash", "run_shell_command", "shell_command", "shell", "exec_command", "bash", "execute",
+)  # fmt: skip
+WRITE_TOOLS = ("Write", "write_file", "apply_patch", "write")
 
 
 @dataclass
@@ -92,6 +96,8 @@ def write_arguments(tool: str, path: str, text: str, cwd: str) -> dict[str, Any]
         lines = "".join(f"+{line}\n" for line in text.splitlines())
         return {"input": f"*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n"}
     absolute = path if path.startswith("/") or not cwd else f"{cwd.rstrip('/')}/{path}"
+    if tool == "write":  # opencode's
+        return {"filePath": absolute, "content": text}
     return {"file_path": absolute, "content": text}
 
 
@@ -117,6 +123,26 @@ def sees_the_person(text: str) -> bool:
 def without_interruptions(text: str) -> str:
     """Return a user text without the notes Claude Code adds after a cancelled turn."""
     return re.sub(r"^\[Request interrupted by user[^\]]*\]\n?", "", text, flags=re.M).strip()
+
+
+# --- OpenAI Chat Completions -----------------------------------------------------------------
+
+
+def chat_move(request: dict[str, Any]) -> Move:
+    messages = request.get("messages") or []
+    users = [
+        text
+        for m in messages
+        if m.get("role") == "user" and sees_the_person(text := text_of(m.get("content"), "\n"))
+    ]
+    last = messages[-1] if messages else {}
+    result = text_of(last.get("content"), "\n") if last.get("role") == "tool" else None
+    tools = [
+        (t.get("function") or {}).get("name", "")
+        for t in request.get("tools") or []
+        if isinstance(t, dict)
+    ]
+    return decide(users, result, tools, working_directory(request))
 
 
 # --- Anthropic Messages ----------------------------------------------------------------------
@@ -238,6 +264,8 @@ class Handler(JsonHandler):
                 self.anthropic(request)
             elif path.endswith("/responses"):
                 self.openai_responses(request)
+            elif path.endswith("/chat/completions"):
+                self.chat_completions(request)
             elif ":countTokens" in path:
                 self._json(200, {"totalTokens": 10})
             elif ":generateContent" in path or ":streamGenerateContent" in path:
@@ -355,6 +383,43 @@ class Handler(JsonHandler):
         send("response.completed", response={
             **base, "status": "completed", "output": [item], "usage": usage,
         })  # fmt: skip
+
+    # OpenAI Chat Completions: https://platform.openai.com/docs/api-reference/chat-streaming
+    def chat_completions(self, request: dict[str, Any]) -> None:
+        move = chat_move(request)
+        number = self.server.next_number()
+        model = request.get("model", "echo")
+        base = {"id": f"chatcmpl-fake{number}", "created": 0, "model": model}
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        call = {
+            "id": f"call_fake{number}", "type": "function",
+            "function": {"name": move.tool, "arguments": json.dumps(move.args)},
+        }  # fmt: skip
+        finish = "tool_calls" if move.tool else "stop"
+        if not request.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": move.text or None}
+            if move.tool:
+                message["tool_calls"] = [call]
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            self._json(200, {**base, "object": "chat.completion", "choices": [choice],
+                             "usage": usage})  # fmt: skip
+            return
+        self._start_stream()
+
+        def send(delta: dict[str, Any], done: str | None = None) -> None:
+            choice = {"index": 0, "delta": delta, "finish_reason": done}
+            self._sse({**base, "object": "chat.completion.chunk", "choices": [choice]})
+
+        send({"role": "assistant", "content": ""})
+        if move.tool:
+            send({"tool_calls": [{"index": 0, **call}]})
+        for word in self.words(move):
+            self.pause(move)
+            send({"content": word})
+        send({}, finish)
+        self._sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
     # Gemini: https://ai.google.dev/api/generate-content
     def gemini(self, request: dict[str, Any], stream: bool) -> None:

@@ -25,7 +25,7 @@ NODE_PATH = f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/b
 
 
 def realagent_marks(installed: Path, name: str) -> list[pytest.MarkDecorator]:
-    """Return the marks of a module of one real agent's tests: opt-in, a transactional
+    """Return the marks of a module of one real agent's tests: run by `make test`, a transactional
     database, asyncio, five minutes each, and skipped while `installed` is missing."""
     return [
         pytest.mark.realagent,
@@ -191,6 +191,22 @@ async def start_session(owner, title: str):
 
 def workspace_of(session) -> Path:
     return Path(session.sandbox.reference) / "sessions" / str(session.pk)
+
+
+def write_in_sandbox(session, relative: str, text: str) -> Path:
+    """Write `text` to `relative` in the session's sandbox folder, as the sandbox's own user
+    would have: the file and the folders made for it belong to that user (the agent, which
+    runs as it, may write beside them)."""
+    sandbox = Path(session.sandbox.reference)
+    owner = sandbox.stat()
+    path = sandbox / relative
+    for folder in reversed(path.relative_to(sandbox).parents):
+        if str(folder) != ".":
+            (sandbox / folder).mkdir(mode=0o700, exist_ok=True)
+            os.chown(sandbox / folder, owner.st_uid, owner.st_gid)
+    path.write_text(text)
+    os.chown(path, owner.st_uid, owner.st_gid)
+    return path
 
 
 def live_output(frames: list[dict], tool_call_id: str) -> tuple[list[str], int]:

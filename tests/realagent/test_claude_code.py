@@ -1,13 +1,13 @@
 """A real third-party ACP agent, Claude Code (claude-agent-acp), through Craft.
 
 It answers, runs a shell command and writes a file once a person allowed it, is cancelled mid
-turn, and is killed and reattached with its memory. Opt in: `make realagent` installs the
+turn, and is killed and reattached with its memory. `make test` installs (`make realagent`) the
 adapter pinned in tests/realagent/package.json (it brings the Claude Agent SDK, and Claude Code
-itself as a native binary from the SDK's platform dependency) and `make test` then runs these;
-by hand, `.venv/bin/pytest -m realagent`. They are skipped when it is not installed. Nothing is
-downloaded while they run: Claude Code talks to a fake Anthropic Messages API on loopback
-(tests/agents/fake_vendors.py), which calls Claude Code's own `Bash` and `Write` tools as the
-real API would.
+itself as a native binary from the SDK's platform dependency) and runs these as root, with
+sandbox users, the jail and the sandbox's network on; by hand, `.venv/bin/pytest -m realagent`.
+They are skipped when it is not installed. Nothing is downloaded while they run: Claude Code
+talks to a fake Anthropic Messages API on loopback (tests/agents/fake_vendors.py), which calls
+Claude Code's own `Bash` and `Write` tools as the real API would.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """A real third-party ACP agent, Codex (codex-acp), through Craft.
 
 It answers, runs a shell command and writes a file once a person allowed it, is cancelled mid
-turn, and is killed and reattached with its memory. Opt in: `make realagent` installs the
+turn, and is killed and reattached with its memory. `make test` installs (`make realagent`) the
 adapter pinned in tests/realagent/package.json (a native binary, from the package's platform
-dependency, that carries Codex itself) and `make test` then runs these; by hand,
-`.venv/bin/pytest -m realagent`. They are skipped when it is not installed. Nothing is
-downloaded while they run: Codex talks to a fake OpenAI Responses API on loopback
-(tests/agents/fake_vendors.py), which calls Codex's own `exec_command` and `apply_patch`
-tools as the real API would.
+dependency, that carries Codex itself) and runs these as root, with sandbox users, the jail and
+the sandbox's network on; by hand, `.venv/bin/pytest -m realagent`. They are skipped when it is
+not installed. Nothing is downloaded while they run: Codex talks to a fake OpenAI Responses API
+on loopback (tests/agents/fake_vendors.py), which calls Codex's own `exec_command` and
+`apply_patch` tools as the real API would.
 """
 
 from __future__ import annotations

@@ -1,16 +1,20 @@
-"""A real third-party ACP agent, fast-agent, through Craft: a turn, a SIGKILL, and a reattach.
+"""A real third-party ACP agent, fast-agent, through Craft, as root with sandbox users, the
+jail and the sandbox's network on: a turn, a shell command run once a person allowed it, a
+cancel mid turn, a follow-up, and a SIGKILL and a reattach.
 
-Opt in: `make realagent` installs the pinned fast-agent (FAST_AGENT_VERSION in the Makefile)
-into a Python 3.13 virtualenv at tests/realagent/fast-agent, as its releases with an ACP
-server do not install on this project's Python; `make test` then runs these; by hand,
-`.venv/bin/pytest -m realagent`. They are skipped when fast-agent is not installed. Nothing
-is downloaded while they run: fast-agent's "generic" (OpenAI-compatible) provider talks to
-the fake model on loopback (tests/agents/fake_model.py), which answers "recall" from the
-conversation it is sent, so a right answer proves that fast-agent got its context back.
+`make test` installs the pinned fast-agent (FAST_AGENT_VERSION in the Makefile) into a Python
+3.13 virtualenv at tests/realagent/fast-agent (its releases with an ACP server do not install
+on this project's Python), with a Python sandbox users can run, and runs these; by hand,
+`.venv/bin/pytest -m realagent tests/realagent/test_fast_agent.py`. Nothing is downloaded
+while they run: fast-agent's "generic" (OpenAI-compatible) provider talks to a fake API on
+loopback (tests/agents/fake_vendors.py), allowed to its sandbox, which answers "recall" from
+the conversation it is sent (so a right answer proves that fast-agent got its context back)
+and calls its `execute` tool (`--shell`) as a real model would.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,11 +26,14 @@ from ..craft.wsclient import receive_until
 from .common import (
     agent_connection,
     agent_name,
+    cancelled_mid_turn_then_answered,
     kill,
     realagent_marks,
     recall_mango,
     start_session,
+    tool_cards,
     turn,
+    turn_allowing,
     use_agent,
     workspace_of,
 )
@@ -37,17 +44,17 @@ pytestmark = realagent_marks(FAST_AGENT, "fast-agent")
 
 
 @pytest.fixture
-def fast_agent(settings, fake_model):
+def fast_agent(settings, fake_vendors):
     # The model "echo" of the generic provider, which reads its address and key from the
-    # environment (no configuration file needed); no startup network checks.
+    # environment (no configuration file needed); its shell tool on; no startup network checks.
     use_agent(
         settings,
-        [str(FAST_AGENT), "--no-update-check", "acp", "--model", "generic.echo"],
+        [str(FAST_AGENT), "--no-update-check", "acp", "--model", "generic.echo", "--shell"],
         PATH="/usr/bin:/bin",
-        GENERIC_BASE_URL=fake_model.url,
+        GENERIC_BASE_URL=f"{fake_vendors.url}/v1",
         GENERIC_API_KEY="none",
     )
-    return fake_model
+    return fake_vendors
 
 
 @db_sync_to_async
@@ -83,4 +90,21 @@ async def test_fast_agent_runs_a_turn_is_killed_and_is_resumed_with_its_memory(o
     # fast-agent replays the conversation in answer to session/resume too; none of it is
     # stored again.
     await recall_mango(comm, session, "f", "resume")
+    await comm.disconnect()
+
+
+async def test_fast_agent_runs_a_command_in_the_jail_and_is_cancelled_mid_turn(owner, fast_agent):
+    """fast-agent's own shell tool (`--shell`) asks for no permission: it asks only for the
+    tools of its MCP servers and for an ACP client's terminal, which Craft does not offer.
+    The command runs as the sandbox's user, in the workspace."""
+    session, comm = await start_session(owner, "fast-agent")
+    frames, reply = await turn_allowing(comm, "f1", "run: mkdir -p made && id -u")
+    assert not [f for f in frames if f.get("kind") == "permission_request"]
+    # It announces the call (no arguments, no end: it tells no more of its own tools).
+    (card,) = tool_cards(frames).values()
+    assert (card["title"], card["kind"]) == ("bash", "execute")
+    uid = os.stat(workspace_of(session) / "made").st_uid
+    assert reply.startswith("The tool said:") and str(uid) in reply
+    assert uid == os.stat(session.sandbox.reference).st_uid != 0
+    await cancelled_mid_turn_then_answered(comm, "g")
     await comm.disconnect()

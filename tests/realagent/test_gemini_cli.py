@@ -1,13 +1,13 @@
 """A real third-party ACP agent, Gemini CLI (`gemini --acp`), through Craft.
 
 It answers, runs a shell command and writes a file once a person allowed it, is cancelled mid
-turn, and is killed and reattached with its memory. Opt in: `make realagent` installs the
-version pinned in tests/realagent/package.json and `make test` then runs these; by hand,
-`.venv/bin/pytest -m realagent`. They are skipped when it is not installed. Nothing is
-downloaded while they run: Gemini CLI talks to a fake Gemini API on loopback
-(tests/agents/fake_vendors.py), which calls Gemini CLI's own `run_shell_command` and
-`write_file` tools as the real API would, and answers its side questions (which model to
-route to, who speaks next) as the schema it sends asks.
+turn, and is killed and reattached with its memory. `make test` installs (`make realagent`) the
+version pinned in tests/realagent/package.json and runs these as root, with sandbox users, the
+jail and the sandbox's network on; by hand, `.venv/bin/pytest -m realagent`. They are skipped
+when it is not installed. Nothing is downloaded while they run: Gemini CLI talks to a fake
+Gemini API on loopback (tests/agents/fake_vendors.py), which calls Gemini CLI's own
+`run_shell_command` and `write_file` tools as the real API would, and answers its side
+questions (which model to route to, who speaks next) as the schema it sends asks.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .common import (
     turn_allowing,
     use_agent,
     workspace_of,
+    write_in_sandbox,
 )
 
 GEMINI = Path(__file__).parent / "node_modules" / ".bin" / "gemini"
@@ -72,9 +73,8 @@ def gemini(settings, fake_vendors):
 
 async def start_gemini(owner, title: str):
     session, comm = await start_session(owner, title)
-    home = Path(session.sandbox.reference) / "home" / ".gemini"
-    home.mkdir(parents=True, exist_ok=True)  # before the agent's first start
-    (home / "settings.json").write_text(json.dumps(SETTINGS))
+    # Before the agent's first start.
+    write_in_sandbox(session, "home/.gemini/settings.json", json.dumps(SETTINGS))
     return session, comm
 
 

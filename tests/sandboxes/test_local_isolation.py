@@ -218,25 +218,35 @@ def test_an_agent_installed_under_tmp_runs_with_its_whole_installation(settings,
         settings.CRAFT_AGENT_COMMAND = [str(modules / ".bin" / "the-agent")]
         _, agent = open_agent(owner)
         assert ask(agent, "whoami")["uid"] >= settings.CRAFT_SANDBOX_UID_BASE
-        assert jail.install_folder(modules / ".bin" / "the-agent") == modules
+        assert jail.install_folders(modules / ".bin" / "the-agent") == [modules]
     finally:
         shutil.rmtree(install, ignore_errors=True)
 
 
 def test_an_installation_is_found_by_its_layout():
-    assert jail.install_folder(Path("/usr/bin/python3")) is None  # the jail shows it
-    assert jail.install_folder(Path("/tmp/a/node_modules/x/node_modules/y/z.js")) == Path(
-        "/tmp/a/node_modules"
-    )
-    assert jail.install_folder(Path("/tmp/loose/agent")) == Path("/tmp/loose")
-    folder = Path(tempfile.mkdtemp(prefix="craft-venv-"))
+    """What the jail binds back of an agent installed under /tmp, which it replaces."""
+    folder = Path(tempfile.mkdtemp(prefix="craft-install-"))
     try:
-        (folder / "bin").mkdir()
-        (folder / "pyvenv.cfg").write_text("home = /usr/bin\n")
-        (folder / "bin" / "fast-agent").write_text("")
-        assert jail.install_folder(folder / "bin" / "fast-agent") == folder
+        python = folder / "python3.13" / "bin" / "python3.13"  # a copied prefix: bin and lib
+        python.parent.mkdir(parents=True)
+        python.write_text("")
+        venv = folder / "venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "pyvenv.cfg").write_text(f"home = {python.parent}\n")
+        (venv / "bin" / "python").symlink_to(python)
+        script = venv / "bin" / "fast-agent"
+        script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\n")
+        assert jail.install_folders(script) == [venv, folder / "python3.13"]
+        nested = folder / "node_modules" / "x" / "node_modules" / "y" / "z.js"
+        nested.parent.mkdir(parents=True)
+        nested.write_text("")
+        assert jail.install_folders(nested) == [folder / "node_modules"]
+        loose = folder / "agent"
+        loose.write_text("#!/usr/bin/env node\n")
+        assert jail.install_folders(loose) == [folder]
     finally:
         shutil.rmtree(folder)
+    assert jail.install_folders(Path("/usr/bin/python3")) == []  # the jail shows it
 
 
 def test_user_namespaces_are_refused_in_the_jail(settings, machine, owner):
