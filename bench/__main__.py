@@ -3,10 +3,11 @@
 SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the same
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
-`bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.scale`).
+`bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.isolation`,
+`bench.scale`).
 
     .venv/bin/python -m bench [--quick]
-        [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,scale]
+        [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,isolation,scale]
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import sys
 from .harness import Figure, Site
 
 BENCHMARKS = [
-    "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm", "scale",
+    "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm",
+    "isolation", "scale",
 ]  # fmt: skip
 
 
@@ -53,6 +55,7 @@ def main() -> None:
                 "failover": {"rounds": 5 if args.quick else 10},
                 "workspace": {"rounds": 3 if args.quick else 7},
                 "warm": {"runs": 2 if args.quick else 3},
+                "isolation": {"rounds": 6 if args.quick else 15},
                 "scale": {
                     "sessions": 100 if args.quick else 400,
                     "cluster_sessions": 150 if args.quick else 600,
