@@ -109,13 +109,14 @@ def chunks(frames: list[dict[str, Any]]) -> list[str]:
 
 
 @contextlib.contextmanager
-def serve(env: dict[str, str], var_dir: Path) -> Iterator[SignedIn]:
-    """Set up `var_dir` as `make run` does, serve it with daphne, and sign in as the admin."""
+def serve(env: dict[str, str], var_dir: Path, launcher: tuple[str, ...] = ()) -> Iterator[SignedIn]:
+    """Set up `var_dir` as `make run` does, serve it with daphne (behind `launcher`), and sign
+    in as the admin."""
     var_dir.mkdir(exist_ok=True)
     manage(env, "migrate", "--noinput")
     manage(env, "collectstatic", "--noinput", "-v", "0")
     password = re.search(r"with password (\S+)", manage(env, "ensure_admin")).group(1)
-    server = Daphne(var_dir, base_env=env).start()
+    server = Daphne(var_dir, base_env=env, launcher=launcher).start()
     assert server.process is not None
     try:
         yield SignedIn(server.url, password, server.process)

@@ -56,9 +56,11 @@ class Daphne:
         app: str = "craft.asgi:application",
         base_env: dict[str, str] | None = None,
         options: tuple[str, ...] = (),
+        launcher: tuple[str, ...] = (),
         **env: str,
     ) -> None:
         self.app = app
+        self.launcher = list(launcher)  # what daphne's command runs behind
         self.options = [*DAPHNE_OPTIONS, *options]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -75,7 +77,7 @@ class Daphne:
     def start(self) -> Daphne:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daphne", *self.options, "-b", "127.0.0.1",
+                [*self.launcher, sys.executable, "-m", "daphne", *self.options, "-b", "127.0.0.1",
                  "-p", str(self.port), self.app],
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR,
             )  # fmt: skip

@@ -25,6 +25,7 @@ from sandboxes.backends import containment
 
 from .agents import agent_command
 from .embedded import ROOT, SignedIn, chunks, embedded_env, manage, serve, turn
+from .fake_dns import FakeDns
 from .sandboxes.hostile import processes_of
 from .server import Daphne
 
@@ -190,3 +191,33 @@ def test_make_run_in_a_folder_other_users_cannot_enter_stops_and_no_agent_runs_a
         assert not list((var / "sandboxes").glob("*-*-*-*-*"))  # no sandbox folder, no agent
     finally:
         shutil.rmtree(place, ignore_errors=True)
+
+
+def test_names_resolve_in_a_sandbox_when_the_machines_name_server_is_on_loopback(place, uid_base):
+    """systemd-resolved's 127.0.0.53, or dnsmasq's: on loopback, which in a sandbox's network
+    is the sandbox's own. The server (here in a mount namespace of its own, whose resolv.conf
+    names a name server on 127.0.0.77) has pasta forward the sandbox's queries to it, and the
+    jail's resolv.conf names pasta's forwarding address."""
+    resolv = place / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.77\noptions timeout:2 attempts:2\n")
+    launcher = (
+        "unshare", "--mount", "--propagation", "private", "--",
+        "sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
+    )  # fmt: skip
+    python = containment.sandbox_python(uids=True)
+    hostile = shlex.join(agent_command("hostile_agent", place / "agents", python))
+    var = place / "var"
+    with (
+        FakeDns("127.0.0.77", "198.51.100.7") as dns,
+        serve(embedded(var, uid_base, CRAFT_AGENT_COMMAND=hostile), var, launcher) as server,
+    ):
+        session = server.post_json("/api/sessions/", {"title": "names"})
+        ws = server.socket(session["id"])
+        try:
+            resolved = json.loads(chunks(turn(ws, "r", "resolve craft-test.example"))[0])
+            shown = chunks(turn(ws, "c", "read /etc/resolv.conf"))[0]
+        finally:
+            ws.close()
+    assert resolved == {"craft-test.example": "198.51.100.7"}
+    assert "craft-test.example" in dns.asked
+    assert "nameserver 192.0.2.53" in shown and "127.0.0.77" not in shown

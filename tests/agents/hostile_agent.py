@@ -24,6 +24,7 @@ the bad item was lost. Started with a method and the name of an answer in BAD_AN
                          Unix socket) or `unix:<path>` (a socket file, open to every user, its
                          folder too); one chunk: {target: "listening" or the error} as JSON
   read <path>            one chunk: the first 64 KiB of the file, or the error
+  resolve <name>...      one chunk: {name: its first IPv4 address, or the error} as JSON
   exec <argv>...         run the command; one chunk: {"code", "stderr"} as JSON
   survivor               start a grandchild that escapes the agent's process group: double
                          fork, `setsid`, SIGTERM and SIGHUP ignored, asleep forever; one chunk:
@@ -255,6 +256,13 @@ def listen_on(target: str) -> str:
     except OSError as exc:
         return f"error: {errno.errorcode.get(exc.errno or 0, str(exc))}"
     return "listening"
+
+
+def resolve(name: str) -> str:
+    try:
+        return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+    except OSError as exc:
+        return f"error: {exc}"
 
 
 def read_file(path: str) -> str:
@@ -503,6 +511,8 @@ def run(word: str, args: list[str], text: str) -> dict:
         chunk(json.dumps(self_serve()))
     elif word == "listen":
         chunk(json.dumps({target: listen_on(target) for target in args}))
+    elif word == "resolve":
+        chunk(json.dumps({name: resolve(name) for name in args}))
     elif word == "read":
         chunk(read_file(args[0]))
     elif word == "exec":
