@@ -111,6 +111,15 @@ class Checkpoint:
     commit: str
     too_large: list[str]  # files left out for being over CRAFT_CHECKPOINT_MAX_FILE_BYTES
     excluded: list[str]  # the default patterns left out (besides the workspace's .gitignore)
+    repositories: list[str]  # folders left out for holding a git repository of their own
+
+    @classmethod
+    def of(cls, answer: dict[str, Any]) -> Checkpoint:
+        """Read the tool's answer (a tool older than `repositories` names none)."""
+        return cls(
+            str(answer["commit"]), answer["too_large"], answer["excluded"],
+            answer.get("repositories", []),
+        )  # fmt: skip
 
 
 class Workspace:
@@ -162,7 +171,7 @@ class Workspace:
             self._in_store(["checkpoint", self._store, limit, message]),
             settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS,
         )
-        return Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
+        return Checkpoint.of(answer)
 
     def watched_checkpoint(self, message: str, seconds: float) -> tuple[Checkpoint, Watch]:
         """Record the workspace now, and keep watching it for up to `seconds`: the Watch then
@@ -185,7 +194,7 @@ class Workspace:
             raise
         finally:
             watchdog.cancel()
-        taken = Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
+        taken = Checkpoint.of(answer)
         return taken, Watch(self, taken.commit, process)
 
     def unchanged(self, commit: str) -> bool:
