@@ -96,6 +96,41 @@ def test_a_nested_repositorys_filter_never_runs_and_the_repository_is_left_out(w
     assert (workspace.folder / "tools/x/a.txt").is_file()
 
 
+def test_a_nested_repository_already_in_the_index_is_never_looked_into(workspace):
+    """A store from before this rule, or a repository made in the moment between the
+    tool's walk and `git add`, leaves a gitlink in the store's index: `git add` would look
+    into it whatever the exclusions say, so it is taken out first."""
+    marker = workspace.folder.parent / "filter-ran"
+    workspace.write("app.py", b"print(1)\n")
+    lib = agents_repository(workspace, "vendor/lib", marker)
+    workspace.craft.checkpoint("start")
+    store = store_of(workspace)
+    head = subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", str(lib.parent), "rev-parse", "HEAD"],
+        capture_output=True, check=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    subprocess.run(
+        ["git", "-c", "safe.directory=*", f"--git-dir={store}", "update-index", "--add",
+         "--cacheinfo", f"160000,{head},vendor/lib"],
+        check=True,
+    )  # fmt: skip
+    workspace.own(store / "index")  # rewritten by root just now
+    os.utime(lib, (1_000_000_000, 1_000_000_000))
+    taken = workspace.craft.checkpoint("turn")
+    assert not marker.exists(), marker.read_text()
+    recorded = [e["path"] for e in workspace.craft.changes("", taken.commit)["files"]]
+    assert recorded == ["app.py"]
+
+
+def store_of(workspace: Workspaces) -> Path:
+    """Return the session's checkpoint store as this machine sees it."""
+    session = str(workspace.session.pk)
+    if workspace.backend == "kubernetes":  # /workspace/.craft-checkpoints/<session>
+        return workspace.folder.parents[1] / ".craft-checkpoints" / session
+    root = Path(services.workspace_path(workspace.sandbox, workspace.session.pk)).parents[2]
+    return root / ".craft" / "checkpoints" / str(workspace.sandbox.pk) / session
+
+
 ATTRIBUTES = b"""[attr]convert text eol=crlf ident
 * convert
 *.u16 working-tree-encoding=UTF-16
