@@ -18,7 +18,7 @@ ifeq ($(origin CRAFT_SECRETS_KEY)$(origin CRAFT_SECRETS_KEY_FILE),undefinedundef
 secrets-key migrate run run-cluster: export CRAFT_SECRETS_KEY_FILE := $(CURDIR)/var/secrets-key
 endif
 
-.PHONY: secrets-key run run-cluster test bench lint format venv dev-venv browser node haproxy isolation realagent migrate clean
+.PHONY: secrets-key run run-cluster test bench lint format venv dev-venv browser node haproxy isolation stress-ng realagent migrate clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,12 @@ node:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; } \
 	  || { echo "The page script's tests need node: install Debian's nodejs (apt-get install nodejs)." >&2; exit 1; }
 
+# Debian's stress-ng: a test stops the server while every CPU is busy.
+stress-ng:
+	@command -v stress-ng >/dev/null 2>&1 || { \
+	  echo "Installing Debian's stress-ng for the tests under load"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng >/dev/null; }
+
 lint: dev-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -142,7 +148,7 @@ tests/realagent/.installed: tests/realagent/package.json Makefile
 # database; PYTEST_WORKERS=0 runs it in this one.
 PYTEST_WORKERS ?= 2
 
-test: dev-venv browser haproxy isolation node realagent lint
+test: dev-venv browser haproxy isolation node stress-ng realagent lint
 	node --test tests/js/
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m realagent tests/realagent

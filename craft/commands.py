@@ -237,7 +237,7 @@ def parse_revert(seq: int, body: dict[str, Any]) -> Revert:
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq < 2**63:
         raise Refused("invalid", "a change is named by the seq of its event")
     if not isinstance(path, str) or (path and not _is_workspace_path(path)):
-        raise Refused("invalid", "'path' must be a path relative to the workspace")
+        raise Refused("invalid_path", "'path' must be a path relative to the workspace")
     if hunk is not None and (isinstance(hunk, bool) or not isinstance(hunk, int) or hunk < 0):
         raise Refused("invalid", "'hunk' must be a hunk's number (from 0) in the file's diff")
     if hunk is not None and not path:

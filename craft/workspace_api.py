@@ -30,7 +30,7 @@ from craft.storage.db import db_sync_to_async
 from craft.turns.checkpoints import checkpoints_of
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
-from sandboxes.workspace import Download, WorkspaceRefused
+from sandboxes.workspace import Download, WorkspaceRefused, refuse_bad_path
 
 MAX_PAGE = 10_000
 # Shown in the browser as what they are; anything else is downloaded as bytes.
@@ -75,6 +75,7 @@ def files(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     if offset < 0 or limit < 1:
         return error(400, "invalid", "'offset' must be >= 0 and 'limit' >= 1")
     try:
+        refuse_bad_path(path)  # first: whether the sandbox runs or not
         workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
         listing = workspace.list_folder(path, offset, limit)
     except WorkspaceRefused as exc:
@@ -99,6 +100,7 @@ def raw(request: SignedInRequest, session_id: UUID) -> HttpResponseBase:
         return error(404, "not_found", "no such session")
     path = request.GET.get("path", "")
     try:
+        refuse_bad_path(path)
         workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
         download = workspace.read(path, settings.CRAFT_ARCHIVE_MAX_BYTES)
     except SandboxError as exc:
@@ -133,12 +135,17 @@ def turn_diff(request: SignedInRequest, session_id: UUID, seq: int) -> HttpRespo
     session = _session(request, session_id)
     if session is None:
         return error(404, "not_found", "no such session")
+    path = request.GET.get("path", "")
+    try:
+        refuse_bad_path(path)
+    except WorkspaceRefused as exc:
+        return _refused(exc)
     before, after = checkpoints_of(session.pk, seq)
     if not after:
         return error(404, "no_checkpoint", "that turn has no checkpoint of the files after it")
     try:
         workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
-        download = workspace.diff(before, after, request.GET.get("path", ""))
+        download = workspace.diff(before, after, path)
     except SandboxError as exc:
         return _refused(exc)
     response = StreamingHttpResponse(_chunks(download), content_type="text/plain; charset=utf-8")

@@ -11,6 +11,7 @@ import functools
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -38,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 class SandboxUnavailable(SandboxError):
     """The sandbox is not running, so nothing can run in it."""
+
+
+class ProvisioningStopped(SandboxError):
+    """Raised by a provisioning's progress report once this process stops provisioning."""
 
 
 def provision_sandbox(user: User) -> Sandbox:
@@ -101,19 +106,30 @@ def request_sandbox(user: User) -> Sandbox:
         return sandbox
 
 
-# Sandboxes this process provisions in the background, with their claim's time; at most
-# PROVISIONING_THREADS talk to the backend at once (the others stay "queued").
+@dataclass(frozen=True)
+class _Provisioning:
+    """A provisioning on a thread of this process: its claim's time, and how to stop it."""
+
+    claimed_at: datetime
+    thread: threading.Thread
+    stop: threading.Event
+
+
+# Sandboxes this process provisions in the background; at most PROVISIONING_THREADS talk to
+# the backend at once (the others stay "queued").
 PROVISIONING_THREADS = 8
-_in_flight: dict[UUID, datetime] = {}
+_in_flight: dict[UUID, _Provisioning] = {}
 _in_flight_lock = threading.Lock()
 _provisioning_slots = threading.BoundedSemaphore(PROVISIONING_THREADS)
 
 
 def _provision_in_background(sandbox: Sandbox, claimed_at: datetime) -> None:
+    stop = threading.Event()
+
     def run() -> None:
         try:
             with _provisioning_slots:
-                _run_provisioning(sandbox, claimed_at)
+                _run_provisioning(sandbox, claimed_at, stop)
         except Exception:
             logger.exception("provisioning sandbox %s failed", sandbox.pk)
         finally:
@@ -121,18 +137,42 @@ def _provision_in_background(sandbox: Sandbox, claimed_at: datetime) -> None:
                 _in_flight.pop(sandbox.pk, None)
             db_connection.close()
 
-    with _in_flight_lock:
-        _in_flight[sandbox.pk] = claimed_at
     # A daemon thread: a process that stops does not wait minutes for a pod; what it leaves
-    # half done, `abandon_provisioning` marks failed (or the reaper, after a kill).
-    threading.Thread(target=run, name=f"provision-{sandbox.pk}", daemon=True).start()
+    # half done, `abandon_provisioning` marks failed (or the reaper, after a kill). A server
+    # that stops cleanly stops it first (`stop_provisioning`).
+    thread = threading.Thread(target=run, name=f"provision-{sandbox.pk}", daemon=True)
+    with _in_flight_lock:
+        _in_flight[sandbox.pk] = _Provisioning(claimed_at, thread, stop)
+    thread.start()
+
+
+def stop_provisioning(timeout: float) -> int:
+    """Stop this process's provisionings (it is stopping, after `abandon_provisioning`) and
+    wait up to `timeout` seconds for their threads to end; return how many still run then.
+
+    Each one stops at its backend's next progress report (at least one per poll), so within
+    one call of the backend. Why wait: a provisioning thread is a daemon thread, and one
+    still inside the kubernetes client when the interpreter finalizes kills the process.
+    CPython before 3.14 ends a daemon thread that wakes during finalization with
+    pthread_exit (python/cpython#87135), whose forced unwinding aborts the process (SIGABRT)
+    when it meets a Rust frame; the kubernetes client (37) runs every API call inside
+    pydantic's `validate_call` (pydantic-core, Rust). See PyO3/pyo3#4874.
+    """
+    with _in_flight_lock:
+        running = list(_in_flight.values())
+    for provisioning in running:
+        provisioning.stop.set()
+    deadline = time.monotonic() + timeout
+    for provisioning in running:
+        provisioning.thread.join(max(0.0, deadline - time.monotonic()))
+    return sum(provisioning.thread.is_alive() for provisioning in running)
 
 
 def abandon_provisioning() -> int:
     """Mark the sandboxes this process is provisioning failed (it is stopping); return how
     many. The user's next session, or "Try again", provisions them anew."""
     with _in_flight_lock:
-        claims = list(_in_flight.items())
+        claims = [(pk, provisioning.claimed_at) for pk, provisioning in _in_flight.items()]
     abandoned = 0
     for sandbox_id, claimed_at in claims:
         ours = Sandbox.objects.filter(
@@ -218,7 +258,13 @@ def _claim(sandbox: Sandbox, timeout: float) -> datetime | None:
     return None
 
 
-def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
+def _run_provisioning(
+    sandbox: Sandbox, claimed_at: datetime, stop: threading.Event | None = None
+) -> None:
+    """Provision `sandbox` under its claim made at `claimed_at`; stop at the backend's next
+    progress report once `stop` is set."""
+    if stop is not None and stop.is_set():
+        return  # stopped while it waited for a slot
     backend = get_backend(sandbox.backend)
     ours = Sandbox.objects.filter(
         pk=sandbox.pk, status=Sandbox.Status.PROVISIONING, status_changed_at=claimed_at
@@ -228,11 +274,19 @@ def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
         if ours.update(**fields):
             announce_change(sandbox.pk, sandbox.owner_id)
 
+    shown = [""]
+
     def progress(detail: str) -> None:
-        update(status_detail=detail[:500])
+        if stop is not None and stop.is_set():
+            raise ProvisioningStopped("this server stopped provisioning")
+        if detail != shown[0]:  # reported at every poll; written when it changes
+            shown[0] = detail
+            update(status_detail=detail[:500])
 
     try:
         reference = _claim_warm(sandbox, progress) or backend.provision(sandbox, progress)
+    except ProvisioningStopped:
+        return  # `abandon_provisioning` said so to its user
     except Exception as exc:
         logger.warning("provisioning sandbox %s failed: %s", sandbox.pk, exc)
         update(
@@ -251,7 +305,8 @@ def _run_provisioning(sandbox: Sandbox, claimed_at: datetime) -> None:
         last_activity_at=now,
     )
     sandbox.reference = reference
-    warm_agents.sandbox_ready(sandbox)
+    if stop is None or not stop.is_set():  # no agent started by a server that is stopping
+        warm_agents.sandbox_ready(sandbox)
 
 
 def _claim_warm(sandbox: Sandbox, progress: Any) -> str:

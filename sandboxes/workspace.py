@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +66,22 @@ class WorkspaceRefused(SandboxError):
         self.code = code
 
 
+# What a path as Craft spells it never holds: control characters (the tool spells a name's
+# as `\xNN`) and lone surrogates (no text from a request or the tool has one). Neither can
+# be an argument of the tool: a NUL cannot be in a program's argv at all.
+_NEVER_IN_A_PATH = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def refuse_bad_path(path: str) -> None:
+    """Raise WorkspaceRefused `invalid_path` if `path` holds a control character or a lone
+    surrogate."""
+    if _NEVER_IN_A_PATH.search(path):
+        raise WorkspaceRefused(
+            "invalid_path",
+            "a path holds no control character (a name with one is spelled \\xNN)",
+        )
+
+
 @dataclass(frozen=True)
 class Listing:
     path: str
@@ -111,6 +128,15 @@ class Checkpoint:
     commit: str
     too_large: list[str]  # files left out for being over CRAFT_CHECKPOINT_MAX_FILE_BYTES
     excluded: list[str]  # the default patterns left out (besides the workspace's .gitignore)
+    repositories: list[str]  # folders left out for holding a git repository of their own
+
+    @classmethod
+    def of(cls, answer: dict[str, Any]) -> Checkpoint:
+        """Read the tool's answer (a tool older than `repositories` names none)."""
+        return cls(
+            str(answer["commit"]), answer["too_large"], answer["excluded"],
+            answer.get("repositories", []),
+        )  # fmt: skip
 
 
 class Workspace:
@@ -136,6 +162,7 @@ class Workspace:
         self._waits = waits
 
     def list_folder(self, path: str, offset: int = 0, limit: int = 1000) -> Listing:
+        refuse_bad_path(path)
         answer, line = _answer(
             self._run(["list", path, str(offset), str(limit)]),
             settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS,
@@ -149,6 +176,7 @@ class Workspace:
         )  # fmt: skip
 
     def read(self, path: str, max_bytes: int) -> Download:
+        refuse_bad_path(path)
         return self._download(self._run(["read", path, str(max_bytes)]))
 
     def archive(self, max_bytes: int) -> Download:
@@ -162,7 +190,7 @@ class Workspace:
             self._in_store(["checkpoint", self._store, limit, message]),
             settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS,
         )
-        return Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
+        return Checkpoint.of(answer)
 
     def watched_checkpoint(self, message: str, seconds: float) -> tuple[Checkpoint, Watch]:
         """Record the workspace now, and keep watching it for up to `seconds`: the Watch then
@@ -185,7 +213,7 @@ class Workspace:
             raise
         finally:
             watchdog.cancel()
-        taken = Checkpoint(str(answer["commit"]), answer["too_large"], answer["excluded"])
+        taken = Checkpoint.of(answer)
         return taken, Watch(self, taken.commit, process)
 
     def unchanged(self, commit: str) -> bool:
@@ -208,6 +236,7 @@ class Workspace:
 
     def diff(self, before: str, after: str, path: str = "") -> Download:
         """The unified diff between two checkpoints, of one path if given, streamed."""
+        refuse_bad_path(path)
         return self._download(self._in_store(["diff", self._store, before, after, path]))
 
     def revert(self, before: str, after: str, path: str = "", hunk: int | None = None) -> None:
@@ -216,6 +245,7 @@ class Workspace:
         `before` to `after`. Take a checkpoint just before (the tool restores from the store's
         index) and one after (the revert is a checkpoint). Raises WorkspaceRefused: `conflict`
         when the hunk no longer applies, `no_such_hunk`, `invalid_path`."""
+        refuse_bad_path(path)
         hunk_arg = "" if hunk is None else str(hunk)
         process = self._in_store(["revert", self._store, before, after, path, hunk_arg])
         _answer(process, settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS)

@@ -267,11 +267,10 @@ def read_file(workspace: int, path: str, limit: int, out: BinaryIO) -> None:
 
 
 def walk(
-    fd: int, prefix: bytes, depth: int = 0, skip: frozenset[bytes] = frozenset()
+    fd: int, prefix: bytes, depth: int = 0
 ) -> Iterator[tuple[int, bytes, bytes, os.stat_result]]:
     """Yield (folder fd, name, path, lstat) for everything below folder `fd`, never following
-    a link, nor entering folders named in `skip`. The folder fd is valid only until the next
-    item is asked for."""
+    a link. The folder fd is valid only until the next item is asked for."""
     try:
         names = sorted(os.fsencode(name) for name in os.listdir(fd))
     except OSError:
@@ -283,13 +282,13 @@ def walk(
             continue  # gone meanwhile
         path = prefix + name
         yield fd, name, path, info
-        if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH and name not in skip:
+        if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH:
             try:
                 child = os.open(name, FOLDER, dir_fd=fd)
             except OSError:
                 continue  # swapped for a link, or closed to us
             try:
-                yield from walk(child, path + b"/", depth + 1, skip)
+                yield from walk(child, path + b"/", depth + 1)
             finally:
                 os.close(child)
 
@@ -369,9 +368,23 @@ class _Pipe:
 #
 # A checkpoint store is a bare git repository outside the workspace (where the agent cannot
 # write it, on the local backend); the workspace is its work tree. git runs with the
-# workspace, opened by the confined walk above, as its working directory, with no
-# configuration but the store's own (no system or global file, no hooks, no fsmonitor): an
-# agent's `.git`, `.gitattributes` or ~/.gitconfig cannot make it run anything.
+# workspace, opened by the confined walk above, as its working directory, and nothing in the
+# workspace may make it run a program or change the bytes it keeps:
+#
+# * configuration: none but the store's own and the options below (no system, global or XDG
+#   file, nothing from the environment): no hooks, fsmonitor, pager, editor, signing,
+#   automatic maintenance or network (`protocol.allow=never`);
+# * attributes: the store's info/attributes comes before every .gitattributes (and the
+#   macros they define), and leaves each attribute git acts on unspecified (`ATTRIBUTES`):
+#   no filter, end-of-line or encoding conversion, `$Id$` expansion, or `-diff` that hides a
+#   change as binary. (git 2.40's `--attr-source` could ignore the workspace's files
+#   outright; git 2.39 has no such option.);
+# * nested repositories (a folder below the top holding a `.git` of its own): git would
+#   run `git status` inside one that it records as a commit (a "gitlink") at every `git add`,
+#   with that repository's own configuration and attributes: its filters, its fsmonitor.
+#   So checkpoints leave them out: excluded by name, and any gitlink is taken out of the
+#   index before and after `git add` (one made in the moment between), so that git never
+#   has one to look into; every diff and status ignores them besides.
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 # Left out of every checkpoint, besides what the workspace's own .gitignore leaves out.
@@ -384,6 +397,7 @@ _EXCLUDED_FOLDERS = frozenset(p.rstrip("/").encode() for p in DEFAULT_EXCLUDES i
 GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_ATTR_NOSYSTEM": "1",
     "GIT_AUTHOR_NAME": "Craft",
     "GIT_AUTHOR_EMAIL": "craft@localhost",
     "GIT_COMMITTER_NAME": "Craft",
@@ -394,13 +408,21 @@ GIT_ENV = {
 GIT_OPTIONS = (
     "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.quotePath=false",
     "-c", "core.autocrlf=false", "-c", "core.symlinks=true", "-c", "gc.auto=0",
-    "-c", "commit.gpgSign=false", "-c", "safe.directory=*",
+    "-c", "maintenance.auto=false", "-c", "commit.gpgSign=false", "-c", "safe.directory=*",
+    "-c", "core.attributesFile=/dev/null", "-c", "core.excludesFile=/dev/null",
+    "-c", "core.pager=cat", "-c", "protocol.allow=never",
+    "-c", "submodule.recurse=false", "-c", "diff.ignoreSubmodules=all",
+    "-c", "status.submoduleSummary=false",
 )  # fmt: skip
+# The store's info/attributes: every attribute that changes what git stores, writes back or
+# shows, unspecified for every path, whatever a .gitattributes of the workspace says.
+ATTRIBUTES = (
+    b"* !text !eol !crlf !ident !filter !working-tree-encoding !encoding !diff !merge !whitespace\n"
+)
 
-
-# Renames found; no colour, external diff program or text conversion whatever a workspace's
-# .gitattributes asks for.
-DIFF_OPTIONS = ("-M", "--no-color", "--no-ext-diff", "--no-textconv")
+# Renames found; no colour, external diff program, text conversion or nested repository
+# whatever the workspace asks for.
+DIFF_OPTIONS = ("-M", "--no-color", "--no-ext-diff", "--no-textconv", "--ignore-submodules=all")
 
 
 def git_argv(store: str, *args: str) -> list[str]:
@@ -435,28 +457,69 @@ def checkpoint(workspace: int, store: str, max_file_bytes: int, message: str) ->
         os.unlink(os.path.join(store, "index.lock"))  # left by a checkpoint stopped midway
     except FileNotFoundError:
         pass
-    too_large = [path for path, _ in _files_over(workspace, max_file_bytes)]
-    os.makedirs(os.path.join(store, "info"), exist_ok=True)
+    too_large, repositories = _left_out(workspace, max_file_bytes)
+    own_attributes(store)
     with open(os.path.join(store, "info", "exclude"), "wb") as exclude:
-        exclude.write(_excludes(too_large))
-    # A file that grew past the limit leaves the checkpoints (exclusion alone keeps tracked
-    # files); it is listed in `too_large`.
+        exclude.write(_excludes(too_large, repositories))
+    # Before `add`, which would look into each gitlink (see above); and what an earlier
+    # checkpoint recorded in a folder that now holds a repository leaves the checkpoints
+    # (exclusion alone keeps tracked files), as does a file that grew past the limit (it is
+    # listed in `too_large`).
+    _untrack(store, repositories)
     for path in too_large:
         git(store, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", _literal(path))
     git(store, "add", "--all", "--ignore-errors", check=False)
+    _untrack(store, [])  # a repository made since `_left_out` looked
     git(store, "commit", "--quiet", "--allow-empty", "--no-verify", "-m", message)
     commit = git(store, "rev-parse", "HEAD").decode().strip()
     return {
         "commit": commit,
         "too_large": [escape(path) for path in too_large],
         "excluded": list(DEFAULT_EXCLUDES),
+        "repositories": [escape(path) for path in repositories],
     }
 
 
-def _excludes(too_large: list[bytes]) -> bytes:
-    """The store's info/exclude: the default patterns, then each file left out for its size."""
+def own_attributes(store: str) -> None:
+    """Write the store's info/attributes (`ATTRIBUTES`) unless it already says that."""
+    if not os.path.exists(os.path.join(store, "HEAD")):
+        return  # no store yet (git then says so)
+    path = os.path.join(store, "info", "attributes")
+    try:
+        with open(path, "rb") as current:
+            if current.read() == ATTRIBUTES:
+                return
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".new", "wb") as attributes:
+        attributes.write(ATTRIBUTES)
+    os.replace(path + ".new", path)  # whole, for a diff that reads it meanwhile
+
+
+def _untrack(store: str, repositories: list[bytes]) -> None:
+    """Take out of the store's index every nested repository (a gitlink) and everything in
+    the folders `repositories`, without looking into any (`update-index --force-remove`
+    checks nothing, unlike `rm --cached`, which asks `git status` in a gitlink)."""
+    inside = tuple(path + b"/" for path in repositories)
+    gone = []
+    for line in git(store, "ls-files", "--stage", "-z").split(b"\0"):
+        if line:
+            mode, path = line.split(b" ", 1)[0], line.split(b"\t", 1)[1]
+            if mode == b"160000" or path.startswith(inside):
+                gone.append(path)
+    if gone:
+        stdin = b"".join(path + b"\0" for path in gone)
+        done = _git_run(git_argv(store, "update-index", "-z", "--force-remove", "--stdin"), stdin)
+        if done.returncode != 0:
+            raise Refused("git_failed", "git update-index failed: " + done.stderr.decode()[-500:])
+
+
+def _excludes(too_large: list[bytes], repositories: list[bytes]) -> bytes:
+    """The store's info/exclude: the default patterns, then each file left out for its size
+    and each folder left out for holding a repository of its own."""
     defaults = "\n".join(DEFAULT_EXCLUDES).encode() + b"\n"
-    return defaults + b"".join(b"/" + _pattern(path) + b"\n" for path in too_large)
+    files = b"".join(b"/" + _pattern(path) + b"\n" for path in too_large)
+    return defaults + files + b"".join(b"/" + _pattern(path) + b"/\n" for path in repositories)
 
 
 def unchanged(workspace: int, store: str, commit: str, max_file_bytes: int) -> dict[str, object]:
@@ -470,11 +533,11 @@ def unchanged(workspace: int, store: str, commit: str, max_file_bytes: int) -> d
             excludes = exclude.read()
     except FileNotFoundError:
         return {"unchanged": False}
-    too_large = [path for path, _ in _files_over(workspace, max_file_bytes)]
-    if excludes != _excludes(too_large):
+    if excludes != _excludes(*_left_out(workspace, max_file_bytes)):
         return {"unchanged": False}
+    own_attributes(store)
     done = _git_run(git_argv(store, "status", "--porcelain=v2", "--branch", "-z",
-                             "--untracked-files=all", "--ignore-submodules=none"))  # fmt: skip
+                             "--untracked-files=all", "--ignore-submodules=all"))  # fmt: skip
     if done.returncode != 0:
         return {"unchanged": False}
     lines = done.stdout.split(b"\0")
@@ -587,10 +650,45 @@ def _heard_nothing(inotify: int) -> bool:
         return True  # no event waiting
 
 
-def _files_over(workspace: int, limit: int) -> Iterator[tuple[bytes, int]]:
-    for _, _, path, info in walk(workspace, b"", skip=_EXCLUDED_FOLDERS):
-        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
-            yield path, info.st_size
+def _left_out(workspace: int, limit: int) -> tuple[list[bytes], list[bytes]]:
+    """Return what checkpoints leave out besides what patterns do: the files over `limit`
+    bytes, and the folders below the top that hold a `.git` of any kind (a repository of
+    their own: nothing below one is looked at)."""
+    too_large: list[bytes] = []
+    repositories: list[bytes] = []
+
+    def visit(fd: int, prefix: bytes, depth: int) -> None:
+        try:
+            names = sorted(os.fsencode(name) for name in os.listdir(fd))
+        except OSError:
+            return
+        if depth > 0 and b".git" in names:
+            repositories.append(prefix[:-1])
+            return
+        for name in names:
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+                too_large.append(prefix + name)
+            elif (
+                stat.S_ISDIR(info.st_mode)
+                and depth < MAX_DEPTH
+                and name not in _EXCLUDED_FOLDERS
+                and name != b".git"
+            ):
+                try:
+                    child = os.open(name, FOLDER, dir_fd=fd)
+                except OSError:
+                    continue  # swapped for a link, or closed to us
+                try:
+                    visit(child, prefix + name + b"/", depth + 1)
+                finally:
+                    os.close(child)
+
+    visit(workspace, b"", 0)
+    return too_large, repositories
 
 
 def _literal(path: bytes) -> str:
@@ -606,6 +704,7 @@ def _pattern(path: bytes) -> bytes:
 def changes(workspace: int, store: str, before: str, after: str, limit: int) -> dict[str, object]:
     """The files that differ between two checkpoints, with +/- line counts (git's numstat)."""
     os.fchdir(workspace)
+    own_attributes(store)
     before = before or EMPTY_TREE
     numstat = git(store, "diff", *DIFF_OPTIONS, "-z", "--numstat", before, after).split(b"\0")
     status = git(store, "diff", *DIFF_OPTIONS, "-z", "--name-status", before, after).split(b"\0")
@@ -636,6 +735,7 @@ _STATUS = {b"A": "added", b"M": "modified", b"D": "deleted", b"R": "renamed", b"
 def diff(workspace: int, store: str, before: str, after: str, path: str, out: BinaryIO) -> None:
     """Write the unified diff between two checkpoints (of one path, if given)."""
     os.fchdir(workspace)
+    own_attributes(store)
     selection = ["--", _literal(b"/".join(parts_of(path)))] if path else []
     header(out, {})
     out.flush()
@@ -655,6 +755,7 @@ def revert(
     Files the checkpoints leave out (too large, excluded) are never touched.
     """
     os.fchdir(workspace)
+    own_attributes(store)
     if not path:
         if hunk:
             raise Refused("invalid", "a hunk is reverted in one file: give its path")

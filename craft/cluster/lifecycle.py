@@ -17,7 +17,8 @@ all of it:
   finish; cancel the others and record them as interrupted; stop every agent actively (its
   process group is killed, or its exec closed: an agent need not exit when its input ends);
   mark the sandboxes it was provisioning failed (their users' "Try again" provisions them
-  anew); commit what the event writer holds; mark this worker stopped.
+  anew) and wait for their threads to leave the backend; commit what the event writer
+  holds; mark this worker stopped.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ SHUTTING_DOWN = "The server shut down during this turn."
 
 # After the grace period and the cancel, how long stopped agents' turns may take to be stored.
 RECORD_SECONDS = 10.0
+# How long the threads provisioning sandboxes get to leave the backend (one call of it).
+STOP_PROVISIONING_SECONDS = 10.0
 
 
 def start_worker() -> int:
@@ -135,6 +138,16 @@ class Lifecycle:
         stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
         # Sandboxes half provisioned here say so, and their "Try again" works at once.
         abandoned = await db_calls.run(sandbox_services.abandon_provisioning)
+        # Their threads must be out of the backend's client before the interpreter
+        # finalizes: one waking up then kills the process (see `stop_provisioning`).
+        left = await asyncio.to_thread(
+            sandbox_services.stop_provisioning, STOP_PROVISIONING_SECONDS
+        )
+        if left:
+            logger.warning(
+                "%d provisioning thread(s) still in the backend after %g s",
+                left, STOP_PROVISIONING_SECONDS,
+            )  # fmt: skip
         await _wait_for(still, RECORD_SECONDS)
         await ownership.release_all()  # other workers take this one's sessions at once
         listener.stop()

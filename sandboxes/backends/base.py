@@ -67,7 +67,9 @@ class SandboxBackend(Protocol):
         """Create the sandbox's resources, wait until usable, return the backend reference.
 
         Idempotent: provisioning a sandbox that already exists adopts what is there.
-        `progress` receives short status lines to show while this runs.
+        `progress` receives short status lines to show while this runs, at least one per
+        poll while it waits; it raises when the caller stops provisioning (its server is
+        stopping): let that go through, what was made is adopted by the next attempt.
         """
 
     def terminate(self, sandbox: "Sandbox") -> None:

@@ -221,7 +221,9 @@ class KubernetesBackend:
                 return  # adopt it
             if time.monotonic() >= deadline:
                 raise SandboxError("the previous pod of this sandbox is still terminating")
-            if not going:
+            if going:
+                progress("waiting for the previous pod to be deleted")
+            else:
                 progress(f"replacing the pod that failed ({failure})")
                 self._delete_pod(name)
             time.sleep(settings.CRAFT_K8S_POLL_INTERVAL)
@@ -265,7 +267,6 @@ class KubernetesBackend:
 
     def _wait_until_ready(self, name: str, progress: Progress) -> None:
         deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
-        last_line = ""
         phase = "Unknown"
         while time.monotonic() < deadline:
             try:
@@ -279,10 +280,8 @@ class KubernetesBackend:
             failure = pod_failure(pod)
             if failure:
                 raise SandboxError(failure)
-            line = f"pod {phase}" + (f": {e}" if (e := self._latest_event(name)) else "")
-            if line != last_line:
-                progress(line)
-                last_line = line
+            # At every poll: the caller may stop provisioning here (it raises).
+            progress(f"pod {phase}" + (f": {e}" if (e := self._latest_event(name)) else ""))
             time.sleep(settings.CRAFT_K8S_POLL_INTERVAL)
         raise SandboxError(
             f"pod not ready after {settings.CRAFT_K8S_READY_TIMEOUT:g} s (phase {phase})"

@@ -55,8 +55,9 @@ def _spawn(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
 
 # Where an agent's end of output is heard: it waits up to a second for the exit code.
 _ends = ThreadPoolExecutor(max_workers=4, thread_name_prefix="craft-agent-ends")
-# Where the workspace tool finds the sandbox's checkpoint stores, inside its jail.
-STORES_IN_JAIL = "/tmp/craft-checkpoints"
+# Where the workspace tool finds the session's checkpoint store, inside its jail (the one
+# store mounted there).
+STORE_IN_JAIL = "/tmp/craft-checkpoints"
 # The workspace tool (listings, reads, checkpoints) is background work next to the live
 # sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
 # event loop most of the CPU (docs/performance.md).
@@ -624,7 +625,8 @@ class LocalBackend:
 
         Checkpoints go to a store in `.craft/checkpoints/<sandbox id>/<session id>`, a git
         repository of the sandbox's user behind a folder only root may enter: the tool writes
-        it from a jail like its agents' in which it is mounted; agents never see it.
+        it from a jail like its agents' in which it alone is mounted (no other session's
+        store); agents never see it.
         """
         root = self._root(sandbox)
         session = str(UUID(str(session_id)))
@@ -652,14 +654,23 @@ class LocalBackend:
             sandbox_root=self.sandbox_root,
             tools=self.tools,
             no_network=True,
-            binds=((stores, STORES_IN_JAIL),),
+            binds=((stores / session, STORE_IN_JAIL),),
             uid_nproc=self.budget is None,
         )
         within = self._tool_budget(sandbox)
+
+        def run_in_store(args: list[str]) -> LocalToolProcess:
+            # Made here, not by the tool: only an existing folder can be mounted.
+            try:
+                containment.private_folder(stores, (session,), user)
+            except OSError as exc:
+                raise SandboxError(f"cannot create the session's checkpoint store: {exc}") from exc
+            return LocalToolProcess(within([*jailed, *args]))
+
         return Workspace(
             lambda args: LocalToolProcess(within([*containment.as_user(user), *command, *args])),
-            lambda args: LocalToolProcess(within([*jailed, *args])),
-            f"{STORES_IN_JAIL}/{session}",
+            run_in_store,
+            STORE_IN_JAIL,
             waits=True,
         )
 
@@ -690,14 +701,14 @@ class LocalBackend:
         else:
             argv = self._tool_budget(sandbox)(
                 jail.jailed(
-                    [du, "-s", "-B1", "--", str(root), STORES_IN_JAIL],
+                    [du, "-s", "-B1", "--", str(root), STORE_IN_JAIL],
                     sandbox=root,
                     workspace=root,
                     user=user,
                     sandbox_root=self.sandbox_root,
                     tools=self.tools,
                     no_network=True,
-                    binds=((stores, STORES_IN_JAIL),),
+                    binds=((stores, STORE_IN_JAIL),),  # all its sessions' stores
                     uid_nproc=self.budget is None,
                 )
             )

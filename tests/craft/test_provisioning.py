@@ -7,9 +7,14 @@ as a browser uses them.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,9 +27,10 @@ from ..server import Daphne, Socket, api
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def kubernetes_server(kube, folder: Path) -> Daphne:
+def kubernetes_server(kube, folder: Path, **env: str) -> Daphne:
     return Daphne(
         folder,
+        **env,
         CRAFT_SANDBOX_BACKEND="kubernetes",
         CRAFT_K8S_KUBECONFIG=str(kube.write_kubeconfig(folder / "kubeconfig")),
         CRAFT_K8S_NAMESPACE="craft-provisioning",
@@ -173,3 +179,67 @@ def test_a_server_stopped_while_provisioning_leaves_no_sandbox_stuck(kube, owner
         socket.close()
     finally:
         server.stop()
+
+
+def test_a_server_stopped_while_provisioning_under_load_exits_0_ten_times(kube, owner, tmp_path):
+    """SIGTERM while a provisioning thread waits on the Kubernetes API, every CPU busy
+    (`stress-ng --cpu 2`, from just before the SIGTERM to the exit), ten times: daphne exits
+    0 each time.
+
+    Found under load: daphne died of SIGABRT. The provisioning thread, a daemon thread, was
+    inside a call of the kubernetes client when the interpreter finalized; CPython (before
+    3.14) ends such a thread with pthread_exit when it wakes, and that forced unwinding
+    aborts the process at the Rust frames of pydantic's `validate_call`, which wraps every
+    API call of the client. Every answer of the API server here takes a while, so that at
+    each SIGTERM the thread is waiting on one. The load runs only while each server stops
+    (about a second of ten): the rest of the suite, on the same cores, hardly feels it.
+    """
+    stress = shutil.which("stress-ng")
+    if stress is None:
+        pytest.skip("needs Debian's stress-ng for the load (make test installs it)")
+    kube.ready_delay = 600  # the pod never becomes ready meanwhile
+    kube.rest_delay = 0.2
+    for attempt in range(10):
+        server = kubernetes_server(kube, tmp_path / str(attempt), PYTHONFAULTHANDLER="1")
+        server.start()
+        try:
+            if attempt == 0:
+                status, _ = api(server, owner, "POST", "/api/sessions/", {})
+                assert status == 201
+            else:  # "Start again" of the sandbox the last server abandoned
+                assert api(server, owner, "POST", "/api/sandbox/")[0] == 202
+            provisioning_started(server, owner)
+            with cpu_load(stress):
+                server.signal(signal.SIGTERM)
+                code = server.wait(120)
+            assert code == 0, f"attempt {attempt}: {code}\n{server.log.read_text()[-3000:]}"
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def cpu_load(stress: str) -> Iterator[None]:
+    """Keep two CPUs busy (`stress-ng --cpu 2`) while the block runs."""
+    load = subprocess.Popen(
+        [stress, "--cpu", "2", "--timeout", "300"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its workers are stopped with it, as one group
+    )
+    try:
+        yield
+    finally:
+        os.killpg(load.pid, signal.SIGKILL)
+        load.wait()
+
+
+def provisioning_started(server: Daphne, user, timeout: float = 60) -> None:
+    """Wait until the user's sandbox is being provisioned by the backend (it said how far)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = api(server, user, "GET", "/api/sandbox/")
+        assert status == 200, body
+        if body["status"] == "provisioning" and body["detail"]:
+            return
+        assert time.monotonic() < deadline, body
+        time.sleep(0.05)

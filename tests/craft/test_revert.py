@@ -218,8 +218,11 @@ def test_a_revert_is_refused_while_a_turn_runs_and_for_bad_requests(person, sess
     status, answer = person.revert(10_000)
     assert (status, answer["error"]["code"]) == (404, "no_checkpoint")
     for body, code in [
-        ({"path": "../etc/passwd"}, "invalid"),
-        ({"path": "/etc/passwd"}, "invalid"),
+        ({"path": "../etc/passwd"}, "invalid_path"),
+        ({"path": "/etc/passwd"}, "invalid_path"),
+        ({"path": "notes\x00.txt"}, "invalid_path"),
+        ({"path": "notes\x1b.txt"}, "invalid_path"),
+        ({"path": "notes\ud800.txt"}, "invalid_path"),
         ({"hunk": 0}, "invalid"),
         ({"path": "notes.txt", "hunk": -1}, "invalid"),
         ({"path": "notes.txt", "hunk": True}, "invalid"),

@@ -149,3 +149,21 @@ def test_a_turns_diff_is_gits_unified_diff_of_its_checkpoints(server, session, o
     assert status == 404 and json.loads(body)["error"]["code"] == "no_checkpoint"  # not a turn
     status, _, body = get(server, stranger, path)
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+
+
+# What no path as Craft spells it holds: the tool spells a name's control characters \xNN.
+CONTROL = ["a%00.png", "a%0Ab", "%1B%5B31m", "a%7F", "src%2F%09app.py"]
+
+
+@pytest.mark.parametrize("endpoint", ["files/", "files/raw", "turns/1/diff/"])
+def test_a_control_character_in_a_path_is_400_invalid_path(server, session, owner, endpoint):
+    """A NUL cannot be in a program's argv: it was a 500 ("embedded null byte")."""
+    for spelled in CONTROL:
+        status, _, body = get(
+            server, owner, f"/api/sessions/{session.pk}/{endpoint}?path={spelled}"
+        )
+        assert status == 400, (spelled, body)
+        assert json.loads(body)["error"]["code"] == "invalid_path", spelled
+    # Spelled as the tool spells it, a name with a line end is only not there.
+    status, _, body = get(server, owner, f"/api/sessions/{session.pk}/files/raw?path=a%5Cx0ab")
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"

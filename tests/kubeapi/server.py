@@ -99,7 +99,7 @@ class KubeTestServer:
     the server thread reads them when it needs them. `ready_delay`, `never_ready`,
     `image_pull_backoff` and `unschedulable` are read when a pod is created and stay with that
     pod; the exec knobs on every exec (`exec_frame_size` on every read of the process output);
-    `rest_failures` on every request.
+    `rest_failures` and `rest_delay` (seconds before each REST answer) on every request.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, port: int = 0) -> None:
@@ -111,6 +111,7 @@ class KubeTestServer:
         self.image_pull_backoff = False
         self.unschedulable = False
         self.rest_failures = 0
+        self.rest_delay = 0.0
         self.exec_handshake_delay = 0.0
         self.exec_refused = False
         self.exec_frame_size = 65536
@@ -280,6 +281,8 @@ class KubeTestServer:
         self, request: web.Request, handler: Callable[[web.Request], Any]
     ) -> web.StreamResponse:
         self.requests.append((request.method, request.path))
+        if self.rest_delay > 0 and not request.path.endswith("/exec"):
+            await asyncio.sleep(float(self.rest_delay))
         try:
             if self.rest_failures > 0 and not request.path.endswith("/exec"):
                 self.rest_failures -= 1

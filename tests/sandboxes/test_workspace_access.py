@@ -133,6 +133,25 @@ def test_hostile_names_are_escaped_and_each_can_be_read_back(workspace):
         assert refused.value.code == "invalid_path", path
 
 
+def test_a_control_character_in_a_path_is_refused_as_invalid_path_on_every_read(workspace):
+    """A name with one is spelled `\\xNN`; as such it is no path Craft gives, and a NUL
+    cannot be in the tool's argv at all (a ValueError, "embedded null byte", before)."""
+    workspace.write("a.txt", b"one\n")
+    commit = workspace.craft.checkpoint("start").commit
+    reads = {
+        "list": lambda path: workspace.craft.list_folder(path),
+        "read": lambda path: workspace.craft.read(path, 1 << 20),
+        "diff": lambda path: workspace.craft.diff("", commit, path),
+        "revert": lambda path: workspace.craft.revert(commit, commit, path),
+    }
+    for what, call in reads.items():
+        for path in ["a\x00.txt", "a.txt\n", "\x1b[31m", "a\x7f", "a\ud800"]:
+            with pytest.raises(WorkspaceRefused) as refused:
+                call(path)
+            assert refused.value.code == "invalid_path", (what, path)
+    assert read_all(workspace.craft, "a.txt") == b"one\n"
+
+
 def test_a_2_gib_file_is_listed_but_not_read_over_the_limit(workspace, settings):
     big = workspace.write("big.bin")
     os.truncate(big, 2 << 30)  # sparse: 2 GiB without the disk
