@@ -90,8 +90,8 @@ def test_pages_outside_the_api_keep_django_s_html_errors(api, settings):
     assert response["Content-Type"].startswith("text/html")
 
 
-def test_daphne_answers_bad_api_requests_with_json(tmp_path):
-    var = tmp_path / "var"
+def test_daphne_answers_bad_api_requests_with_json(place):
+    var = place / "var"  # a checkout other users can enter, as make run's is
     with serve(embedded_env(var), var) as server:
         cases = [
             ("GET", "/api/sessions/not-a-uuid/", None, 404, "not_found"),
