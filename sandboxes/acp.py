@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 
 import orjson
 
-from sandboxes import elicitation
+from sandboxes import elicitation, stderr_text
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,15 @@ class LineTooLong(Exception):
 
 
 class AgentError(Exception):
-    """The agent answered with an error, died, or did not answer in time."""
+    """The agent answered with an error, died, or did not answer in time.
+
+    `details` go into the stored `agent_error` beside the message: what the agent wrote to
+    stderr (see `AgentConnection.stderr_details`), when it did.
+    """
+
+    def __init__(self, message: str = "", details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = details or {}
 
 
 class TurnInProgress(AgentError):
@@ -170,8 +178,13 @@ class AuthRequired(AgentError):
     "description"}`, once the connection has added them.
     """
 
-    def __init__(self, message: str, methods: list[dict[str, str]] | None = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        methods: list[dict[str, str]] | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, details)
         self.methods = methods or []
 
 
@@ -312,8 +325,8 @@ class TurnEnd:
 class TurnFailed:
     """The turn ended without a stopReason: an error response, or the agent went away.
 
-    `details` go into the stored `agent_error` beside the message (the agent's `authMethods`
-    when it asks for authentication)."""
+    `details` go into the stored `agent_error` beside the message: the agent's `authMethods`
+    when it asks for authentication, and what it wrote to stderr (`stderr`, `stderr_line`)."""
 
     message: str
     details: dict[str, Any] = field(default_factory=dict)
@@ -336,6 +349,7 @@ class _Turn:
     prompt_id: int
     cancelled: bool = False
     finished: bool = False
+    stderr_before: str = ""  # the kept stderr when the prompt was sent
 
 
 @dataclass
@@ -494,9 +508,10 @@ class AgentConnection:
     def _failed_start(self, exc: Exception) -> NoReturn:
         # Whatever went wrong, no agent process outlives a start that failed.
         self.stop()
+        details = self.stderr_details()
         if isinstance(exc, AuthRequired):
-            raise AuthRequired(self.auth_message(exc), self.auth_methods) from exc
-        raise AgentError(f"agent did not start: {exc}") from exc
+            raise AuthRequired(self.auth_message(exc), self.auth_methods, details) from exc
+        raise AgentError(f"agent did not start: {exc}", details) from exc
 
     def auth_message(self, exc: AuthRequired) -> str:
         """Return what a person reads when the agent wants authentication: its methods."""
@@ -508,6 +523,18 @@ class AgentConnection:
             for m in self.auth_methods
         )
         return f"{said} It offers: {ways}. Set it up in the sandbox (CRAFT_AGENT_ENV)."
+
+    def stderr_details(self, since: str | None = None) -> dict[str, Any]:
+        """Return what the agent wrote to stderr, for an error's details: `stderr`, the whole
+        of what Craft kept (cleaned, bounded: `stderr_text.kept`), and `stderr_line`, its line
+        that says what went wrong (`stderr_text.said`), of the lines written after the kept
+        stderr was `since` when that is given. Empty when the agent wrote nothing."""
+        tail = self.process.stderr_tail()
+        kept = stderr_text.kept(tail)
+        if not kept:
+            return {}
+        said = stderr_text.said(tail if since is None else stderr_text.written_after(since, tail))
+        return {"stderr": kept, "stderr_line": said} if said else {"stderr": kept}
 
     @property
     def can_resume(self) -> bool:
@@ -676,13 +703,14 @@ class AgentConnection:
         `TurnFailed`. Raises PromptNotSent, delivering nothing, when the prompt could not be
         written (the agent is gone and never got it).
         """
+        stderr_before = self.process.stderr_tail()  # what it writes from now on is the turn's
         with self._lock:
             if self._turn is not None:
                 raise TurnInProgress("a turn is already running on this connection")
             if not self.is_running:
                 raise PromptNotSent("agent is not running")
             request_id, future = self._expect("session/prompt")
-            turn = _Turn(sink=sink, prompt_id=request_id)
+            turn = _Turn(sink=sink, prompt_id=request_id, stderr_before=stderr_before)
             self._turn = turn
             self._terminal_bytes.clear()  # tool call ids may repeat in a later turn
         self.last_used_at = time.monotonic()
@@ -854,8 +882,17 @@ class AgentConnection:
             time.sleep(0.02)
         code = self.process.exit_code()
         message = "agent exited" + (f" with code {code}" if code is not None else "")
-        tail = self.process.stderr_tail().strip()
-        return f"{message}: {tail[-500:]}" if tail else message
+        # The line that says why, not the end of a stack trace (the whole tail goes with the
+        # error as its details: `stderr_details`). Its stderr's last lines may still be on
+        # their way from the pipe (the end of stdout can be heard first): a moment for them.
+        tail, deadline = self.process.stderr_tail(), time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            tail, before = self.process.stderr_tail(), tail
+            if tail == before:
+                break
+        said = stderr_text.said(tail)
+        return f"{message}: {said}" if said else message
 
     def _handle_line(self, line: bytes) -> None:
         try:
@@ -1195,15 +1232,18 @@ class AgentConnection:
             # ignored the cancel), the person asked for the turn to stop, and it stopped.
             return TurnEnd("cancelled")
         exc = future.exception()
+        if exc is None:
+            result = future.result() or {}  # a dict or None: answer_of checked it
+            return TurnEnd(result.get("stopReason") or "end_turn")
+        # What the agent wrote to stderr during the turn often says why better than its
+        # answer does (Codex answers "Internal error" and logs the model provider's 401).
+        details = self.stderr_details(since=turn.stderr_before)
         if isinstance(exc, AuthRequired):
             return TurnFailed(
                 self.auth_message(exc),
-                {"reason": "auth_required", "authMethods": self.auth_methods},
+                {"reason": "auth_required", "authMethods": self.auth_methods, **details},
             )
-        if exc is not None:
-            return TurnFailed(str(exc))
-        result = future.result() or {}  # a dict or None: answer_of checked it
-        return TurnEnd(result.get("stopReason") or "end_turn")
+        return TurnFailed(str(exc), details)
 
     def _fail_everything(self, reason: str) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from craft.turns.recovery import interrupted_answer, interrupted_elicitation, in
 from sandboxes import elicitation
 from sandboxes.acp import (
     AgentConnection,
+    AgentError,
     AuthRequired,
     ElicitationRequest,
     PermissionRequest,
@@ -452,10 +453,13 @@ class Turn:
 
 def start_failure(exc: Exception) -> dict[str, Any]:
     """Return the `agent_error` of an agent that did not start: for one that wants
-    authentication, with `reason` `auth_required` and the agent's `authMethods`."""
+    authentication, with `reason` `auth_required` and the agent's `authMethods`; with what
+    the agent wrote to stderr, when it did (`AgentError.details`)."""
+    details = exc.details if isinstance(exc, AgentError) else {}
     if isinstance(exc, AuthRequired):
-        return {"message": str(exc), "reason": "auth_required", "authMethods": exc.methods}
-    return {"message": str(exc)}
+        return {"message": str(exc), "reason": "auth_required", "authMethods": exc.methods,
+                **details}  # fmt: skip
+    return {"message": str(exc), **details}
 
 
 def elicitation_event(request: ElicitationRequest) -> dict[str, Any]:
