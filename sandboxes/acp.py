@@ -527,13 +527,15 @@ class AgentConnection:
     def stderr_details(self, since: str | None = None) -> dict[str, Any]:
         """Return what the agent wrote to stderr, for an error's details: `stderr`, the whole
         of what Craft kept (cleaned, bounded: `stderr_text.kept`), and `stderr_line`, its line
-        that says what went wrong (`stderr_text.said`), of the lines written after the kept
-        stderr was `since` when that is given. Empty when the agent wrote nothing."""
+        that says what went wrong (`stderr_text.said`). With `since` (the kept stderr when a
+        turn began), only if the agent wrote to stderr during the turn, and the line is of
+        what it wrote then. Empty when the agent wrote nothing (then)."""
         tail = self.process.stderr_tail()
+        written = tail if since is None else stderr_text.written_after(since, tail)
         kept = stderr_text.kept(tail)
-        if not kept:
+        if not kept or not written.strip():
             return {}
-        said = stderr_text.said(tail if since is None else stderr_text.written_after(since, tail))
+        said = stderr_text.said(written)
         return {"stderr": kept, "stderr_line": said} if said else {"stderr": kept}
 
     @property

@@ -39,6 +39,22 @@ export function blockDrawing({ paths, staff }) {
     details.appendChild(el("pre", "", paths.scrubHostPaths(text)));
   }
 
+  // An error's Details: Craft's own message for staff, and for everyone what the agent wrote
+  // to stderr (its own words, host paths cut). The stderr scrolls inside a box that keyboard
+  // users can reach and scroll too.
+  function errorDetails(parent, block) {
+    const detail = staff ? block.detail : "";
+    if (!detail && !block.stderr) return;
+    const details = parent.appendChild(el("details", "tech"));
+    details.appendChild(el("summary", "", "Details"));
+    if (detail) details.appendChild(el("pre", "", paths.scrubHostPaths(detail)));
+    if (!block.stderr) return;
+    details.appendChild(el("p", "tech-label", "What the agent last wrote to its error output (stderr):"));
+    const output = details.appendChild(el("pre", "stderr", paths.scrubHostPaths(block.stderr)));
+    output.tabIndex = 0;
+    output.setAttribute("aria-label", "The agent's error output");
+  }
+
   // Buttons of a whole message (render.mjs handles their clicks): [label, class, aria-label].
   function messageActions(parent, actions) {
     const holder = parent.appendChild(el("span", "msg-actions"));
@@ -171,8 +187,9 @@ export function blockDrawing({ paths, staff }) {
       return record;
     },
     error(block) {
-      // Why, in the person's words, then what to do next; the agent's own words for
-      // everyone (host paths cut), Craft's technical detail for staff.
+      // Why, in the person's words, then what to do next; the agent's own words (its
+      // answer, its stderr's line, the whole stderr under Details) for everyone (host paths
+      // cut), Craft's technical detail for staff.
       const record = newRecord(block, "div", "agent-error");
       if (block.cause) record.element.dataset.cause = block.cause;
       record.element.appendChild(el("p", "", block.summary));
@@ -180,6 +197,10 @@ export function blockDrawing({ paths, staff }) {
         const said = paths.scrubHostPaths(block.said);
         const quote = record.element.appendChild(el("p", "error-said", "The agent said: "));
         quote.appendChild(el("q", "", said.length > 1000 ? `${said.slice(0, 999)}…` : said));
+      }
+      if (block.wrote) {
+        const quote = record.element.appendChild(el("p", "error-said error-wrote", "Its error output says: "));
+        quote.appendChild(el("q", "", paths.scrubHostPaths(block.wrote)));
       }
       if (block.next) record.element.appendChild(el("p", "error-next", block.next));
       if (block.methods.length) {
@@ -191,7 +212,7 @@ export function blockDrawing({ paths, staff }) {
           if (method.description) item.appendChild(el("span", "", `: ${method.description}`));
         }
       }
-      technicalDetails(record.element, block.detail);
+      errorDetails(record.element, block);
       return record;
     },
     changes(block) {
