@@ -43,7 +43,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 import orjson
 
 from sandboxes import elicitation, stderr_text
+from sandboxes.catalog import Credential
 
 logger = logging.getLogger(__name__)
 
@@ -406,8 +407,12 @@ class AgentConnection:
         cwd: str,
         max_message_bytes: int = 16 << 20,
         max_terminal_bytes: int = 1 << 20,
+        credentials: Sequence[Credential] = (),
     ) -> None:
         self.process = process
+        # The keys its catalog entry asks for (docs/agents.md): what its owner stores on the
+        # Keys page and the agent gets in its environment; named when it wants a sign-in.
+        self.credentials = tuple(credentials)
         self.max_message_bytes = max_message_bytes
         # Live command output (`_meta.terminal_output`) kept per tool call of a turn; past it,
         # output is dropped here, on the reader thread, before anyone holds or stores it.
@@ -510,19 +515,37 @@ class AgentConnection:
         self.stop()
         details = self.stderr_details()
         if isinstance(exc, AuthRequired):
+            details = {**details, "keys": self.keys()}
             raise AuthRequired(self.auth_message(exc), self.auth_methods, details) from exc
         raise AgentError(f"agent did not start: {exc}", details) from exc
 
     def auth_message(self, exc: AuthRequired) -> str:
-        """Return what a person reads when the agent wants authentication: its methods."""
+        """Return what a person reads when the agent wants authentication: the ways it
+        offers, and the keys of its owner it is given (its catalog entry's credentials),
+        stored on the Keys page; Craft never calls `authenticate`."""
         said = f"The agent needs authentication first ({exc})."
-        if not self.auth_methods:
-            return f"{said} It names no way to authenticate."
-        ways = "; ".join(
-            m["name"] + (f" ({m['description']})" if m["description"] else "")
-            for m in self.auth_methods
+        if self.auth_methods:
+            ways = "; ".join(
+                m["name"] + (f" ({m['description']})" if m["description"] else "")
+                for m in self.auth_methods
+            )
+            said = f"{said} It offers: {ways}."
+        else:
+            said = f"{said} It names no way to authenticate."
+        if not self.credentials:
+            return (
+                f"{said} It is given no key of yours: whoever runs Craft can have it ask for "
+                "one (its catalog entry's credentials)."
+            )
+        keys = ", ".join(f"{c.label} ({c.name})" for c in self.credentials)
+        return (
+            f"{said} It signs in with the key you stored on the Keys page: {keys}. "
+            "Check it there (it may be wrong or expired), then send your message again."
         )
-        return f"{said} It offers: {ways}. Set it up in the sandbox (CRAFT_AGENT_ENV)."
+
+    def keys(self) -> list[dict[str, str]]:
+        """Return the keys the agent is given, as an `agent_error` names them."""
+        return [{"name": c.name, "label": c.label} for c in self.credentials]
 
     def stderr_details(self, since: str | None = None) -> dict[str, Any]:
         """Return what the agent wrote to stderr, for an error's details: `stderr`, the whole
@@ -1241,10 +1264,9 @@ class AgentConnection:
         # answer does (Codex answers "Internal error" and logs the model provider's 401).
         details = self.stderr_details(since=turn.stderr_before)
         if isinstance(exc, AuthRequired):
-            return TurnFailed(
-                self.auth_message(exc),
-                {"reason": "auth_required", "authMethods": self.auth_methods, **details},
-            )
+            wanted = {"reason": "auth_required", "authMethods": self.auth_methods,
+                      "keys": self.keys()}  # fmt: skip
+            return TurnFailed(self.auth_message(exc), {**wanted, **details})
         return TurnFailed(str(exc), details)
 
     def _fail_everything(self, reason: str) -> None:

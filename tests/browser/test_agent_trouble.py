@@ -9,6 +9,7 @@ Each page is checked with axe and for Content-Security-Policy violations. Screen
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import sys
@@ -18,8 +19,11 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import expect
 
-from tests.ready import open_ready_session
+from craft.storage.db import db_sync_to_async
+from tests.ready import open_ready_session, running_sandbox
 
+from ..craft.wsclient import session_cookie
+from ..server import api_request
 from .conftest import assert_accessible, serve, signed_in_page, snap
 from .test_chat_page import open_page, send_prompt
 
@@ -40,8 +44,9 @@ def server_with(tmp_path):
     """Start the app with `command` as its agent: `server_with(command)`."""
     servers = []
 
-    def start(command: list[str]):
-        servers.append(serve({"CRAFT_AGENT_COMMAND": shlex.join(command)}, tmp_path / "sandboxes"))
+    def start(command: list[str], **env: str):
+        env = {"CRAFT_AGENT_COMMAND": shlex.join(command), **env}
+        servers.append(serve(env, tmp_path / "sandboxes"))
         return servers[-1].__enter__()
 
     yield start
@@ -115,3 +120,40 @@ async def test_an_agent_that_dies_mid_turn_says_its_last_exception(
     )
     await assert_accessible(page, "an agent that died mid-turn, its details open")
     await snap(page, "trouble-died")
+
+
+async def test_an_agent_that_wants_a_sign_in_names_the_key_and_links_the_keys_page(
+    server_with, owner_page, owner, tmp_path
+):
+    # An agent whose catalog entry asks for a key, and that refuses to work until someone
+    # signs in (the demo agent's `--auth`), as a CLI does with a key it does not take.
+    command = shlex.join([sys.executable, "-m", "sandboxes.demo_agent", "--auth"])
+    catalog = tmp_path / "agents.toml"
+    catalog.write_text(
+        f'[[agents]]\nid = "signin"\ncommand = {json.dumps(command)}\n'
+        'credentials = [{ name = "PROVIDER_API_KEY", label = "Provider API key" }]\n'
+    )
+    server = server_with(["unused"], CRAFT_AGENTS_FILE=str(catalog))
+    cookie = await db_sync_to_async(session_cookie)(owner)
+    status, _ = api_request(
+        server.url, cookie, "PUT", "/api/credentials/PROVIDER_API_KEY/", {"value": "sk-wrong-key"}
+    )
+    assert status == 200
+    status, session = api_request(server.url, cookie, "POST", "/api/sessions/", {"agent": "signin"})
+    assert status == 201
+    await db_sync_to_async(running_sandbox)(owner)
+    page = await owner_page(server)
+    await page.goto(f"{server.url}/sessions/{session['id']}/")
+    await send_prompt(page, "hello")
+
+    error = page.locator(ERROR)
+    await expect(error.locator(".error-next")).to_have_text(
+        "It signs in with your Provider API key: check it on the Keys page (it may be wrong or "
+        "expired), then send your message again. Open Keys"
+    )
+    await error.get_by_role("link", name="Open Keys").click()
+    await expect(page).to_have_url(f"{server.url}/keys/")
+    await page.go_back()
+    await expect(page.locator(ERROR)).to_be_visible()
+    await assert_accessible(page, "an agent that wants a sign-in")
+    await snap(page, "trouble-sign-in")

@@ -696,5 +696,16 @@ describe("elicitation", () => {
       authMethods: [{ id: "a", name: "Demo login", description: "Sign in" }, { id: "b" }, "junk"] }).block;
     assert.deepEqual(block.methods, [{ name: "Demo login", description: "Sign in" }, { name: "b", description: "" }]);
     assert.equal(block.summary, "The agent needs you to sign in first.");
+    assert.deepEqual(block.keys, []);
+  });
+
+  test("an agent that wants a sign-in names the keys its catalog entry asks for", () => {
+    const fold = session();
+    const block = fold("agent_error", { message: "The agent needs authentication first", reason: "auth_required",
+      keys: [{ name: "ANTHROPIC_API_KEY", label: "Anthropic API key" }, { label: "no name" }, 3] }).block;
+    assert.deepEqual(block.keys, [{ name: "ANTHROPIC_API_KEY", label: "Anthropic API key" }]);
+    assert.equal(block.next, "It signs in with your Anthropic API key: check it on the Keys page "
+      + "(it may be wrong or expired), then send your message again.");
+    assert.deepEqual(fold("agent_error", { reason: "auth_required", keys: "x" }).block.keys, []);
   });
 });

@@ -20,8 +20,8 @@ function timeElement(ms) {
 }
 
 /** Return how blocks are drawn for a session whose paths `paths` makes readable; technical
- *  detail is shown to `staff` only. */
-export function blockDrawing({ paths, staff }) {
+ *  detail is shown to `staff` only; `keysUrl` is the Keys page, where keys an agent wants go. */
+export function blockDrawing({ paths, staff, keysUrl = "" }) {
   // An element with the hidden holder of its events' marks.
   function newRecord(block, tag, className) {
     const element = el(tag, className);
@@ -202,7 +202,14 @@ export function blockDrawing({ paths, staff }) {
         const quote = record.element.appendChild(el("p", "error-said error-wrote", "Its error output says: "));
         quote.appendChild(el("q", "", paths.scrubHostPaths(block.wrote)));
       }
-      if (block.next) record.element.appendChild(el("p", "error-next", block.next));
+      if (block.next) {
+        const next = record.element.appendChild(el("p", "error-next", block.next));
+        if (block.keys.length && keysUrl) {
+          next.append(" ");
+          const link = next.appendChild(el("a", "", "Open Keys"));
+          link.href = keysUrl;
+        }
+      }
       if (block.methods.length) {
         record.element.appendChild(el("p", "auth-methods-label", "Ways the agent offers to sign in:"));
         const list = record.element.appendChild(el("ul", "auth-methods"));

@@ -103,6 +103,7 @@ const workspace = createWorkspace({
 const view = createView({
   transcript, fold, paths, scroll,
   staff: root.dataset.staff === "true",
+  keysUrl: root.dataset.keysUrl || "",
   libraries: (root.dataset.libraries || "").split(" ").filter(Boolean),
   hooks: {
     beforeFlush: controls.draw,

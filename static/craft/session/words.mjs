@@ -98,12 +98,16 @@ const RATE_LIMITED = /\b429\b|rate[ _-]?limit|too many requests|quota/i;
  *  short, its `cause` (an INTERRUPTIONS key). `wrote`, the line of the agent's stderr that
  *  says what went wrong, tells a refused key or a rate limit that its answer did not name
  *  (Codex answers "Internal error" and logs the model provider's 401). */
-export function agentErrorWording(message, reason, wrote = "") {
+export function agentErrorWording(message, reason, wrote = "", keys = []) {
   const said = String(message || "");
   if (reason === "auth_required") {
+    // The keys its catalog entry asks for (docs/agents.md), which the person stores.
+    const named = keys.map((key) => key.label || key.name).filter(Boolean);
     return {
       summary: "The agent needs you to sign in first.", agentSaid: false,
-      next: "Set up one of the ways it offers (an API key on the Keys page, say), then send your message again.",
+      next: named.length
+        ? `It signs in with your ${named.join(", ")}: check it on the Keys page (it may be wrong or expired), then send your message again.`
+        : "Set up one of the ways it offers (an API key on the Keys page, say), then send your message again.",
     };
   }
   const cause = INTERRUPTIONS[reason] ? reason : INTERRUPTION_MESSAGES[said];
