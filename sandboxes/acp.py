@@ -195,6 +195,18 @@ RESTORED = ("resume", "load", "none")
 # Updates that arrive outside a turn before anyone listens (some agents send their commands
 # right after the session/new answer) are held for the idle sink, up to this many.
 EARLY_UPDATES = 1_000
+# What an agent says within one turn: its words, thoughts, tool calls and plan (and Craft's
+# note that a tool call's output was cut). ACP has every update of a turn come before the
+# answer to its `session/prompt`; those that come after it belong to a turn that has ended
+# (a cancelled Claude Code turn's last words, seen), and are dropped and counted, never
+# stored after that turn's `turn_end`. What an agent says of the session (its commands,
+# modes, options, usage, title, a finished URL elicitation, unknown kinds) may come any time.
+TURN_UPDATES = frozenset(
+    {
+        "agent_message_chunk", "agent_thought_chunk", "user_message_chunk", "tool_call",
+        "tool_call_update", "plan", "terminal_output_limited",
+    }
+)  # fmt: skip
 
 
 # What Craft reads of the agent's answer to each request it sends, and so checks before anyone
@@ -449,6 +461,11 @@ class AgentConnection:
         # The id of the session/resume or session/load request while it runs: until its
         # answer, what the agent sends is a replay of what the client has already seen.
         self._restoring: int | None = None
+        # Whether a turn of this connection was answered: from then on, until the next
+        # prompt, updates of a turn (TURN_UPDATES) come after their turn's end.
+        self._answered = False
+        self.late_updates_dropped = 0  # all such updates of this connection, dropped
+        self._dropped_since_answer = 0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -686,6 +703,7 @@ class AgentConnection:
         except Exception:
             logger.exception("stopping agent %s failed", self.process.ident)
         self._fail_everything("agent connection stopped")
+        self._count_late_updates()
 
     def wait_closed(self, timeout: float = 5.0) -> bool:
         """Wait until everything the agent wrote has been read and delivered; True if so."""
@@ -737,6 +755,7 @@ class AgentConnection:
             request_id, future = self._expect("session/prompt")
             turn = _Turn(sink=sink, prompt_id=request_id, stderr_before=stderr_before)
             self._turn = turn
+            self._count_late_updates()
             self._terminal_bytes.clear()  # tool call ids may repeat in a later turn
         self.last_used_at = time.monotonic()
         try:
@@ -1211,6 +1230,14 @@ class AgentConnection:
 
     def _deliver(self, item: TurnItem) -> None:
         turn = self._turn
+        if (
+            turn is None
+            and self._answered
+            and isinstance(item, Update)
+            and item.kind in TURN_UPDATES
+        ):
+            self._drop_late(item)
+            return
         sink = turn.sink if turn is not None else self._idle_sink
         if sink is None:
             with self._lock:
@@ -1227,12 +1254,34 @@ class AgentConnection:
         except Exception:
             logger.exception("turn sink failed on %r", item)
 
+    def _drop_late(self, item: Update) -> None:
+        """Drop an update of a turn that has ended (TURN_UPDATES); count it, say so once."""
+        self.late_updates_dropped += 1
+        self._dropped_since_answer += 1
+        if self._dropped_since_answer == 1:
+            logger.warning(
+                "agent %s sent %s after answering its turn's prompt; dropped (ACP has a turn's "
+                "updates come before its answer), and those after it are counted",
+                self.process.ident, item.kind,
+            )  # fmt: skip
+
+    def _count_late_updates(self) -> None:
+        """Log how many updates of the last ended turn were dropped (a new turn begins, or
+        the connection stops)."""
+        dropped, self._dropped_since_answer = self._dropped_since_answer, 0
+        if dropped > 1:
+            logger.warning(
+                "agent %s: %d updates sent after its turn's answer were dropped",
+                self.process.ident, dropped,
+            )  # fmt: skip
+
     def _finish_turn(self, turn: _Turn, future: Future[Any]) -> None:
         """Deliver the turn's last item; runs on the reader thread (or on failure paths)."""
         with self._lock:
             if turn.finished:
                 return
             turn.finished = True
+            self._answered = True
             if self._turn is turn:
                 self._turn = None
             for rid in [rid for rid, p in self._permissions.items() if p.turn is turn]:

@@ -61,7 +61,7 @@ from craft.turns.inbox import Inbox
 from craft.turns.recovery import close_turns_of_gone_workers
 from craft.turns.turn import BATCH_LIMIT, Events, Turn
 from sandboxes import services as sandbox_services
-from sandboxes.acp import AgentConnection, AgentError, Update
+from sandboxes.acp import TURN_UPDATES, AgentConnection, AgentError, Update
 from sandboxes.models import Sandbox
 
 if TYPE_CHECKING:
@@ -103,6 +103,8 @@ class SessionRunner:
         self._queued: int | None = None
         self._waiting_for_sandbox: asyncio.Task[None] | None = None
         self._handling = 0  # commands being carried out here right now
+        # Updates of a turn that came after its end, and were dropped (`_drain_late`).
+        self.late_updates_dropped = 0
 
     @property
     def running(self) -> bool:
@@ -482,7 +484,8 @@ class SessionRunner:
         return events
 
     def _store_late_updates(self) -> None:
-        """Store updates that arrive outside a turn, in arrival order, after what came before."""
+        """Store updates that arrive outside a turn, in arrival order, after what came before;
+        those of a turn that has ended are dropped and counted (see `_drain_late`)."""
         if self._late is not None and not self._late.done():
             return  # the running task takes them too
         self._late = asyncio.get_running_loop().create_task(self._drain_late())
@@ -499,12 +502,29 @@ class SessionRunner:
         with inbox:
             while batch := inbox.take_nowait(BATCH_LIMIT):
                 events = [(item.kind, item.data) for item in batch if isinstance(item, Update)]
+                if self.turn is not None:
+                    events = self._without_turn_updates(events)
                 try:
                     await self.append(events)
                 except Exception:
                     logger.exception("session %s: storing late updates failed", self.session_id)
                 else:
                     self.watch_titles(events)
+
+    def _without_turn_updates(self, events: Events) -> Events:
+        """Return `events` without updates of a turn (TURN_UPDATES), counted and logged: no
+        event of a turn is stored after its `turn_end`. The connection drops those that
+        come after a turn's answer on the wire; these are the ones it had handed over when
+        Craft ended the turn itself (an agent stopped for ignoring a cancel: what it wrote
+        before it died is read after the end)."""
+        kept = [event for event in events if event[0] not in TURN_UPDATES]
+        if dropped := len(events) - len(kept):
+            self.late_updates_dropped += dropped
+            logger.warning(
+                "session %s: %d updates of the agent came after its turn ended; dropped",
+                self.session_id, dropped,
+            )  # fmt: skip
+        return kept
 
     # --- the agent's controls (see craft.turns.controls) ----------------------------------
 
