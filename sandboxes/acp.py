@@ -578,6 +578,15 @@ class AgentConnection:
         said = stderr_text.said(written)
         return {"stderr": kept, "stderr_line": said} if said else {"stderr": kept}
 
+    def stderr_said_lately(self) -> str:
+        """Return the last line worth reading that the agent wrote to stderr during its running
+        turn ("" when none, or no turn runs): what a quiet turn's status shows."""
+        turn = self._turn
+        if turn is None:
+            return ""
+        written = stderr_text.written_after(turn.stderr_before, self.process.stderr_tail())
+        return stderr_text.last_said(written)
+
     @property
     def can_resume(self) -> bool:
         sessions = self.capabilities.get("sessionCapabilities")

@@ -90,6 +90,7 @@ class SessionRunner:
         # registry before each command it hands here (see craft.cluster.forwarding).
         self.fence: Fence | None = None
         self._sandbox_id: UUID | None = None
+        self.owner_id: Any = None  # the session's owner (their sandbox's), once an agent started
         self._lock = asyncio.Lock()
         self._late: asyncio.Task[None] | None = None  # storing updates that came after a turn
         self._titled = False
@@ -457,6 +458,7 @@ class SessionRunner:
             sandbox_services.agent_connection, sandbox, self.session_id, reattach or None, launch
         )
         self._sandbox_id = sandbox.pk
+        self.owner_id = sandbox.owner_id
         await records.record_start(self.session_id, sandbox.pk, connection.agent_session_id)
         self._active_at = time.monotonic()
         self._prompt_capabilities = connection.prompt_capabilities

@@ -157,3 +157,31 @@ async def test_an_agent_that_wants_a_sign_in_names_the_key_and_links_the_keys_pa
     await expect(page.locator(ERROR)).to_be_visible()
     await assert_accessible(page, "an agent that wants a sign-in")
     await snap(page, "trouble-sign-in")
+
+
+async def test_a_quiet_turn_shows_what_the_agent_last_wrote_until_it_goes_on(
+    server_with, owner_page, session
+):
+    workspace = Path(session.sandbox.reference) / "sessions" / str(session.pk)
+    agent = [sys.executable, str(AGENTS / "troubled_agent.py")]
+    server = server_with(agent, CRAFT_AGENT_QUIET_SECONDS="0.5")
+    page = await owner_page(server)
+    await open_page(page, server, session)
+    quiet = page.locator("#agent-quiet")
+    await expect(quiet).to_be_hidden()
+    await send_prompt(page, "quiet")
+
+    retry = "retrying the model call (attempt {}/5): 503 Service Unavailable"
+    await expect(quiet).to_be_visible()
+    await expect(quiet).to_have_text(
+        f"The agent is quiet. Its error output says: {retry.format(1)}"
+    )
+    await expect(page.locator("#working")).to_be_visible()
+    await assert_accessible(page, "a quiet turn's status")
+    await snap(page, "trouble-quiet")
+    (workspace / "next").touch()
+    await expect(quiet.locator("q")).to_have_text(retry.format(2))
+    (workspace / "go").touch()
+    await expect(page.locator("#transcript .msg.agent").last).to_contain_text("answered at last")
+    await expect(quiet).to_be_hidden()
+    await expect(page.locator("#transcript .turn-end .label")).to_have_text("Done")

@@ -37,7 +37,7 @@ import { createView } from "./render.mjs";
 import { followBottom } from "./scroll.mjs";
 import { createConnection } from "./socket.mjs";
 import { createStatus } from "./status.mjs";
-import { isObject } from "./values.mjs";
+import { isObject, str } from "./values.mjs";
 import { FRAME_ERRORS, STOP_REASONS } from "./words.mjs";
 import { createWorkspace } from "./workspace.mjs";
 
@@ -47,7 +47,7 @@ const transcript = $("transcript");
 const promptBox = $("prompt");
 const paths = workspacePaths(root.dataset.workspace, sessionId);
 const fold = createFold({ paths });
-const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt });
+const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt, paths });
 const scroll = followBottom({ session: root, transcript, composer: $("composer"), jumpButton: $("jump"), promptBox });
 const pin = createPermissionPin({ reveal: scroll.reveal });
 // Once the socket said how the sandbox is, its `sandbox` frames keep the page exact: an
@@ -63,6 +63,7 @@ const connection = createConnection({
     connection: status.showConnection,
     announce: status.announce,
     hello(frame) {
+      status.showAgentStderr(""); // said again within seconds if the agent is still quiet
       status.setRunning(frame.running);
       if (isObject(frame.sandbox)) {
         status.setSandbox(frame.sandbox);
@@ -77,6 +78,7 @@ const connection = createConnection({
         status.setSandbox(frame);
         startAgentEarly();
       }
+      else if (frame.type === "agent_stderr") status.showAgentStderr(str(frame.text));
       else sessionsChanged(frame.sessions);
     },
     event(frame) {
@@ -151,6 +153,7 @@ function applyEvent(event, live = false) {
     if (event.kind === "prompt_queued") composer.promptStored({ promptId: event.data.id, text: event.data.text });
   }
   if (live && !step.failed) followLive(event.kind, step.block);
+  if (live) status.showAgentStderr(""); // the agent said something: no longer quiet
 }
 
 // Tell the sidebar (sidebar.js) which of the person's sessions changed what its list shows;
