@@ -363,6 +363,8 @@ class _Turn:
     cancelled: bool = False
     finished: bool = False
     stderr_before: str = ""  # the kept stderr when the prompt was sent
+    stderr_seen: str = ""  # the kept stderr when it was last read for a quiet turn's status
+    stderr_said: str = ""  # ... and its last line worth reading, written during the turn
 
 
 @dataclass
@@ -584,8 +586,11 @@ class AgentConnection:
         turn = self._turn
         if turn is None:
             return ""
-        written = stderr_text.written_after(turn.stderr_before, self.process.stderr_tail())
-        return stderr_text.last_said(written)
+        tail = self.process.stderr_tail()
+        if tail != turn.stderr_seen:  # read again only what changed (a quiet turn asks often)
+            written = stderr_text.written_after(turn.stderr_before, tail)
+            turn.stderr_seen, turn.stderr_said = tail, stderr_text.last_said(written)
+        return turn.stderr_said
 
     @property
     def can_resume(self) -> bool:
