@@ -59,9 +59,10 @@ from craft.turns.agent_calls import call_agent
 from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
 from craft.turns.recovery import close_turns_of_gone_workers
-from craft.turns.turn import BATCH_LIMIT, Events, Turn
+from craft.turns.turn import BATCH_LIMIT, Events, Turn, start_said
 from sandboxes import services as sandbox_services
 from sandboxes.acp import TURN_UPDATES, AgentConnection, AgentError, Update
+from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
 if TYPE_CHECKING:
@@ -547,8 +548,10 @@ class SessionRunner:
     async def start_agent(self) -> None:
         """Start the agent ahead of the first prompt (its `agent_info` and commands are then
         stored, and the session's first checkpoint taken in the background): nothing while
-        a turn runs, the agent runs or the sandbox is not running; a start that fails is
-        only logged (the first prompt tries again and says why)."""
+        a turn runs, the agent runs or the sandbox is not running. An agent (or sandbox) that
+        fails to start is refused (`agent_not_started`) saying why, in the agent's words when
+        it wrote to stderr, so that the page tells the person before they write; nothing is
+        stored, and the first prompt tries again. Other failures are only logged."""
         connection = self.connection
         if self.running or self.registry.closing or (connection and connection.is_running):
             return
@@ -561,7 +564,9 @@ class SessionRunner:
         except Exception as exc:
             logger.info("session %s: the agent did not start ahead of a prompt: %s",
                         self.session_id, exc)  # fmt: skip
-            return
+            if isinstance(exc, AgentError | SandboxError):  # the agent's trouble, or its sandbox's
+                raise Refused("agent_not_started", start_said(exc)) from None
+            return  # Craft's own (a lease lost meanwhile, a key missing): the prompt says it
         if not self.running:
             # Its workspace exists now: record it before any turn, off the first prompt's
             # path (the first turn confirms it is still the workspace's state).

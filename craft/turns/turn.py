@@ -496,6 +496,15 @@ def start_failure(exc: Exception) -> dict[str, Any]:
     return {"message": str(exc), **details}
 
 
+def start_said(exc: Exception) -> str:
+    """Return why an agent did not start, as a person reads it: the line of its stderr that
+    says what went wrong when it wrote one, else the error's message."""
+    if isinstance(exc, AuthRequired) or not isinstance(exc, AgentError):
+        return str(exc)  # a sign-in's own words name the key to check
+    line = exc.details.get("stderr_line")
+    return line if isinstance(line, str) and line else str(exc)
+
+
 def elicitation_event(request: ElicitationRequest) -> dict[str, Any]:
     """Return the stored `elicitation_request` of an agent's `elicitation/create`."""
     data: dict[str, Any] = {"request": request.request_id, "mode": request.mode,

@@ -76,6 +76,12 @@ async def test_an_agent_that_cannot_start_says_which_package_and_shows_its_stder
     server = server_with([NODE, str(AGENTS / "broken_install_agent.mjs")])
     page = await owner_page(server)
     await open_page(page, server, session)
+    # The page starts the agent as it opens: why it could not is said before a word is sent.
+    await expect(page.locator("#frame-error")).to_have_text(
+        "The agent could not start. Your first message will try again. It says: Cannot find "
+        "package '@example/acp-agent-runtime-that-is-not-installed' imported from "
+        "…/broken_install_agent.mjs"
+    )
     await send_prompt(page, "hello")
 
     error = page.locator(ERROR)

@@ -68,6 +68,27 @@ async def test_a_node_agent_missing_a_package_says_which_not_the_end_of_its_stac
     assert lines[-1].startswith("Node.js v")
 
 
+@pytest.mark.skipif(NODE is None, reason="Node is not installed (make test installs it)")
+async def test_an_agent_that_cannot_start_ahead_of_the_first_prompt_says_why_at_once(
+    session, cookie, settings
+):
+    # The page starts a new session's agent as it opens (`start_agent`), before a word.
+    script = AGENTS / "broken_install_agent.mjs"
+    settings.CRAFT_AGENT_COMMAND = [NODE, str(script)]
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "start_agent"})
+    (refused,) = await receive_until(comm, lambda f: f["type"] == "error", timeout=30)
+    assert refused == {
+        "type": "error",
+        "code": "agent_not_started",
+        "message": "Cannot find package '@example/acp-agent-runtime-that-is-not-installed' "
+        f"imported from {script}",
+    }
+    await comm.disconnect()
+    assert await stored_log(session) == []  # the first prompt tries again, and stores why
+
+
 async def test_a_python_agent_whose_import_fails_says_so(session, cookie, settings):
     settings.CRAFT_AGENT_COMMAND = [*TROUBLED, "--broken"]
     error = agent_error_of(await turn(session, cookie, "hello"))

@@ -252,6 +252,12 @@ function refused(frame) {
     status.showFrameErrorWithLink(`${message} Your message is kept.`, root.dataset.keysUrl, "Open Keys");
     return;
   }
+  if (frame.code === "agent_not_started") {
+    // The page started the agent ahead of the first message: say at once why it could not.
+    const said = paths.scrubHostPaths(str(frame.message));
+    status.showFrameError(`${FRAME_ERRORS.agent_not_started}${said ? ` It says: ${said}` : ""}`, true);
+    return;
+  }
   if (frame.code === "not_queued" && queue.notQueued()) {
     status.showFrameError(`${FRAME_ERRORS.not_queued} Your edit is in the box.`);
     return;

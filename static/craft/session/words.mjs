@@ -44,6 +44,7 @@ export const FRAME_ERRORS = {
   agent_refused: "The agent did not accept that change.",
   agent_starting: "The agent is starting. Try again in a moment.",
   agent_unavailable: "The agent could not start, so the change was not made.",
+  agent_not_started: "The agent could not start. Your first message will try again.",
   credentials_missing: "This session's agent needs a key you have not stored.",
   session_deleted: "This session was deleted (in another tab or window), with its conversation and files. Start a new session to carry on.",
   shutting_down: "The server is restarting. Your message is kept: send it again once the page has reconnected.",
