@@ -11,7 +11,8 @@ What is not worth a line: blank lines, stack frames (`    at f (file.js:1:2)`), 
 excerpt (a `file:line` header, the line of code, the caret line under it), the object Node
 prints after a stack (`{ code: 'ERR_…' }`), its `Require stack:` list and `Node.js v20`
 footer, the frames and code of a Python traceback and the sentences that chain two of them,
-and a bare `Error:`. Of what is left, `said` takes the last line that reads as an error
+a bare `Error:`, and the kubelet's "command terminated with non-zero exit code" that a pod
+exec's end adds. Of what is left, `said` takes the last line that reads as an error
 (Python's last `SomeError: message`, Node's `Error [ERR_MODULE_NOT_FOUND]: Cannot find
 package …` read as `Cannot find package …`), else the last line left.
 """
@@ -55,6 +56,9 @@ _PYTHON_CHAINS = (
 _TIMESTAMP = re.compile(
     r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+"
 )
+# What the kubelet says of a pod exec that ended badly, kept with the agent's stderr: the exit
+# code is in Craft's own message already, and the agent's line says why.
+_EXEC_EXIT = re.compile(r"command terminated with non-zero exit code")
 _NODE_HINT = re.compile(r"\(Use `node --trace-")
 # Words of a line that says what went wrong.
 _ERRORISH = re.compile(
@@ -188,6 +192,7 @@ def meaningful_lines(text: str) -> list[str]:
             or _BARE_ERROR.fullmatch(line)
             or _NODE_HINT.match(line)
             or _RUST_HINT.match(line)
+            or _EXEC_EXIT.match(line)
             or line in _PYTHON_CHAINS
         ):
             continue

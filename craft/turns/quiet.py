@@ -41,15 +41,15 @@ class QuietStatus:
         self.shown_at = 0.0
 
     def look(self, now: float) -> None:
-        """The agent is quiet: show what it last wrote to stderr, if that changed (or again,
-        now and then, for pages opened since)."""
+        """Show what the quiet agent last wrote to stderr, if that changed (or again, now and
+        then, for pages opened since)."""
         line = self.connection.stderr_said_lately()
         if line and (line != self.shown or now - self.shown_at >= REFRESH_SECONDS):
             self.shown, self.shown_at = line, now
             self._tell(line)
 
     def heard(self) -> None:
-        """The agent sent something: it is no longer quiet."""
+        """Clear what is shown: the agent sent something, it is no longer quiet."""
         if self.shown:
             self.shown = ""
             self._tell("")

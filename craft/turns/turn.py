@@ -364,8 +364,8 @@ class Turn:
         return max(min(left, settings.CRAFT_TURN_IDLE_SECONDS - silent), 0)
 
     def _look_in(self, silent: float) -> float | None:
-        """How long until the quiet turn's stderr is looked at again, the agent silent for
-        `silent` seconds (None: not while a person is asked something)."""
+        """Return how long until the quiet turn's stderr is looked at again, the agent silent
+        for `silent` seconds (None: not while a person is asked something)."""
         if self.pending or self.elicitations:
             return None
         return max(settings.CRAFT_AGENT_QUIET_SECONDS - silent, 0) or LOOK_SECONDS

@@ -139,6 +139,16 @@ def test_the_tail_the_issue_quoted_no_longer_shows_a_word_cut_in_half():
     )
 
 
+def test_a_pod_agent_s_error_is_read_past_the_kubelet_s_exit_message():
+    # A pod exec's stderr ends with the kubelet's word on the exit (`StderrLog.note`).
+    tail = (
+        "Error: ANTHROPIC_API_KEY is not set\n"
+        "command terminated with non-zero exit code: error executing command "
+        "[sh -c exec claude-agent-acp], exit code 1"
+    )
+    assert stderr_text.said(tail) == "ANTHROPIC_API_KEY is not set"
+
+
 def test_a_rust_panic_reads_as_its_message():
     tail = (
         "thread 'main' panicked at src/main.rs:42:9:\n"
