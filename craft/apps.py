@@ -13,6 +13,7 @@ class CraftConfig(AppConfig):
         from craft.checks import service_passwords
         from craft.cluster import forwarding
         from craft.live import accounts, status
+        from craft.turns.quiet import agent_stderr_changed
         from craft.turns.registry import runners
         from sandboxes.signals import sandbox_changed
         from sandboxes.warm_agents import warm_agents
@@ -20,6 +21,8 @@ class CraftConfig(AppConfig):
         accounts.connect_signals()
         # A sandbox's new state is pushed to its owner's pages (craft.live.status).
         sandbox_changed.connect(status.on_sandbox_changed, dispatch_uid="craft.live.status")
+        # What a quiet turn's agent last wrote to stderr reaches its owner's pages (the same).
+        agent_stderr_changed.connect(status.on_agent_stderr, dispatch_uid="craft.live.status")
         # A session's commands, routed here by the cluster, are carried out by its runner.
         forwarding.serve(handle=runners.handle, lose=runners.lose)
         # A sandbox that becomes running warms its owner's likeliest agent (sandboxes.warm_agents).

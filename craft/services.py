@@ -195,7 +195,8 @@ async def set_config_option(session_id: uuid.UUID, change: SetConfigOption) -> N
 
 async def start_agent(session_id: uuid.UUID) -> None:
     """Start the session's agent ahead of its first prompt, if it is not running; what it
-    offers is stored as events (`agent_info`, its commands). Nothing is refused."""
+    offers is stored as events (`agent_info`, its commands). A start that fails is refused
+    (`agent_not_started`, saying why); nothing else is."""
     await forwarding.route(session_id, StartAgent())
 
 

@@ -610,6 +610,9 @@ CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minim
 # a person's permission answer does not count as silence).
 CRAFT_TURN_TIMEOUT_SECONDS = env_float("CRAFT_TURN_TIMEOUT_SECONDS", 1800.0, minimum=1.0)
 CRAFT_TURN_IDLE_SECONDS = env_float("CRAFT_TURN_IDLE_SECONDS", 300.0, minimum=0.5)
+# A turn whose agent sends nothing for this long has its owner's pages say what the agent last
+# wrote to stderr during the turn (a model call it retries, say), until it goes on.
+CRAFT_AGENT_QUIET_SECONDS = env_float("CRAFT_AGENT_QUIET_SECONDS", 5.0, minimum=0.1)
 # On SIGTERM/SIGINT, how long running turns may go on before they are cancelled and recorded.
 CRAFT_SHUTDOWN_GRACE_SECONDS = env_float("CRAFT_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.0)
 # How long a worker's claim on a session's agent (its lease) lasts without renewal; when the

@@ -43,7 +43,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -51,7 +51,8 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 
 import orjson
 
-from sandboxes import elicitation
+from sandboxes import elicitation, stderr_text
+from sandboxes.catalog import Credential
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,15 @@ class LineTooLong(Exception):
 
 
 class AgentError(Exception):
-    """The agent answered with an error, died, or did not answer in time."""
+    """The agent answered with an error, died, or did not answer in time.
+
+    `details` go into the stored `agent_error` beside the message: what the agent wrote to
+    stderr (see `AgentConnection.stderr_details`), when it did.
+    """
+
+    def __init__(self, message: str = "", details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = details or {}
 
 
 class TurnInProgress(AgentError):
@@ -174,8 +183,13 @@ class AuthRequired(AgentError):
     "description"}`, once the connection has added them.
     """
 
-    def __init__(self, message: str, methods: list[dict[str, str]] | None = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        methods: list[dict[str, str]] | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, details)
         self.methods = methods or []
 
 
@@ -185,6 +199,18 @@ RESTORED = ("resume", "load", "none")
 # Updates that arrive outside a turn before anyone listens (some agents send their commands
 # right after the session/new answer) are held for the idle sink, up to this many.
 EARLY_UPDATES = 1_000
+# What an agent says within one turn: its words, thoughts, tool calls and plan (and Craft's
+# note that a tool call's output was cut). ACP has every update of a turn come before the
+# answer to its `session/prompt`; those that come after it belong to a turn that has ended
+# (a cancelled Claude Code turn's last words, seen), and are dropped and counted, never
+# stored after that turn's `turn_end`. What an agent says of the session (its commands,
+# modes, options, usage, title, a finished URL elicitation, unknown kinds) may come any time.
+TURN_UPDATES = frozenset(
+    {
+        "agent_message_chunk", "agent_thought_chunk", "user_message_chunk", "tool_call",
+        "tool_call_update", "plan", "terminal_output_limited",
+    }
+)  # fmt: skip
 
 
 # What Craft reads of the agent's answer to each request it sends, and so checks before anyone
@@ -316,8 +342,8 @@ class TurnEnd:
 class TurnFailed:
     """The turn ended without a stopReason: an error response, or the agent went away.
 
-    `details` go into the stored `agent_error` beside the message (the agent's `authMethods`
-    when it asks for authentication)."""
+    `details` go into the stored `agent_error` beside the message: the agent's `authMethods`
+    when it asks for authentication, and what it wrote to stderr (`stderr`, `stderr_line`)."""
 
     message: str
     details: dict[str, Any] = field(default_factory=dict)
@@ -340,6 +366,9 @@ class _Turn:
     prompt_id: int
     cancelled: bool = False
     finished: bool = False
+    stderr_before: str = ""  # the kept stderr when the prompt was sent
+    stderr_seen: str = ""  # the kept stderr when it was last read for a quiet turn's status
+    stderr_said: str = ""  # ... and its last line worth reading, written during the turn
 
 
 @dataclass
@@ -396,8 +425,12 @@ class AgentConnection:
         cwd: str,
         max_message_bytes: int = 16 << 20,
         max_terminal_bytes: int = 1 << 20,
+        credentials: Sequence[Credential] = (),
     ) -> None:
         self.process = process
+        # The keys its catalog entry asks for (docs/agents.md): what its owner stores on the
+        # Keys page and the agent gets in its environment; named when it wants a sign-in.
+        self.credentials = tuple(credentials)
         self.max_message_bytes = max_message_bytes
         # Live command output (`_meta.terminal_output`) kept per tool call of a turn; past it,
         # output is dropped here, on the reader thread, before anyone holds or stores it.
@@ -434,6 +467,11 @@ class AgentConnection:
         # The id of the session/resume or session/load request while it runs: until its
         # answer, what the agent sends is a replay of what the client has already seen.
         self._restoring: int | None = None
+        # Whether a turn of this connection was answered: from then on, until the next
+        # prompt, updates of a turn (TURN_UPDATES) come after their turn's end.
+        self._answered = False
+        self.late_updates_dropped = 0  # all such updates of this connection, dropped
+        self._dropped_since_answer = 0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -498,20 +536,65 @@ class AgentConnection:
     def _failed_start(self, exc: Exception) -> NoReturn:
         # Whatever went wrong, no agent process outlives a start that failed.
         self.stop()
+        details = self.stderr_details()
         if isinstance(exc, AuthRequired):
-            raise AuthRequired(self.auth_message(exc), self.auth_methods) from exc
-        raise AgentError(f"agent did not start: {exc}") from exc
+            details = {**details, "keys": self.keys()}
+            raise AuthRequired(self.auth_message(exc), self.auth_methods, details) from exc
+        raise AgentError(f"agent did not start: {exc}", details) from exc
 
     def auth_message(self, exc: AuthRequired) -> str:
-        """Return what a person reads when the agent wants authentication: its methods."""
+        """Return what a person reads when the agent wants authentication: the ways it
+        offers, and the keys of its owner it is given (its catalog entry's credentials),
+        stored on the Keys page; Craft never calls `authenticate`."""
         said = f"The agent needs authentication first ({exc})."
-        if not self.auth_methods:
-            return f"{said} It names no way to authenticate."
-        ways = "; ".join(
-            m["name"] + (f" ({m['description']})" if m["description"] else "")
-            for m in self.auth_methods
+        if self.auth_methods:
+            ways = "; ".join(
+                m["name"] + (f" ({m['description']})" if m["description"] else "")
+                for m in self.auth_methods
+            )
+            said = f"{said} It offers: {ways}."
+        else:
+            said = f"{said} It names no way to authenticate."
+        if not self.credentials:
+            return (
+                f"{said} It is given no key of yours: whoever runs Craft can have it ask for "
+                "one (its catalog entry's credentials)."
+            )
+        keys = ", ".join(f"{c.label} ({c.name})" for c in self.credentials)
+        return (
+            f"{said} It signs in with the key you stored on the Keys page: {keys}. "
+            "Check it there (it may be wrong or expired), then send your message again."
         )
-        return f"{said} It offers: {ways}. Set it up in the sandbox (CRAFT_AGENT_ENV)."
+
+    def keys(self) -> list[dict[str, str]]:
+        """Return the keys the agent is given, as an `agent_error` names them."""
+        return [{"name": c.name, "label": c.label} for c in self.credentials]
+
+    def stderr_details(self, since: str | None = None) -> dict[str, Any]:
+        """Return what the agent wrote to stderr, for an error's details: `stderr`, the whole
+        of what Craft kept (cleaned, bounded: `stderr_text.kept`), and `stderr_line`, its line
+        that says what went wrong (`stderr_text.said`). With `since` (the kept stderr when a
+        turn began), only if the agent wrote to stderr during the turn, and the line is of
+        what it wrote then. Empty when the agent wrote nothing (then)."""
+        tail = self.process.stderr_tail()
+        written = tail if since is None else stderr_text.written_after(since, tail)
+        kept = stderr_text.kept(tail)
+        if not kept or not written.strip():
+            return {}
+        said = stderr_text.said(written)
+        return {"stderr": kept, "stderr_line": said} if said else {"stderr": kept}
+
+    def stderr_said_lately(self) -> str:
+        """Return the last line worth reading that the agent wrote to stderr during its running
+        turn ("" when none, or no turn runs): what a quiet turn's status shows."""
+        turn = self._turn
+        if turn is None:
+            return ""
+        tail = self.process.stderr_tail()
+        if tail != turn.stderr_seen:  # read again only what changed (a quiet turn asks often)
+            written = stderr_text.written_after(turn.stderr_before, tail)
+            turn.stderr_seen, turn.stderr_said = tail, stderr_text.last_said(written)
+        return turn.stderr_said
 
     @property
     def can_resume(self) -> bool:
@@ -638,6 +721,7 @@ class AgentConnection:
         except Exception:
             logger.exception("stopping agent %s failed", self.process.ident)
         self._fail_everything("agent connection stopped")
+        self._count_late_updates()
 
     def wait_closed(self, timeout: float = 5.0) -> bool:
         """Wait until everything the agent wrote has been read and delivered; True if so."""
@@ -680,14 +764,16 @@ class AgentConnection:
         `TurnFailed`. Raises PromptNotSent, delivering nothing, when the prompt could not be
         written (the agent is gone and never got it).
         """
+        stderr_before = self.process.stderr_tail()  # what it writes from now on is the turn's
         with self._lock:
             if self._turn is not None:
                 raise TurnInProgress("a turn is already running on this connection")
             if not self.is_running:
                 raise PromptNotSent("agent is not running")
             request_id, future = self._expect("session/prompt")
-            turn = _Turn(sink=sink, prompt_id=request_id)
+            turn = _Turn(sink=sink, prompt_id=request_id, stderr_before=stderr_before)
             self._turn = turn
+            self._count_late_updates()
             self._terminal_bytes.clear()  # tool call ids may repeat in a later turn
         self.last_used_at = time.monotonic()
         try:
@@ -860,8 +946,17 @@ class AgentConnection:
         if (reason := self.process.end_reason()) is not None:
             return reason
         message = "agent exited" + (f" with code {code}" if code is not None else "")
-        tail = self.process.stderr_tail().strip()
-        return f"{message}: {tail[-500:]}" if tail else message
+        # The line that says why, not the end of a stack trace (the whole tail goes with the
+        # error as its details: `stderr_details`). Its stderr's last lines may still be on
+        # their way from the pipe (the end of stdout can be heard first): a moment for them.
+        tail, deadline = self.process.stderr_tail(), time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            tail, before = self.process.stderr_tail(), tail
+            if tail == before:
+                break
+        said = stderr_text.said(tail)
+        return f"{message}: {said}" if said else message
 
     def _handle_line(self, line: bytes) -> None:
         try:
@@ -1155,6 +1250,14 @@ class AgentConnection:
 
     def _deliver(self, item: TurnItem) -> None:
         turn = self._turn
+        if (
+            turn is None
+            and self._answered
+            and isinstance(item, Update)
+            and item.kind in TURN_UPDATES
+        ):
+            self._drop_late(item)
+            return
         sink = turn.sink if turn is not None else self._idle_sink
         if sink is None:
             with self._lock:
@@ -1171,12 +1274,34 @@ class AgentConnection:
         except Exception:
             logger.exception("turn sink failed on %r", item)
 
+    def _drop_late(self, item: Update) -> None:
+        """Drop an update of a turn that has ended (TURN_UPDATES); count it, say so once."""
+        self.late_updates_dropped += 1
+        self._dropped_since_answer += 1
+        if self._dropped_since_answer == 1:
+            logger.warning(
+                "agent %s sent %s after answering its turn's prompt; dropped (ACP has a turn's "
+                "updates come before its answer), and those after it are counted",
+                self.process.ident, item.kind,
+            )  # fmt: skip
+
+    def _count_late_updates(self) -> None:
+        """Log how many updates of the last ended turn were dropped (a new turn begins, or
+        the connection stops)."""
+        dropped, self._dropped_since_answer = self._dropped_since_answer, 0
+        if dropped > 1:
+            logger.warning(
+                "agent %s: %d updates sent after its turn's answer were dropped",
+                self.process.ident, dropped,
+            )  # fmt: skip
+
     def _finish_turn(self, turn: _Turn, future: Future[Any]) -> None:
         """Deliver the turn's last item; runs on the reader thread (or on failure paths)."""
         with self._lock:
             if turn.finished:
                 return
             turn.finished = True
+            self._answered = True
             if self._turn is turn:
                 self._turn = None
             for rid in [rid for rid, p in self._permissions.items() if p.turn is turn]:
@@ -1201,15 +1326,17 @@ class AgentConnection:
             # ignored the cancel), the person asked for the turn to stop, and it stopped.
             return TurnEnd("cancelled")
         exc = future.exception()
+        if exc is None:
+            result = future.result() or {}  # a dict or None: answer_of checked it
+            return TurnEnd(result.get("stopReason") or "end_turn")
+        # What the agent wrote to stderr during the turn often says why better than its
+        # answer does (Codex answers "Internal error" and logs the model provider's 401).
+        details = self.stderr_details(since=turn.stderr_before)
         if isinstance(exc, AuthRequired):
-            return TurnFailed(
-                self.auth_message(exc),
-                {"reason": "auth_required", "authMethods": self.auth_methods},
-            )
-        if exc is not None:
-            return TurnFailed(str(exc))
-        result = future.result() or {}  # a dict or None: answer_of checked it
-        return TurnEnd(result.get("stopReason") or "end_turn")
+            wanted = {"reason": "auth_required", "authMethods": self.auth_methods,
+                      "keys": self.keys()}  # fmt: skip
+            return TurnFailed(self.auth_message(exc), {**wanted, **details})
+        return TurnFailed(str(exc), details)
 
     def _fail_everything(self, reason: str) -> None:
         with self._lock:

@@ -645,6 +645,7 @@ def start_agent_connection(
             cwd=backend.workspace_path(sandbox, session_id),
             max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
             max_terminal_bytes=settings.CRAFT_MAX_TERMINAL_OUTPUT_BYTES,
+            credentials=launch.agent.credentials if launch else (),
         )
         agent_connections.starting(sandbox.pk, session_id, connection)
         connection.start(timeout=settings.CRAFT_AGENT_START_TIMEOUT, reattach=reattach)

@@ -205,6 +205,7 @@ def start_warm_connection(sandbox: Sandbox, launch: Launch) -> AgentConnection:
             cwd=backend.warm_path(sandbox),
             max_message_bytes=settings.CRAFT_MAX_MESSAGE_BYTES,
             max_terminal_bytes=settings.CRAFT_MAX_TERMINAL_OUTPUT_BYTES,
+            credentials=launch.agent.credentials,
         )
         connection.initialize(timeout=settings.CRAFT_AGENT_START_TIMEOUT)
     logger.info("started warm agent %s in sandbox %s", process.ident, sandbox.pk)

@@ -57,7 +57,7 @@ CHANGED_SESSIONS_AT_MOST = 20
 # `websocket.receive` above all) is dropped.
 LAYER_MESSAGES = {
     "events.available", "session.deleted", "account.closed",
-    status.SANDBOX_CHANGED, status.SESSIONS_CHANGED,
+    status.SANDBOX_CHANGED, status.SESSIONS_CHANGED, status.AGENT_STDERR,
 }  # fmt: skip
 
 
@@ -136,6 +136,9 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
     _hello_sent = False  # no status frame before the `hello`
     _accepted = False  # the websocket handshake is answered
     _sandbox_sent: dict[str, str] | None = None
+    # What this session's quiet agent last wrote to stderr (craft.live.status): to send, sent.
+    _stderr_said: str | None = None
+    _stderr_sent = ""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         async def from_socket() -> FromSocket:
@@ -363,6 +366,13 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     def notice(self, message: dict[str, Any]) -> None:
         """Take a status notice (on the event loop) and send what it changed, once."""
+        if message.get("type") == status.AGENT_STDERR:
+            if message.get("session") != self.session_id.hex or not self._hello_sent:
+                return  # another session's agent; or a line a later one replaces anyway
+            text = message.get("text")
+            self._stderr_said = text if isinstance(text, str) else ""
+            self._start_status()
+            return
         if message.get("type") == status.SANDBOX_CHANGED:
             self._sandbox_stale = True  # of this session's, or the one it is moving to
         elif self._follows_sessions:
@@ -392,7 +402,12 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def _send_status(self) -> None:
         try:
-            while self._sandbox_stale or self._sessions_stale:
+            while self._sandbox_stale or self._sessions_stale or self._stderr_said is not None:
+                if self._stderr_said is not None:
+                    text, self._stderr_said = self.scrubbed(self._stderr_said), None
+                    if text != self._stderr_sent:
+                        self._stderr_sent = text
+                        await self.send_json({"type": "agent_stderr", "text": text})
                 if self._sandbox_stale:
                     self._sandbox_stale = False
                     state = await _sandbox_state(self.session_id)
@@ -417,6 +432,11 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def sessions_changed(self, message: dict[str, Any]) -> None:
         """Another process changed one of the person's sessions (the layer's notice)."""
+        if message.get("origin") != delivery.PROCESS_ID:
+            self.notice(message)
+
+    async def agent_stderr(self, message: dict[str, Any]) -> None:
+        """A quiet agent run by another process wrote to stderr (the layer's notice)."""
         if message.get("origin") != delivery.PROCESS_ID:
             self.notice(message)
 

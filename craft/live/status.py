@@ -1,6 +1,6 @@
 """Live status: what a person's pages show besides a session's events, pushed as it changes.
 
-Two notices go to every session socket a person has open, in every server process:
+Three notices go to every session socket a person has open, in every server process:
 
 * `sandbox.changed`: one of their sandboxes changed state (`sandboxes.signals`, sent by
   whatever changed it: a request, the background provisioning, an admin, the reaper). A socket
@@ -10,8 +10,12 @@ Two notices go to every session socket a person has open, in every server proces
   sessions shows: a turn started or ended, a permission request was opened or answered, the
   title changed, the session was created, deleted or read. A socket sends a `sessions` frame
   naming the sessions that changed, and the page fetches their items of its list again.
+* `agent.stderr`: the agent of one of their sessions (`session`) is quiet mid-turn, and `text`
+  is the line it last wrote to stderr (`craft.turns.quiet`; "" once it goes on or the turn
+  ends). That session's sockets send an `agent_stderr` frame. This one carries what it says:
+  it is never stored, and only the owner's sockets hear it.
 
-Like the event doorbell, these say *that* something changed; the database says what. A
+Like the event doorbell, the first two say *that* something changed; the database says what. A
 socket folds a burst of notices into one read and one frame. Inside a process, notices are
 handed to the sockets of each event loop directly; other processes hear them on the channel
 layer, in the user's group (`user.<id>`, which every session socket joins, see
@@ -39,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 SANDBOX_CHANGED = "sandbox.changed"
 SESSIONS_CHANGED = "sessions.changed"
+AGENT_STDERR = "agent.stderr"
 
 
 class Listener(Protocol):
@@ -125,6 +130,12 @@ def sessions_changed(user_id: Any, session_id: Any) -> None:
     shows, once the caller's transaction commits (at once without one)."""
     session = str(session_id)
     transaction.on_commit(lambda: tell_user(user_id, SESSIONS_CHANGED, session=session))
+
+
+def on_agent_stderr(sender: Any, session_id: Any, owner_id: Any, text: str, **kwargs: Any) -> None:
+    """Receive `craft.turns.quiet.agent_stderr_changed` (on the turn's event loop): tell the
+    session's owner, and no one else, what its quiet agent last wrote to stderr."""
+    tell_user(owner_id, AGENT_STDERR, session=UUID(str(session_id)).hex, text=text)
 
 
 def on_sandbox_changed(sender: Any, sandbox_id: Any, owner_id: Any, **kwargs: Any) -> None:

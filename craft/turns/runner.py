@@ -59,9 +59,10 @@ from craft.turns.agent_calls import call_agent
 from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
 from craft.turns.recovery import close_turns_of_gone_workers
-from craft.turns.turn import BATCH_LIMIT, Events, Turn
+from craft.turns.turn import BATCH_LIMIT, Events, Turn, start_said
 from sandboxes import services as sandbox_services
-from sandboxes.acp import AgentConnection, AgentError, Update
+from sandboxes.acp import TURN_UPDATES, AgentConnection, AgentError, Update
+from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class SessionRunner:
         # registry before each command it hands here (see craft.cluster.forwarding).
         self.fence: Fence | None = None
         self._sandbox_id: UUID | None = None
+        self.owner_id: Any = None  # the session's owner (their sandbox's), once an agent started
         self._lock = asyncio.Lock()
         self._late: asyncio.Task[None] | None = None  # storing updates that came after a turn
         self._titled = False
@@ -103,6 +105,8 @@ class SessionRunner:
         self._queued: int | None = None
         self._waiting_for_sandbox: asyncio.Task[None] | None = None
         self._handling = 0  # commands being carried out here right now
+        # Updates of a turn that came after its end, and were dropped (`_drain_late`).
+        self.late_updates_dropped = 0
 
     @property
     def running(self) -> bool:
@@ -460,6 +464,7 @@ class SessionRunner:
             sandbox_services.agent_connection, sandbox, self.session_id, reattach or None, launch
         )
         self._sandbox_id = sandbox.pk
+        self.owner_id = sandbox.owner_id
         await records.record_start(self.session_id, sandbox.pk, connection.agent_session_id)
         self._active_at = time.monotonic()
         self._prompt_capabilities = connection.prompt_capabilities
@@ -487,7 +492,8 @@ class SessionRunner:
         return events
 
     def _store_late_updates(self) -> None:
-        """Store updates that arrive outside a turn, in arrival order, after what came before."""
+        """Store updates that arrive outside a turn, in arrival order, after what came before;
+        those of a turn that has ended are dropped and counted (see `_drain_late`)."""
         if self._late is not None and not self._late.done():
             return  # the running task takes them too
         self._late = asyncio.get_running_loop().create_task(self._drain_late())
@@ -504,12 +510,29 @@ class SessionRunner:
         with inbox:
             while batch := inbox.take_nowait(BATCH_LIMIT):
                 events = [(item.kind, item.data) for item in batch if isinstance(item, Update)]
+                if self.turn is not None:
+                    events = self._without_turn_updates(events)
                 try:
                     await self.append(events)
                 except Exception:
                     logger.exception("session %s: storing late updates failed", self.session_id)
                 else:
                     self.watch_titles(events)
+
+    def _without_turn_updates(self, events: Events) -> Events:
+        """Return `events` without updates of a turn (TURN_UPDATES), counted and logged: no
+        event of a turn is stored after its `turn_end`. The connection drops those that
+        come after a turn's answer on the wire; these are the ones it had handed over when
+        Craft ended the turn itself (an agent stopped for ignoring a cancel: what it wrote
+        before it died is read after the end)."""
+        kept = [event for event in events if event[0] not in TURN_UPDATES]
+        if dropped := len(events) - len(kept):
+            self.late_updates_dropped += dropped
+            logger.warning(
+                "session %s: %d updates of the agent came after its turn ended; dropped",
+                self.session_id, dropped,
+            )  # fmt: skip
+        return kept
 
     # --- the agent's controls (see craft.turns.controls) ----------------------------------
 
@@ -530,8 +553,10 @@ class SessionRunner:
     async def start_agent(self) -> None:
         """Start the agent ahead of the first prompt (its `agent_info` and commands are then
         stored, and the session's first checkpoint taken in the background): nothing while
-        a turn runs, the agent runs or the sandbox is not running; a start that fails is
-        only logged (the first prompt tries again and says why)."""
+        a turn runs, the agent runs or the sandbox is not running. An agent (or sandbox) that
+        fails to start is refused (`agent_not_started`) saying why, in the agent's words when
+        it wrote to stderr, so that the page tells the person before they write; nothing is
+        stored, and the first prompt tries again. Other failures are only logged."""
         connection = self.connection
         if self.running or self.registry.closing or (connection and connection.is_running):
             return
@@ -544,7 +569,9 @@ class SessionRunner:
         except Exception as exc:
             logger.info("session %s: the agent did not start ahead of a prompt: %s",
                         self.session_id, exc)  # fmt: skip
-            return
+            if isinstance(exc, AgentError | SandboxError):  # the agent's trouble, or its sandbox's
+                raise Refused("agent_not_started", start_said(exc)) from None
+            return  # Craft's own (a lease lost meanwhile, a key missing): the prompt says it
         if not self.running:
             # Its workspace exists now: record it before any turn, off the first prompt's
             # path (the first turn confirms it is still the workspace's state).

@@ -23,10 +23,13 @@ from craft.models import Session
 from craft.storage.eventlog import Fenced
 from craft.turns import controls, records
 from craft.turns.agent_calls import call_agent, send_to_agent
+from craft.turns.inbox import Inbox
+from craft.turns.quiet import LOOK_SECONDS, QuietStatus
 from craft.turns.recovery import interrupted_answer, interrupted_elicitation, interruption
 from sandboxes import elicitation
 from sandboxes.acp import (
     AgentConnection,
+    AgentError,
     AuthRequired,
     ElicitationRequest,
     PermissionRequest,
@@ -292,48 +295,80 @@ class Turn:
                 await self._send_cancel(connection)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.CRAFT_TURN_TIMEOUT_SECONDS
-            stored_size, over, dropped = 0, False, 0
-            while True:
-                try:
-                    batch = await inbox.take(BATCH_LIMIT, self._patience(deadline - loop.time()))
-                except TimeoutError:
+            quiet = QuietStatus(self.session_id, self.runner.owner_id, connection)
+            try:
+                return await self._take_all(connection, inbox, deadline, quiet)
+            finally:
+                quiet.end()
+
+    async def _take_all(
+        self, connection: AgentConnection, inbox: Inbox, deadline: float, quiet: QuietStatus
+    ) -> tuple[Events, str]:
+        """Store the turn's items as they come until its end (see `_stream`); while the agent
+        is quiet, its owner is shown what it last wrote to stderr (`quiet`)."""
+        loop = asyncio.get_running_loop()
+        stored_size, over, dropped = 0, False, 0
+        heard_at = loop.time()  # when the agent last sent something
+        while True:
+            now = loop.time()
+            if self.pending or self.elicitations:
+                heard_at = now  # waiting for a person's answer is not the agent's silence
+            patience = self._patience(deadline - now, now - heard_at)
+            look_in = self._look_in(now - heard_at)
+            looking = look_in is not None and (patience is None or look_in < patience)
+            try:
+                batch = await inbox.take(BATCH_LIMIT, look_in if looking else patience)
+            except TimeoutError:
+                if looking:
+                    quiet.look(loop.time())
+                else:
                     await self._time_out(connection, deadline - loop.time() <= 0)
-                    continue
-                events, final = self.events_of(batch)
-                if over:  # past the turn's limit: what the agent still says is counted, not kept
-                    dropped += len([e for e in events if e[0] != "agent_error"])
-                    events = [e for e in events if e[0] == "agent_error"]
-                    self.interrupted = self._over_limit(dropped)
-                if final is not None:
-                    return events, final
-                if not events:
-                    continue
-                try:
-                    stored = await self.runner.append(events)
-                except (Session.DoesNotExist, Fenced):
-                    raise
-                except Exception as exc:
-                    raise StorageFailed(exc, events) from exc
-                self.runner.watch_titles(events)
-                stored_size += stored.size if stored else 0
-                if stored_size > settings.CRAFT_MAX_TURN_BYTES and not over:
-                    over = True
-                    self.interrupted = self._over_limit(0)
-                    self.cancel_requested = True
-                    await self._send_cancel(connection)
+                continue
+            heard_at = loop.time()
+            quiet.heard()
+            events, final = self.events_of(batch)
+            if over:  # past the turn's limit: what the agent still says is counted, not kept
+                dropped += len([e for e in events if e[0] != "agent_error"])
+                events = [e for e in events if e[0] == "agent_error"]
+                self.interrupted = self._over_limit(dropped)
+            if final is not None:
+                return events, final
+            if not events:
+                continue
+            try:
+                stored = await self.runner.append(events)
+            except (Session.DoesNotExist, Fenced):
+                raise
+            except Exception as exc:
+                raise StorageFailed(exc, events) from exc
+            self.runner.watch_titles(events)
+            stored_size += stored.size if stored else 0
+            if stored_size > settings.CRAFT_MAX_TURN_BYTES and not over:
+                over = True
+                self.interrupted = self._over_limit(0)
+                self.cancel_requested = True
+                await self._send_cancel(connection)
 
     def _over_limit(self, dropped: int) -> str:
         megabytes = settings.CRAFT_MAX_TURN_BYTES / 2**20
         said = f"; {dropped} later updates were not stored" if dropped else ""
         return f"The agent's output passed {megabytes:g} MB in one turn, so Craft stopped it{said}."
 
-    def _patience(self, left: float) -> float | None:
-        """How long to wait for the agent's next item before the turn times out."""
+    def _patience(self, left: float, silent: float) -> float | None:
+        """How long to wait for the agent's next item before the turn times out, `left` before
+        its deadline, the agent silent for `silent` seconds."""
         if self.interrupted is not None:
             return None  # cut short already: the cancel, or the stop after it, ends the turn
         if self.pending or self.elicitations:
             return max(left, 0)  # waiting for a person's answer is not the agent hanging
-        return max(min(left, settings.CRAFT_TURN_IDLE_SECONDS), 0)
+        return max(min(left, settings.CRAFT_TURN_IDLE_SECONDS - silent), 0)
+
+    def _look_in(self, silent: float) -> float | None:
+        """Return how long until the quiet turn's stderr is looked at again, the agent silent
+        for `silent` seconds (None: not while a person is asked something)."""
+        if self.pending or self.elicitations:
+            return None
+        return max(settings.CRAFT_AGENT_QUIET_SECONDS - silent, 0) or LOOK_SECONDS
 
     async def _time_out(self, connection: AgentConnection, too_long: bool) -> None:
         """Cut a turn short that ran too long or whose agent went silent: cancel it; the agent
@@ -452,10 +487,22 @@ class Turn:
 
 def start_failure(exc: Exception) -> dict[str, Any]:
     """Return the `agent_error` of an agent that did not start: for one that wants
-    authentication, with `reason` `auth_required` and the agent's `authMethods`."""
+    authentication, with `reason` `auth_required` and the agent's `authMethods`; with what
+    the agent wrote to stderr, when it did (`AgentError.details`)."""
+    details = exc.details if isinstance(exc, AgentError) else {}
     if isinstance(exc, AuthRequired):
-        return {"message": str(exc), "reason": "auth_required", "authMethods": exc.methods}
-    return {"message": str(exc)}
+        return {"message": str(exc), "reason": "auth_required", "authMethods": exc.methods,
+                **details}  # fmt: skip
+    return {"message": str(exc), **details}
+
+
+def start_said(exc: Exception) -> str:
+    """Return why an agent did not start, as a person reads it: the line of its stderr that
+    says what went wrong when it wrote one, else the error's message."""
+    if isinstance(exc, AuthRequired) or not isinstance(exc, AgentError):
+        return str(exc)  # a sign-in's own words name the key to check
+    line = exc.details.get("stderr_line")
+    return line if isinstance(line, str) and line else str(exc)
 
 
 def elicitation_event(request: ElicitationRequest) -> dict[str, Any]:

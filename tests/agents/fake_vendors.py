@@ -18,7 +18,8 @@ Nothing here is a test mode of the agent: the agents run as shipped, pointed at 
 by their base URL settings. Standard library only; `python fake_vendors.py` serves all three
 on one port (printed) until interrupted; `FakeVendors` does so in a test. Every request is
 kept in `requests` (path and body), and a folder named by `FAKE_VENDORS_LOG` gets a copy of
-each, for reading what an agent sends.
+each, for reading what an agent sends. A key put in `refused_keys` is refused as the real
+Anthropic and OpenAI APIs refuse a wrong one (401), every time it is sent.
 """
 
 from __future__ import annotations
@@ -258,7 +259,9 @@ class Handler(JsonHandler):
         self.server.keep(self.path, request)
         path = self.path.split("?")[0]
         try:
-            if path.endswith("/messages/count_tokens"):
+            if self.refused_key():
+                self.refuse_key(path)
+            elif path.endswith("/messages/count_tokens"):
                 self._json(200, {"input_tokens": 10})
             elif path.endswith("/messages"):
                 self.anthropic(request)
@@ -281,6 +284,23 @@ class Handler(JsonHandler):
     def pause(self, move: Move) -> None:
         if move.slow:
             time.sleep(SLOW_DELAY)
+
+    def refused_key(self) -> bool:
+        """Whether the request carries a key of `refused_keys` (Anthropic's header, or
+        OpenAI's bearer token)."""
+        bearer = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+        return bool({self.headers.get("x-api-key"), bearer} & self.server.refused_keys)
+
+    def refuse_key(self, path: str) -> None:
+        """Answer as the vendor's API answers a wrong key (Anthropic:
+        https://docs.anthropic.com/en/api/errors; OpenAI: `invalid_api_key`)."""
+        if path.endswith("/responses"):
+            error = {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                     "param": None, "code": "invalid_api_key"}  # fmt: skip
+            self._json(401, {"error": error})
+            return
+        error = {"type": "authentication_error", "message": "invalid x-api-key"}
+        self._json(401, {"type": "error", "error": error, "request_id": "req_fake"})
 
     # Anthropic Messages: https://docs.anthropic.com/en/api/messages-streaming
     def anthropic(self, request: dict[str, Any]) -> None:
@@ -479,6 +499,7 @@ class FakeVendorsServer(LoopbackServer):
     def __init__(self) -> None:
         super().__init__(Handler)
         self.requests: list[tuple[str, Any]] = []
+        self.refused_keys: set[str] = set()  # API keys answered 401
         self.numbers = itertools.count(1)
         self.lock = threading.Lock()
         self.log = os.environ.get("FAKE_VENDORS_LOG")

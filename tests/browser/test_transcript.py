@@ -228,7 +228,14 @@ async def test_people_read_words_not_identifiers_and_never_host_paths(
     error = page.locator("#transcript .agent-error")
     await expect(error).to_contain_text("The agent stopped unexpectedly.")
     await expect(page.locator(TURN_END)).to_have_text("Ended with an error")
-    await expect(error.locator("details")).to_have_count(0)  # not staff: no technical detail
+    # What the agent wrote to stderr is its own words, for the person too; Craft's own
+    # message ("agent exited with code 3") is for staff.
+    said = "craft-demo-agent: crash requested; exiting with status 3"
+    await expect(error.locator(".error-wrote")).to_have_text(f"Its error output says: {said}")
+    details = error.locator("details")
+    await details.get_by_text("Details").click()
+    await expect(details.locator("pre.stderr")).to_contain_text(said)
+    await expect(details).not_to_contain_text("agent exited with code 3")
     await send_prompt(page, "slow 200 0.05")
     await expect(page.locator("#working")).to_be_visible()
     await expect(page.locator("#working")).to_contain_text("Working…")
@@ -245,7 +252,8 @@ async def test_people_read_words_not_identifiers_and_never_host_paths(
     await send_prompt(staff_page, "crash")
     details = staff_page.locator("#transcript .agent-error details")
     await details.get_by_text("Details").click()
-    await expect(details.locator("pre")).to_contain_text("agent exited with code 3")
+    await expect(details.locator("pre").first).to_contain_text("agent exited with code 3")
+    await expect(details.locator("pre.stderr")).to_contain_text("crash requested")
     shown = await staff_page.locator("body").inner_text()
     assert workspace not in shown
     assert theirs.sandbox.reference not in shown

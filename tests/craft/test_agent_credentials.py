@@ -7,6 +7,8 @@ processes of the local backend (tests/agents/env_agent.py prints what it was sta
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from craft.models import Event
 from tests.catalog import KEY
 from tests.ready import running_sandbox
 
-from ..server import api, ask, open_session
+from ..server import Daphne, api, ask, open_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -94,3 +96,35 @@ def test_another_persons_key_never_makes_an_agent_ready(server, owner, stranger)
     assert OLIVIA_KEY not in json.dumps(refused)
     socket.close()
     assert get_user_model().objects.count() == 2
+
+
+def test_an_agent_that_wants_a_sign_in_names_the_key_its_catalog_entry_asks_for(tmp_path, owner):
+    # An agent that asks for a key, and refuses every session until someone signs in (the
+    # demo agent's `--auth`): what a model provider's CLI does with a key it does not take.
+    command = shlex.join([sys.executable, "-m", "sandboxes.demo_agent", "--auth"])
+    catalog = tmp_path / "agents.toml"
+    catalog.write_text(
+        "[[agents]]\n"
+        'id = "signin"\n'
+        f"command = {json.dumps(command)}\n"
+        f'credentials = [{{ name = "{KEY}", label = "Provider API key" }}]\n'
+    )
+    server = Daphne(tmp_path, CRAFT_AGENTS_FILE=str(catalog)).start()
+    try:
+        api(server, owner, "PUT", f"/api/credentials/{KEY}/", {"value": OLIVIA_KEY})
+        socket = open_session(server, owner, "signin")
+        running_sandbox(owner)
+        socket.send({"type": "prompt", "id": "p", "text": "hello"})
+        frames = socket.until(lambda f: f.get("kind") == "turn_end")
+        (error,) = [f["data"] for f in frames if f.get("kind") == "agent_error"]
+        assert error["reason"] == "auth_required"
+        assert error["keys"] == [{"name": KEY, "label": "Provider API key"}]
+        assert error["message"].endswith(
+            f"It signs in with the key you stored on the Keys page: Provider API key ({KEY}). "
+            "Check it there (it may be wrong or expired), then send your message again."
+        )
+        assert "CRAFT_AGENT_ENV" not in error["message"]
+        assert OLIVIA_KEY not in json.dumps(frames)
+        socket.close()
+    finally:
+        server.stop()

@@ -243,5 +243,6 @@ def test_a_prompt_answered_with_auth_required_says_so(socket):
     frames, _ = turn_end(socket)
     (failure,) = [f["data"] for f in frames if f.get("kind") == "agent_error"]
     assert failure["reason"] == "auth_required" and failure["authMethods"] == []
-    assert failure["message"].endswith("It names no way to authenticate.")
+    assert "It names no way to authenticate." in failure["message"]
+    assert failure["keys"] == []
     assert frames[-1]["data"] == {"stop_reason": "error"}

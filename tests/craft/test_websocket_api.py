@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import threading
 import time
@@ -15,10 +14,12 @@ from craft import services
 from craft.models import Event
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
+from craft.turns.registry import runners
 from craft.turns.turn import Turn
-from sandboxes.acp import AgentConnection
+from sandboxes.acp import AgentConnection, Update
 from tests.ready import open_ready_session
 
+from .logs import stored_log
 from .wsclient import (
     CONNECT_TIMEOUT,
     communicator,
@@ -383,7 +384,7 @@ async def test_cancel_ends_the_turn_even_when_the_agent_ignores_it(session, cook
     frames = await receive_until(comm, is_turn_end, timeout=5)
     assert frames[-1]["data"] == {"stop_reason": "cancelled"}
     # The stopped agent is replaced by a new process on the next prompt. (Chunks the old
-    # one wrote before it was killed may still be stored after the turn's end.)
+    # one wrote before it was killed are never stored after the turn's end.)
     old_pid = first[-1]["data"]["content"]["text"].split()[1]
 
     def new_agent_chunk(frame):
@@ -394,18 +395,92 @@ async def test_cancel_ends_the_turn_even_when_the_agent_ignores_it(session, cook
     await receive_until(comm, new_agent_chunk)
     await comm.send_json_to({"type": "cancel"})
     await receive_until(comm, is_turn_end, timeout=5)
+    kinds = [kind for _, kind, _ in await stored_log(session)]
+    first_end = kinds.index("turn_end")
+    assert kinds[first_end + 1] == "user_message", kinds  # nothing of the turn after its end
     await comm.disconnect()
 
 
-async def test_updates_after_the_prompt_response_are_stored_too(session, cookie, settings):
+def is_usage(frame: dict) -> bool:
+    return frame.get("kind") == "usage_update"
+
+
+def texts_of(frames: list[dict]) -> list[str]:
+    return [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
+
+
+async def test_updates_of_the_session_after_the_prompt_response_are_stored_after_its_end(
+    session, cookie, settings
+):
     settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "late_agent.py")]
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
-    frames = await receive_until(comm, lambda f: "late 2" in json.dumps(f))
-    texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
-    assert texts == ["user_message", "agent_info", "on time", "turn_end", "late 1", "late 2"]
-    assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5, 6]
+    frames = await receive_until(comm, is_usage)
+    # The chunks, tool call and plan sent after the answer were of the turn: not stored.
+    assert texts_of(frames) == ["user_message", "agent_info", "on time", "turn_end", "usage_update"]
+    assert [f["seq"] for f in frames] == [1, 2, 3, 4, 5]
+    await comm.disconnect()
+
+
+async def test_a_cancelled_turn_whose_agent_writes_after_answering_stores_nothing_after_its_end(
+    session, cookie, settings
+):
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "late_agent.py")]
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "w1", "text": "wait"})
+    await receive_until(comm, lambda f: f.get("kind") == "agent_message_chunk")
+    await comm.send_json_to({"type": "cancel"})
+    await receive_until(comm, is_usage)  # the agent's last word after its answer
+    await comm.send_json_to({"type": "prompt", "id": "w2", "text": "again"})
+    await receive_until(comm, is_usage)
+    log = await stored_log(session)
+    assert [(seq, kind, data.get("content", {}).get("text")) for seq, kind, data in log] == [
+        (1, "user_message", None),
+        (2, "agent_info", None),
+        (3, "agent_message_chunk", "on time"),
+        (4, "turn_end", None),
+        (5, "usage_update", None),
+        (6, "user_message", None),
+        (7, "agent_message_chunk", "on time"),
+        (8, "turn_end", None),
+        (9, "usage_update", None),
+    ]
+    assert [data for _, kind, data in log if kind == "turn_end"] == [
+        {"stop_reason": "cancelled"},
+        {"stop_reason": "end_turn"},
+    ]
+    # Counted where they were dropped: two chunks, a tool call and a plan after each answer.
+    assert runners.get(session.pk).connection.late_updates_dropped == 8
+    await comm.disconnect()
+
+
+async def test_updates_of_an_ended_turn_handed_over_after_its_end_are_dropped_and_counted(
+    session, cookie, settings
+):
+    """What a stopped agent wrote before it died can reach the runner after the turn's end
+    that stopping it made: the reader hands over what it read (here, as it would)."""
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, str(AGENTS / "late_agent.py")]
+    comm, _ = await open_socket(session.pk, cookie)
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "prompt", "id": "h1", "text": "go"})
+    await receive_until(comm, is_usage)
+    runner = runners.get(session.pk)
+    read = [
+        Update("agent_message_chunk", {"sessionUpdate": "agent_message_chunk", **_chunk(9)}),
+        Update("usage_update", {"sessionUpdate": "usage_update", "used": 20, "size": 1000}),
+    ]
+    reader = threading.Thread(target=lambda: [runner.inbox.put(item) for item in read])
+    reader.start()
+    reader.join()
+    frames = await receive_until(comm, is_usage)
+    assert [f["kind"] for f in frames] == ["usage_update"]
+    assert frames[0]["data"]["used"] == 20
+    assert runner.late_updates_dropped == 1
+    assert [kind for _, kind, _ in await stored_log(session)][-3:] == [
+        "turn_end", "usage_update", "usage_update",
+    ]  # fmt: skip
     await comm.disconnect()
 
 
@@ -425,9 +500,8 @@ async def test_updates_after_the_prompt_response_wait_for_the_turns_end_to_be_st
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
-    frames = await receive_until(comm, lambda f: "late 2" in json.dumps(f))
-    texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
-    assert texts == ["user_message", "agent_info", "on time", "turn_end", "late 1", "late 2"]
+    frames = await receive_until(comm, is_usage)
+    assert texts_of(frames) == ["user_message", "agent_info", "on time", "turn_end", "usage_update"]
     await comm.disconnect()
 
 
@@ -449,9 +523,8 @@ async def test_an_answer_read_before_its_prompt_call_returns_still_comes_first(
     comm, _ = await open_socket(session.pk, cookie)
     await comm.send_json_to({"type": "resume", "after": 0})
     await comm.send_json_to({"type": "prompt", "id": "l1", "text": "go"})
-    frames = await receive_until(comm, lambda f: "late 2" in json.dumps(f))
-    texts = [f["data"].get("content", {}).get("text") or f["kind"] for f in frames]
-    assert texts == ["user_message", "agent_info", "on time", "turn_end", "late 1", "late 2"]
+    frames = await receive_until(comm, is_usage)
+    assert texts_of(frames) == ["user_message", "agent_info", "on time", "turn_end", "usage_update"]
     await comm.disconnect()
 
 

@@ -297,6 +297,38 @@ describe("turn ends and the rest", () => {
     assert.equal(said("KeyError: missing key 'x'").summary, "The agent reported an error.");
   });
 
+  test("what the agent wrote to stderr goes to everyone: its line, and the whole under Details", () => {
+    const fold = session();
+    const stderr = "node:internal/modules/esm/resolve:873\nError [ERR_MODULE_NOT_FOUND]: Cannot find package 'sdk'\nNode.js v20.20.2";
+    const start = fold("agent_error", {
+      message: "agent did not start: agent exited with code 1: Cannot find package 'sdk'",
+      stderr, stderr_line: "Cannot find package 'sdk'",
+    }).block;
+    assert.equal(start.summary, "The agent could not start.");
+    assert.equal(start.wrote, "Cannot find package 'sdk'");
+    assert.equal(start.stderr, stderr);
+    assert.equal(start.said, "");
+    // An agent's "Internal error" whose stderr names the provider's 401 is a refused key, and
+    // Claude Code's "Internal error: Invalid API key" is the agent's, not Craft's.
+    const codex = fold("agent_error", { message: "Internal error (code -32603)", stderr: "x",
+      stderr_line: "ERROR codex_acp::thread: unexpected status 401 Unauthorized: Incorrect API key provided" }).block;
+    assert.equal(codex.summary, "The model provider refused your API key.");
+    assert.equal(codex.said, "Internal error (code -32603)");
+    const claude = fold("agent_error", { message: "Internal error: Invalid API key · Fix external API key (code -32603)" }).block;
+    assert.equal(claude.summary, "The model provider refused your API key.");
+    assert.equal(fold("agent_error", { message: "internal error: boom" }).block.summary, "Something went wrong in Craft.");
+  });
+
+  test("an agent error's stderr fields of the wrong type are left out, never thrown on", () => {
+    const fold = session();
+    for (const odd of [null, 7, ["a"], { text: "x" }, true]) {
+      const step = fold("agent_error", { message: "agent exited with code 1", stderr: odd, stderr_line: odd });
+      assert.equal(step.block.kind, "error");
+      assert.equal(step.block.stderr, typeof odd === "number" ? "7" : "");
+      assert.equal(step.block.wrote, typeof odd === "number" ? "7" : "");
+    }
+  });
+
   test("a turn Craft cut short says why: restart, lost server, shutdown, stopped sandbox", () => {
     const fold = session();
     const cut = (reason, message = "whatever Craft said") => fold("agent_error", { message, reason }).block;
@@ -664,5 +696,16 @@ describe("elicitation", () => {
       authMethods: [{ id: "a", name: "Demo login", description: "Sign in" }, { id: "b" }, "junk"] }).block;
     assert.deepEqual(block.methods, [{ name: "Demo login", description: "Sign in" }, { name: "b", description: "" }]);
     assert.equal(block.summary, "The agent needs you to sign in first.");
+    assert.deepEqual(block.keys, []);
+  });
+
+  test("an agent that wants a sign-in names the keys its catalog entry asks for", () => {
+    const fold = session();
+    const block = fold("agent_error", { message: "The agent needs authentication first", reason: "auth_required",
+      keys: [{ name: "ANTHROPIC_API_KEY", label: "Anthropic API key" }, { label: "no name" }, 3] }).block;
+    assert.deepEqual(block.keys, [{ name: "ANTHROPIC_API_KEY", label: "Anthropic API key" }]);
+    assert.equal(block.next, "It signs in with your Anthropic API key: check it on the Keys page "
+      + "(it may be wrong or expired), then send your message again.");
+    assert.deepEqual(fold("agent_error", { reason: "auth_required", keys: "x" }).block.keys, []);
   });
 });

@@ -5,9 +5,11 @@ agent and its restart, and the stored log."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,15 @@ from ..craft.wsclient import is_turn_end, open_socket, receive_until, session_co
 
 # PATH for an agent that node runs (its launcher, or the agent itself).
 NODE_PATH = f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/bin"
+# The page's fold of events (what a person reads), run by Node on what a real agent caused.
+SESSION_SCRIPTS = Path(__file__).parents[2] / "static" / "craft" / "session"
+READ_AS_THE_PAGE = """
+const { createFold } = await import(process.argv[2]);
+const { workspacePaths } = await import(process.argv[3]);
+const fold = createFold({ paths: workspacePaths("", "") });
+const { block } = fold.apply({ seq: 1, kind: "agent_error", data: JSON.parse(process.argv[1]) });
+console.log(JSON.stringify({ summary: block.summary, said: block.said, wrote: block.wrote }));
+"""
 
 
 def realagent_marks(installed: Path, name: str) -> list[pytest.MarkDecorator]:
@@ -65,6 +76,19 @@ async def turn(comm, prompt_id: str, text: str) -> tuple[list[dict], str]:
     await comm.send_json_to({"type": "prompt", "id": prompt_id, "text": text})
     frames = await receive_until(comm, is_turn_end, timeout=180)
     return frames, reply_of(frames)
+
+
+def as_the_page_reads(error: dict) -> dict:
+    """Return what the session page tells a person of this `agent_error`: its `summary`, what
+    the agent `said` and the line of its stderr the page quotes (`wrote`)."""
+    node = shutil.which("node")
+    assert node is not None
+    scripts = [(SESSION_SCRIPTS / name).as_uri() for name in ("fold.mjs", "paths.mjs")]
+    done = subprocess.run(
+        [node, "--input-type=module", "-e", READ_AS_THE_PAGE, json.dumps(error), *scripts],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
 
 
 def is_permission_request(frame: dict) -> bool:

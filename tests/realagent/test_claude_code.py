@@ -21,6 +21,7 @@ import pytest
 from .common import (
     NODE_PATH,
     agent_name,
+    as_the_page_reads,
     cancelled_mid_turn_then_answered,
     kill,
     live_output,
@@ -120,4 +121,30 @@ async def test_claude_code_is_killed_and_reattached_with_its_memory(owner, claud
     await saved(session, connection.agent_session_id, "I will remember mango.")
     await kill(connection)
     await recall_mango(comm, session, "c", "resume")
+    await comm.disconnect()
+
+
+async def test_a_wrong_key_makes_claude_code_retry_then_the_page_says_the_key_was_refused(
+    owner, claude_code, settings
+):
+    """Claude Code retries a refused key (about 3 minutes with its default 10 retries; 4
+    here) and says so only at the end: its ACP adapter (0.49.0) starts Claude Code with its
+    stderr ignored and drops its `api_retry` messages, so nothing reaches the adapter's
+    stderr and the quiet turn's status has nothing to show (checked: a later adapter that
+    writes its retries would fail this test, and then shows them). The end reads, on the
+    page, as a refused key, not as Craft's own error."""
+    claude_code.server.refused_keys.add("sk-ant-fake")
+    settings.CRAFT_AGENT_ENV = {**settings.CRAFT_AGENT_ENV, "CLAUDE_CODE_MAX_RETRIES": "4"}
+    settings.CRAFT_AGENT_QUIET_SECONDS = 0.5
+    _, comm = await start_session(owner, "claude")
+    frames, _ = await turn(comm, "k1", "hello")
+    asked = [path for path, _ in claude_code.requests if "/v1/messages" in path]
+    assert len(asked) == 5, "a first call and four retries"
+    assert [f for f in frames if f["type"] == "agent_stderr"] == []
+    (error,) = [f["data"] for f in frames if f.get("kind") == "agent_error"]
+    assert error == {
+        "message": "Internal error: Invalid API key · Fix external API key (code -32603)"
+    }
+    assert frames[-1]["data"] == {"stop_reason": "error"}
+    assert as_the_page_reads(error)["summary"] == "The model provider refused your API key."
     await comm.disconnect()

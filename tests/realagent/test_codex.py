@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from ..craft.wsclient import receive_until
 from .common import (
     agent_name,
+    as_the_page_reads,
     cancelled_mid_turn_then_answered,
     kill,
     live_output,
@@ -133,4 +135,39 @@ async def test_codex_is_killed_and_reattached_with_its_memory(owner, codex):
     assert (connection.can_resume, connection.can_load) == (True, True)
     await kill(connection)
     await recall_mango(comm, session, "x", "resume")
+    await comm.disconnect()
+
+
+async def test_a_wrong_key_makes_codex_retry_and_its_status_shows_why(owner, codex, settings):
+    """Codex retries a refused key five times, logging each retry to stderr, then answers
+    "Internal error": while it retries, the owner's page shows its latest retry line; the
+    error quotes its last line (the 401) and keeps its whole stderr for Details."""
+    codex.server.refused_keys.add("sk-fake")
+    settings.CRAFT_AGENT_QUIET_SECONDS = 0.5
+    _, comm = await start_session(owner, "codex")
+    frames, _ = await turn(comm, "k1", "hello")
+    if not any(f == {"type": "agent_stderr", "text": ""} for f in frames):
+        # The clear and the turn's end take their own ways to the socket.
+        frames += await receive_until(comm, lambda f: f == {"type": "agent_stderr", "text": ""})
+    statuses = [f["text"] for f in frames if f["type"] == "agent_stderr"]
+    assert statuses[-1] == "", "cleared when the agent answers"
+    shown = [text for text in statuses if text]
+    assert shown, "the status showed what Codex wrote while it retried"
+    for text in shown:
+        assert "\x1b" not in text and len(text) <= 300
+        assert text.startswith(
+            "ERROR codex_acp::thread: Handled error during turn: Reconnecting..."
+        )
+        assert "401 Unauthorized" in text
+    (error,) = [f["data"] for f in frames if f.get("kind") == "agent_error"]
+    assert error["message"] == "Internal error (code -32603)"
+    assert error["stderr_line"].startswith(
+        "ERROR codex_acp::thread: Unhandled error during turn: unexpected status 401 "
+        "Unauthorized: Incorrect API key provided"
+    )
+    assert error["stderr"].count("Reconnecting...") == 5 and "\x1b" not in error["stderr"]
+    assert frames[-1]["data"] == {"stop_reason": "error"}
+    page = as_the_page_reads(error)
+    assert page["summary"] == "The model provider refused your API key."
+    assert page["wrote"] == error["stderr_line"]
     await comm.disconnect()

@@ -197,8 +197,10 @@ def test_a_prompt_answered_with_auth_required_names_the_agent_s_methods(agent):
     items = list(agent.iter_prompt("signin", timeout=20))
     failed = items[-1]
     assert isinstance(failed, TurnFailed)
-    assert failed.details == {"reason": "auth_required", "authMethods": []}
+    assert failed.details == {"reason": "auth_required", "authMethods": [], "keys": []}
     assert failed.message == (
         "The agent needs authentication first (Authentication required (code -32000)). "
-        "It names no way to authenticate."
+        "It names no way to authenticate. It is given no key of yours: whoever runs Craft can "
+        "have it ask for one (its catalog entry's credentials)."
     )
+    assert "CRAFT_AGENT_ENV" not in failed.message

@@ -20,8 +20,8 @@ function timeElement(ms) {
 }
 
 /** Return how blocks are drawn for a session whose paths `paths` makes readable; technical
- *  detail is shown to `staff` only. */
-export function blockDrawing({ paths, staff }) {
+ *  detail is shown to `staff` only; `keysUrl` is the Keys page, where keys an agent wants go. */
+export function blockDrawing({ paths, staff, keysUrl = "" }) {
   // An element with the hidden holder of its events' marks.
   function newRecord(block, tag, className) {
     const element = el(tag, className);
@@ -37,6 +37,22 @@ export function blockDrawing({ paths, staff }) {
     const details = parent.appendChild(el("details", "tech"));
     details.appendChild(el("summary", "", "Details"));
     details.appendChild(el("pre", "", paths.scrubHostPaths(text)));
+  }
+
+  // An error's Details: Craft's own message for staff, and for everyone what the agent wrote
+  // to stderr (its own words, host paths cut). The stderr scrolls inside a box that keyboard
+  // users can reach and scroll too.
+  function errorDetails(parent, block) {
+    const detail = staff ? block.detail : "";
+    if (!detail && !block.stderr) return;
+    const details = parent.appendChild(el("details", "tech"));
+    details.appendChild(el("summary", "", "Details"));
+    if (detail) details.appendChild(el("pre", "", paths.scrubHostPaths(detail)));
+    if (!block.stderr) return;
+    details.appendChild(el("p", "tech-label", "What the agent last wrote to its error output (stderr):"));
+    const output = details.appendChild(el("pre", "stderr", paths.scrubHostPaths(block.stderr)));
+    output.tabIndex = 0;
+    output.setAttribute("aria-label", "The agent's error output");
   }
 
   // Buttons of a whole message (render.mjs handles their clicks): [label, class, aria-label].
@@ -171,8 +187,9 @@ export function blockDrawing({ paths, staff }) {
       return record;
     },
     error(block) {
-      // Why, in the person's words, then what to do next; the agent's own words for
-      // everyone (host paths cut), Craft's technical detail for staff.
+      // Why, in the person's words, then what to do next; the agent's own words (its
+      // answer, its stderr's line, the whole stderr under Details) for everyone (host paths
+      // cut), Craft's technical detail for staff.
       const record = newRecord(block, "div", "agent-error");
       if (block.cause) record.element.dataset.cause = block.cause;
       record.element.appendChild(el("p", "", block.summary));
@@ -181,7 +198,18 @@ export function blockDrawing({ paths, staff }) {
         const quote = record.element.appendChild(el("p", "error-said", "The agent said: "));
         quote.appendChild(el("q", "", said.length > 1000 ? `${said.slice(0, 999)}…` : said));
       }
-      if (block.next) record.element.appendChild(el("p", "error-next", block.next));
+      if (block.wrote) {
+        const quote = record.element.appendChild(el("p", "error-said error-wrote", "Its error output says: "));
+        quote.appendChild(el("q", "", paths.scrubHostPaths(block.wrote)));
+      }
+      if (block.next) {
+        const next = record.element.appendChild(el("p", "error-next", block.next));
+        if (block.keys.length && keysUrl) {
+          next.append(" ");
+          const link = next.appendChild(el("a", "", "Open Keys"));
+          link.href = keysUrl;
+        }
+      }
       if (block.methods.length) {
         record.element.appendChild(el("p", "auth-methods-label", "Ways the agent offers to sign in:"));
         const list = record.element.appendChild(el("ul", "auth-methods"));
@@ -191,7 +219,7 @@ export function blockDrawing({ paths, staff }) {
           if (method.description) item.appendChild(el("span", "", `: ${method.description}`));
         }
       }
-      technicalDetails(record.element, block.detail);
+      errorDetails(record.element, block);
       return record;
     },
     changes(block) {

@@ -494,11 +494,18 @@ export function createFold({ paths, now = Date.now }) {
   }
 
   // An agent error says why in the person's words and what to do next (words.mjs); the
-  // agent's own words are kept for everyone, Craft's technical ones for staff. When Craft cut
+  // agent's own words (its answer, its stderr) are kept for everyone, Craft's technical ones
+  // for staff. When Craft cut
   // the turn short, the permission requests it left open say why too.
   function agentError(data) {
     const message = str(data.message);
-    const wording = agentErrorWording(message, str(data.reason));
+    // What the agent wrote to stderr (docs/websocket-api.md): its line that says what went
+    // wrong, for everyone, and the whole of what Craft kept, under Details.
+    const wrote = str(data.stderr_line);
+    // The keys its catalog entry asks for, when it wants a sign-in (the Keys page has them).
+    const keys = (Array.isArray(data.keys) ? data.keys : []).filter(isObject)
+      .map((k) => ({ name: str(k.name), label: str(k.label) })).filter((k) => k.name);
+    const wording = agentErrorWording(message, str(data.reason), wrote, keys);
     if (wording.card) {
       for (const block of interruptedCards) {
         block.answerText = `Not answered: ${wording.card}.`;
@@ -513,7 +520,7 @@ export function createFold({ paths, now = Date.now }) {
     return append({
       kind: "error", summary: wording.summary, next: wording.next, cause: wording.cause || "",
       said: wording.agentSaid ? message : "", detail: wording.agentSaid || wording.cause ? "" : message,
-      methods,
+      methods, wrote, stderr: str(data.stderr), keys,
     });
   }
 

@@ -37,7 +37,7 @@ import { createView } from "./render.mjs";
 import { followBottom } from "./scroll.mjs";
 import { createConnection } from "./socket.mjs";
 import { createStatus } from "./status.mjs";
-import { isObject } from "./values.mjs";
+import { isObject, str } from "./values.mjs";
 import { FRAME_ERRORS, STOP_REASONS } from "./words.mjs";
 import { createWorkspace } from "./workspace.mjs";
 
@@ -47,7 +47,7 @@ const transcript = $("transcript");
 const promptBox = $("prompt");
 const paths = workspacePaths(root.dataset.workspace, sessionId);
 const fold = createFold({ paths });
-const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt });
+const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt, paths });
 const scroll = followBottom({ session: root, transcript, composer: $("composer"), jumpButton: $("jump"), promptBox });
 const pin = createPermissionPin({ reveal: scroll.reveal });
 // Once the socket said how the sandbox is, its `sandbox` frames keep the page exact: an
@@ -63,6 +63,7 @@ const connection = createConnection({
     connection: status.showConnection,
     announce: status.announce,
     hello(frame) {
+      status.showAgentStderr(""); // said again within seconds if the agent is still quiet
       status.setRunning(frame.running);
       if (isObject(frame.sandbox)) {
         status.setSandbox(frame.sandbox);
@@ -77,6 +78,7 @@ const connection = createConnection({
         status.setSandbox(frame);
         startAgentEarly();
       }
+      else if (frame.type === "agent_stderr") status.showAgentStderr(str(frame.text));
       else sessionsChanged(frame.sessions);
     },
     event(frame) {
@@ -103,6 +105,7 @@ const workspace = createWorkspace({
 const view = createView({
   transcript, fold, paths, scroll,
   staff: root.dataset.staff === "true",
+  keysUrl: root.dataset.keysUrl || "",
   libraries: (root.dataset.libraries || "").split(" ").filter(Boolean),
   hooks: {
     beforeFlush: controls.draw,
@@ -150,6 +153,7 @@ function applyEvent(event, live = false) {
     if (event.kind === "prompt_queued") composer.promptStored({ promptId: event.data.id, text: event.data.text });
   }
   if (live && !step.failed) followLive(event.kind, step.block);
+  if (live) status.showAgentStderr(""); // the agent said something: no longer quiet
 }
 
 // Tell the sidebar (sidebar.js) which of the person's sessions changed what its list shows;
@@ -252,6 +256,12 @@ function refused(frame) {
     // The message says how much the files take, the limit and what to do; the prompt stays.
     const message = typeof frame.message === "string" ? frame.message : FRAME_ERRORS.disk_full;
     status.showFrameError(`${message} Your message is kept.`);
+    return;
+  }
+  if (frame.code === "agent_not_started") {
+    // The page started the agent ahead of the first message: say at once why it could not.
+    const said = paths.scrubHostPaths(str(frame.message));
+    status.showFrameError(`${FRAME_ERRORS.agent_not_started}${said ? ` It says: ${said}` : ""}`, true);
     return;
   }
   if (frame.code === "not_queued" && queue.notQueued()) {

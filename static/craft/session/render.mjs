@@ -21,8 +21,8 @@ const EAGER_BLOCKS = 12; // after the first load, the last messages get Markdown
  * (the same for an elicitation), announce(text), showError(text),
  * fetchEvent(seq) (the whole of an event) and openChanges(seq) (a change's chip was clicked).
  */
-export function createView({ transcript, fold, paths, staff, scroll, libraries, hooks }) {
-  const drawing = blockDrawing({ paths, staff });
+export function createView({ transcript, fold, paths, staff, keysUrl, scroll, libraries, hooks }) {
+  const drawing = blockDrawing({ paths, staff, keysUrl });
   const drawn = new WeakMap(); // block -> the record of its drawing (blocks.mjs)
   const blockOf = new WeakMap(); // element -> block
   let target = transcript; // a DocumentFragment while a loaded page is drawn

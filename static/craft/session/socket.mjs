@@ -33,8 +33,8 @@ function backoff(attempt) {
  * controller, cache, serverLastSeq }) loads and applies the stored events after lastSeq() and
  * returns the last page's body (history.mjs). `page` is told what happens: connection(state)
  * ("connected", "reconnecting", "signed-out" or "no-access"), announce(text), hello(frame),
- * event(frame) for the next event in seq order, error(frame), notice(frame) for a `sandbox`
- * or `sessions` frame, loaded(body) and loadFailed(message, delay).
+ * event(frame) for the next event in seq order, error(frame), notice(frame) for a `sandbox`,
+ * `sessions` or `agent_stderr` frame, loaded(body) and loadFailed(message, delay).
  */
 export function createConnection({ url, serverLastSeq, lastSeq, loadEvents, page }) {
   let ws = null;
@@ -135,6 +135,7 @@ export function createConnection({ url, serverLastSeq, lastSeq, loadEvents, page
         break;
       case "sandbox": // the session's sandbox changed state
       case "sessions": // one of the person's sessions changed what their list shows
+      case "agent_stderr": // what the quiet agent last wrote to stderr ("" once it goes on)
         page.notice(frame);
         break;
     }

@@ -25,8 +25,9 @@ const STOPPED_BY_STAFF = "stopped by an administrator";
 const STOPPED_BY_STAFF_BANNER = "An administrator stopped your sandbox. Send a message to carry on: a new sandbox starts for this session, and the conversation stays here.";
 
 /** Return the page's status around the transcript of the session shown in `root`;
- *  turnStartedAt() tells when the running turn started (ms, or null). */
-export function createStatus({ root, turnStartedAt }) {
+ *  turnStartedAt() tells when the running turn started (ms, or null); `paths` cuts host paths
+ *  from the agent's words. */
+export function createStatus({ root, turnStartedAt, paths }) {
   const sessionId = root.dataset.session;
   const conn = $("conn");
   const announcer = $("announcer");
@@ -43,6 +44,8 @@ export function createStatus({ root, turnStartedAt }) {
   let running = root.dataset.running === "true";
   let sandboxStatus = root.dataset.sandboxStatus || "";
   let sandboxDetail = root.dataset.sandboxDetail || "";
+  const quiet = $("agent-quiet");
+  const quietText = $("agent-quiet-text");
   let workingTimer = null;
   let frameErrorTimer = null;
 
@@ -76,6 +79,7 @@ export function createStatus({ root, turnStartedAt }) {
     sendButton.disabled = Boolean(sandboxStatus && !["running", "provisioning"].includes(sandboxStatus));
     stopButton.hidden = !running;
     working.hidden = !running;
+    if (!running) showAgentStderr("");
     clearInterval(workingTimer);
     if (running) {
       const started = turnStartedAt() ?? Date.now();
@@ -95,6 +99,16 @@ export function createStatus({ root, turnStartedAt }) {
   function refreshSandboxLine() {
     const line = $("sandbox-status");
     if (line && window.htmx) window.htmx.trigger(line, "craft:refresh");
+  }
+
+  /** Show what the agent, quiet mid-turn, last wrote to stderr (its own words, host paths
+   *  cut; the whole line in the tooltip); "" hides it. Said aloud once per quiet spell. */
+  function showAgentStderr(text) {
+    const line = running ? paths.scrubHostPaths(text) : "";
+    if (line && quiet.hidden) announce(`The agent is quiet. Its error output says: ${line}`);
+    quiet.hidden = !line;
+    quietText.textContent = line;
+    quiet.title = line;
   }
 
   /** An agent error arrived live: say so, and when the sandbox was stopped, show it. */
@@ -230,7 +244,7 @@ export function createStatus({ root, turnStartedAt }) {
       return sandboxStatus;
     },
     announce, showConnection, setRunning, setTitle, setSandbox, showFrameError,
-    showFrameErrorWithLink, hideFrameError,
+    showFrameErrorWithLink, hideFrameError, showAgentStderr,
     showAgentError, showLoadFailure, hideLoadFailure, start,
   };
 }

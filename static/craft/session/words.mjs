@@ -44,6 +44,7 @@ export const FRAME_ERRORS = {
   agent_refused: "The agent did not accept that change.",
   agent_starting: "The agent is starting. Try again in a moment.",
   agent_unavailable: "The agent could not start, so the change was not made.",
+  agent_not_started: "The agent could not start. Your first message will try again.",
   credentials_missing: "This session's agent needs a key you have not stored.",
   disk_full: "Your sandbox's files take more disk than its limit, so the agent takes no new message. Delete sessions you no longer need.",
   session_deleted: "This session was deleted (in another tab or window), with its conversation and files. Start a new session to carry on.",
@@ -95,14 +96,20 @@ const RATE_LIMITED = /\b429\b|rate[ _-]?limit|too many requests|quota/i;
 
 /** Return what a person is told about an `agent_error` with this message and reason: a
  *  `summary`, what to do `next`, whether the message is the agent's own words (`agentSaid`:
- *  shown to everyone; Craft's technical messages, such as an agent's stderr, are for staff),
- *  and, when Craft cut the turn short, its `cause` (an INTERRUPTIONS key). */
-export function agentErrorWording(message, reason) {
+ *  shown to everyone; Craft's technical messages are for staff), and, when Craft cut the turn
+ *  short, its `cause` (an INTERRUPTIONS key). `wrote`, the line of the agent's stderr that
+ *  says what went wrong, tells a refused key or a rate limit that its answer did not name
+ *  (Codex answers "Internal error" and logs the model provider's 401). */
+export function agentErrorWording(message, reason, wrote = "", keys = []) {
   const said = String(message || "");
   if (reason === "auth_required") {
+    // The keys its catalog entry asks for (docs/agents.md), which the person stores.
+    const named = keys.map((key) => key.label || key.name).filter(Boolean);
     return {
       summary: "The agent needs you to sign in first.", agentSaid: false,
-      next: "Set up one of the ways it offers (an API key on the Keys page, say), then send your message again.",
+      next: named.length
+        ? `It signs in with your ${named.join(", ")}: check it on the Keys page (it may be wrong or expired), then send your message again.`
+        : "Set up one of the ways it offers (an API key on the Keys page, say), then send your message again.",
     };
   }
   const cause = INTERRUPTIONS[reason] ? reason : INTERRUPTION_MESSAGES[said];
@@ -111,16 +118,23 @@ export function agentErrorWording(message, reason) {
   const craft = (summary, next) => ({ summary, next, agentSaid: false });
   if (text.startsWith("agent exited") || text.includes("agent is not running") || text === "agent connection stopped")
     return craft("The agent stopped unexpectedly.", "Send your message again: a new agent starts, with this conversation if it can.");
-  if (text.startsWith("agent did not start")) return craft("The agent could not start.", "Try again in a moment.");
+  if (text.startsWith("agent did not start")) {
+    // What it wrote says why; an agent that fails the same way again is not set up right.
+    return craft("The agent could not start.", wrote
+      ? "Try again in a moment. If it fails the same way, show its details to whoever runs Craft: the agent is not set up right."
+      : "Try again in a moment.");
+  }
   if (text.includes("sandbox is "))
     return craft("This session's sandbox is not running, so the agent can't work here.", NEW_SANDBOX);
   if (text.includes("no answer within") || text.includes("no message from the agent"))
     return craft("The agent stopped responding.", SEND_AGAIN);
-  if (text.startsWith("internal error")) return craft("Something went wrong in Craft.", "Try again in a moment.");
+  // Craft's own ("internal error: …"), not an agent's JSON-RPC "Internal error" (-32603).
+  if (said.startsWith("internal error: ")) return craft("Something went wrong in Craft.", "Try again in a moment.");
   const agent = (summary, next) => ({ summary, next, agentSaid: Boolean(said) });
-  if (AUTH_REFUSED.test(said))
+  const words = `${said}\n${String(wrote || "")}`;
+  if (AUTH_REFUSED.test(words))
     return agent("The model provider refused your API key.", "Check the key the agent uses (it may be wrong or expired), then send your message again.");
-  if (RATE_LIMITED.test(said))
+  if (RATE_LIMITED.test(words))
     return agent("The model provider is rate limiting the agent.", "Wait a minute, then send your message again.");
   if (!said) return craft("The agent ran into a problem.", SEND_AGAIN);
   return agent("The agent reported an error.", "Send your message again, or change it.");
