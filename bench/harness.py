@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import resource
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -81,6 +82,7 @@ class Site:
 
     def __init__(self, extra_env: dict[str, str] | None = None) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="craft-bench-"))
+        self.uid_base = 1_300_000_000 + secrets.randbelow(1000) * 10_000
         # As a checkout's var/ is: sandbox users (when running as root) can enter it.
         self.workdir.chmod(0o711)
         (self.workdir / "static").mkdir()  # STATIC_ROOT; WhiteNoise warns when it is missing
@@ -106,6 +108,10 @@ class Site:
             "DATABASE_URL": url,
             "CRAFT_VAR_DIR": str(self.workdir),
             "CRAFT_SANDBOX_ROOT": str(self.workdir / "sandboxes"),
+            # A uid range of its own, so a network rule, sandbox networks and cgroups of its own
+            # (removed by `close`): never those of an installation on this machine.
+            "CRAFT_SANDBOX_UID_BASE": str(self.uid_base),
+            "CRAFT_SANDBOX_UID_COUNT": "10000",
             "CRAFT_LOG_LEVEL": "WARNING",
             # One bench user drives up to 80 agents at once (50 sessions, then 20 cold starts
             # beside 10 streamers): a server capacity figure, not a per-user one.
@@ -144,7 +150,14 @@ class Site:
     def close(self) -> None:
         from django.db import connections
 
+        from sandboxes.backends import budget, firewall, network
+
         connections.close_all()
+        if os.geteuid() == 0:
+            for sandbox_id in network.sandbox_ids(self.uid_base):
+                network.remove(self.uid_base, sandbox_id)
+            budget.remove(self.uid_base)
+            firewall.remove(self.uid_base)
         if self._pg_name is not None:
             self._psql(f"DROP DATABASE IF EXISTS {self._pg_name} WITH (FORCE)")
         shutil.rmtree(self.workdir, ignore_errors=True)

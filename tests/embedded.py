@@ -26,11 +26,16 @@ from .server import Daphne
 ROOT = Path(settings.BASE_DIR)
 
 
-def embedded_env(var_dir: Path, **extra: str) -> dict[str, str]:
-    """Return this environment without Craft's settings, plus debug and `var_dir`."""
+def embedded_env(var_dir: Path, uid_base: int | None = None, **extra: str) -> dict[str, str]:
+    """Return this environment without Craft's settings, plus debug and `var_dir`, and the
+    test's own sandbox uid range (the `uid_base` fixture) when given: what a server running
+    as root leaves of its sandboxes (networks, cgroups, the network rule) is then the test's,
+    removed after it, never the default installation's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRAFT_"))}
     for name in ("DATABASE_URL", "REDIS_URL"):
         env.pop(name, None)
+    if uid_base is not None:
+        env |= {"CRAFT_SANDBOX_UID_BASE": str(uid_base), "CRAFT_SANDBOX_UID_COUNT": "1000"}
     return {**env, "DJANGO_DEBUG": "1", "CRAFT_VAR_DIR": str(var_dir), **extra}
 
 

@@ -188,15 +188,16 @@ async def test_deactivation_in_another_process_closes_sockets_through_redis(
     await closed_as_signed_out(comm)
 
 
-async def test_signing_out_through_daphne_closes_the_socket(place):
+async def test_signing_out_through_daphne_closes_the_socket(place, uid_base):
     # A checkout other users can enter, as make run's is.
-    await asyncio.to_thread(sign_out_through_daphne, place / "var")
+    await asyncio.to_thread(sign_out_through_daphne, place / "var", uid_base)
 
 
-def sign_out_through_daphne(var):
+def sign_out_through_daphne(var, uid_base):
     # The server's own re-check of a socket's account comes only after an hour: a close at all
     # shows the sign-out's signal reached the socket.
-    with serve(embedded_env(var, CRAFT_SOCKET_AUTH_CHECK_SECONDS="3600"), var) as server:
+    env = embedded_env(var, uid_base, CRAFT_SOCKET_AUTH_CHECK_SECONDS="3600")
+    with serve(env, var) as server:
         session = server.post_json("/api/sessions/", {"title": "daphne"})
         ws = server.socket(session["id"])
         page = server.opener.open(f"{server.url}/", timeout=10).read().decode()

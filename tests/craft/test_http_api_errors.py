@@ -90,9 +90,9 @@ def test_pages_outside_the_api_keep_django_s_html_errors(api, settings):
     assert response["Content-Type"].startswith("text/html")
 
 
-def test_daphne_answers_bad_api_requests_with_json(place):
+def test_daphne_answers_bad_api_requests_with_json(place, uid_base):
     var = place / "var"  # a checkout other users can enter, as make run's is
-    with serve(embedded_env(var), var) as server:
+    with serve(embedded_env(var, uid_base), var) as server:
         cases = [
             ("GET", "/api/sessions/not-a-uuid/", None, 404, "not_found"),
             ("POST", "/api/sessions/", b"x" * 3_000_000, 413, "too_large"),

@@ -86,9 +86,9 @@ async def test_behind_a_tls_proxy_the_own_origin_is_https(settings):
     assert not await handshake("http://craft.example.com", host, x_forwarded_proto="https")
 
 
-def test_daphne_refuses_a_handshake_from_another_port(place):
+def test_daphne_refuses_a_handshake_from_another_port(place, uid_base):
     var = place / "var"  # a checkout other users can enter, as make run's is
-    with serve(embedded_env(var), var) as server:
+    with serve(embedded_env(var, uid_base), var) as server:
         port = server.url.rsplit(":", 1)[1]
         url = f"ws://127.0.0.1:{port}/ws/sessions/{SESSION}/"
         ws = websocket.create_connection(url, origin=server.url, timeout=10)
