@@ -70,7 +70,10 @@ def decide(users: list[str], result: str | None, tools: list[str], cwd: str) -> 
     if result is not None:
         return Move(text=f"The tool said: {result.strip()}")
     last = users[-1].strip() if users else ""
-    shell = next((name for name in SHELL_TOOLS if name in tools), "")
+    # An MCP server's command tool first (named `<server>...run_command` by the agent), else
+    # the agent's own shell.
+    mcp = next((name for name in tools if name.endswith("run_command")), "")
+    shell = mcp or next((name for name in SHELL_TOOLS if name in tools), "")
     write = next((name for name in WRITE_TOOLS if name in tools), "")
     if (run := re.search(r"^run: (.+)$", last, re.M)) and shell:
         command = run.group(1).strip()
