@@ -646,17 +646,7 @@ class LocalBackend:
         if user is None:
             run = lambda args: LocalToolProcess([*command, *args])  # noqa: E731
             return Workspace(run, run, str(stores / session), waits=True)
-        jailed = jail.jailed(
-            command,
-            sandbox=root,
-            workspace=root,
-            user=user,
-            sandbox_root=self.sandbox_root,
-            tools=self.tools,
-            no_network=True,
-            binds=((stores / session, STORE_IN_JAIL),),
-            uid_nproc=self.budget is None,
-        )
+        jailed = self._tool_jail(command, root, user, stores / session)
         within = self._tool_budget(sandbox)
 
         def run_in_store(args: list[str]) -> LocalToolProcess:
@@ -672,6 +662,23 @@ class LocalBackend:
             run_in_store,
             STORE_IN_JAIL,
             waits=True,
+        )
+
+    def _tool_jail(
+        self, argv: list[str], root: Path, user: containment.SandboxUser, store: Path
+    ) -> list[str]:
+        """Return `argv` (Craft's own work on a sandbox's files) in a jail like its agents',
+        in the sandbox's folder, with no network and `store` mounted at STORE_IN_JAIL."""
+        return jail.jailed(
+            argv,
+            sandbox=root,
+            workspace=root,
+            user=user,
+            sandbox_root=self.sandbox_root,
+            tools=self.tools,
+            no_network=True,
+            binds=((store, STORE_IN_JAIL),),
+            uid_nproc=self.budget is None,
         )
 
     def _tool_budget(self, sandbox: Sandbox) -> Callable[[list[str]], list[str]]:
@@ -699,19 +706,9 @@ class LocalBackend:
         if user is None:
             argv = [du, "-s", "-B1", "--", str(root), str(stores)]
         else:
-            argv = self._tool_budget(sandbox)(
-                jail.jailed(
-                    [du, "-s", "-B1", "--", str(root), STORE_IN_JAIL],
-                    sandbox=root,
-                    workspace=root,
-                    user=user,
-                    sandbox_root=self.sandbox_root,
-                    tools=self.tools,
-                    no_network=True,
-                    binds=((stores, STORE_IN_JAIL),),  # all its sessions' stores
-                    uid_nproc=self.budget is None,
-                )
-            )
+            du_argv = [du, "-s", "-B1", "--", str(root), STORE_IN_JAIL]
+            # All its sessions' stores, mounted for their size.
+            argv = self._tool_budget(sandbox)(self._tool_jail(du_argv, root, user, stores))
         return _measure(argv, str(sandbox.pk))
 
     def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:
