@@ -154,8 +154,7 @@ class Site:
 
         connections.close_all()
         if os.geteuid() == 0:
-            for sandbox_id in network.sandbox_ids(self.uid_base):
-                network.remove(self.uid_base, sandbox_id)
+            network.remove_installation(self.uid_base)
             budget.remove(self.uid_base)
             firewall.remove(self.uid_base)
         if self._pg_name is not None:

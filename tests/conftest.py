@@ -229,8 +229,7 @@ def uid_base() -> Iterator[int]:
     allow-list. What the test's sandboxes left on the machine goes with it."""
     base = secrets.randbelow(1000) * 1000 + 1_100_000_000
     yield base
-    for sandbox_id in network.sandbox_ids(base):
-        network.remove(base, sandbox_id)
+    network.remove_installation(base)
     firewall.remove(base)
     budget.remove(base)
 

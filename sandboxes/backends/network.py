@@ -210,6 +210,14 @@ def remove(first_uid: int, sandbox_id: UUID) -> None:
         (directory / f"{UUID(str(sandbox_id))}.lock").unlink()
 
 
+def remove_installation(first_uid: int) -> None:
+    """Remove every sandbox network of the installation and what Craft kept of them (tests;
+    an operator turning networks off, or taking an installation away)."""
+    for sandbox_id in sandbox_ids(first_uid):
+        remove(first_uid, sandbox_id)
+    shutil.rmtree(STATE_DIR / str(first_uid), ignore_errors=True)
+
+
 def sandbox_ids(first_uid: int) -> list[UUID]:
     """Return the sandboxes of this installation that have a namespace on this machine."""
     prefix = f"craft-{first_uid}-"
