@@ -171,7 +171,7 @@ def ensure(
     netns = path(first_uid, sandbox_id)
     wanted = _pasta_spec(user, allow)
     state_file = _state_dir(first_uid) / f"{UUID(str(sandbox_id))}.json"
-    if is_up(first_uid, sandbox_id, user, allow):
+    if netns.exists() and _running(_read_state(state_file), wanted):
         return netns  # the common case: no lock, no process started
     with _locked(_state_dir(first_uid) / f"{UUID(str(sandbox_id))}.lock"):
         state = _read_state(state_file)
