@@ -305,3 +305,72 @@ class Credential(models.Model):
 
     def __str__(self) -> str:
         return f"{self.owner_id} {self.name}"
+
+
+class GitToken(models.Model):
+    """A person's token for one git host (craft.git_hosts), encrypted at rest like their
+    agents' keys (craft.credentials): used by Craft's own git and the host's API for their
+    sessions only, never shown again (`hint`), never given to an agent (docs/repositories.md).
+
+    `login` is the account the host said the token belongs to when it was stored (some hosts
+    want it as the user name beside the token).
+    """
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="git_tokens"
+    )
+    host = models.CharField(max_length=255)  # as the hosts file names it: name or name:port
+    ciphertext = models.TextField()
+    hint = models.CharField(max_length=4, blank=True)
+    login = models.CharField(max_length=255, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "host"], name="one_git_token_per_host")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id} {self.host}"
+
+
+class SessionRepository(models.Model):
+    """The repository a session works on: cloned into its workspace before its first turn, on
+    a branch of its own (docs/repositories.md).
+
+    `status` is the clone's: `pending` (not begun), `cloning`, `setting_up`, `ready` or
+    `failed` (`detail` says why, plainly; `failure` is the error code). Its pull request, once
+    opened, is remembered with the state the host last reported.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        CLONING = "cloning"
+        SETTING_UP = "setting_up"
+        READY = "ready"
+        FAILED = "failed"
+
+    session = models.OneToOneField(
+        Session, on_delete=models.CASCADE, primary_key=True, related_name="repository"
+    )
+    url = models.CharField(max_length=2000)
+    host = models.CharField(max_length=255)
+    path = models.CharField(max_length=1000)  # owner/name on the host
+    # The branch it was cloned from (the remote's default when none was asked for), and the
+    # session's own branch, created at the clone.
+    base = models.CharField(max_length=255, blank=True)
+    branch = models.CharField(max_length=255, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    detail = models.TextField(blank=True)
+    failure = models.CharField(max_length=64, blank=True)
+    commit = models.CharField(max_length=64, blank=True)  # what the clone checked out
+    # The session branch's commit Craft last pushed ("" never): a push only moves it forward.
+    pushed = models.CharField(max_length=64, blank=True)
+    pull_request_url = models.CharField(max_length=2000, blank=True)
+    pull_request_number = models.PositiveIntegerField(null=True, blank=True)
+    pull_request_state = models.CharField(max_length=16, blank=True)  # open, merged, closed
+    pull_request_checked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.session_id} {self.url} ({self.status})"
