@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 from uuid import UUID
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
@@ -16,12 +18,14 @@ from django.views.decorators.http import require_http_methods
 
 from craft import credentials, services, workspace_paths
 from craft.http import SignedInRequest
-from craft.models import Event, Session, Turn
+from craft.models import Event, Session, SessionRepository, Turn
 from craft.storage.eventlog import events_json_after
+from craft.turns.repository import repository_json
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
 
 MAX_EVENTS_PAGE = 1000
+logger = logging.getLogger(__name__)
 
 
 def error(status: int, code: str, message: str) -> JsonResponse:
@@ -82,6 +86,8 @@ def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
 
 
 def session_json(session: Session) -> dict[str, Any]:
+    """Return a session as the API shows it (its repository read from the session when it
+    was fetched with it, `select_related("repository")`, else with one query)."""
     return {
         "id": str(session.pk),
         "title": session.title,
@@ -91,14 +97,27 @@ def session_json(session: Session) -> dict[str, Any]:
         "running": _running(session),
         "sandbox": str(session.sandbox_id),
         "agent": session.agent,
+        "repository": _repository_of(session),
     }
+
+
+def _repository_of(session: Session) -> dict[str, Any] | None:
+    try:
+        return repository_json(session.repository)
+    except SessionRepository.DoesNotExist:
+        return None
 
 
 @require_http_methods(["GET", "POST"])
 @api_login_required
 def sessions(request: SignedInRequest) -> HttpResponse:
     if request.method == "GET":
-        items = Session.objects.owned_by(request.user).recent_first().with_status()
+        items = (
+            Session.objects.owned_by(request.user)
+            .recent_first()
+            .with_status()
+            .select_related("repository")
+        )
         listed = [
             {**session_json(s), "state": s.state, "unread": getattr(s, "unread", False)}
             for s in items
@@ -113,8 +132,13 @@ def sessions(request: SignedInRequest) -> HttpResponse:
     agent = body.get("agent", "")
     if not isinstance(agent, str):
         return error(400, "invalid", "'agent' must be a string, the id of an agent")
+    repository, branch = body.get("repository"), body.get("branch")
     try:
-        session = services.open_session(request.user, title, agent=agent)
+        session = services.open_session(
+            request.user, title, agent=agent, repository=repository or "", branch=branch or ""
+        )
+    except services.RepositoryRefused as exc:
+        return error(400, exc.code, exc.message)
     except services.UnknownAgent as exc:
         return error(400, "unknown_agent", str(exc))
     except services.SessionLimit as exc:
@@ -122,7 +146,18 @@ def sessions(request: SignedInRequest) -> HttpResponse:
     except services.SessionError as exc:
         return error(503, "sandbox_unavailable", str(exc))
     session.running = False  # new: no prompt, so no turn yet (saves the query)
+    if repository is not None:
+        start_cloning(session.pk)
     return JsonResponse(session_json(session), status=201)
+
+
+def start_cloning(session_id: UUID) -> None:
+    """Start the new session's clone now (from a sync view); what cannot start now starts at
+    its first prompt, or when its page opens."""
+    try:
+        async_to_sync(services.prepare_repository)(session_id)
+    except Exception as exc:  # its first prompt (or its page) starts it then
+        logger.info("session %s: the clone did not start yet: %s", session_id, exc)
 
 
 @require_http_methods(["GET", "PATCH", "DELETE"])

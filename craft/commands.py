@@ -152,6 +152,43 @@ class StartAgent:
 
 
 @dataclass(frozen=True)
+class PrepareRepository:
+    """Clone the session's repository into its workspace and run its set-up, if that is not
+    done yet (the server's own command: when the session is opened, or after a restart)."""
+
+
+@dataclass(frozen=True)
+class CommitRepository:
+    """Commit everything in the workspace to the session's branch (`message`: "" drafts one)."""
+
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PushRepository:
+    """Push the session's branch to the remote (never forced)."""
+
+
+@dataclass(frozen=True)
+class OpenPullRequest:
+    """Open a pull request of the session's branch against its base ("" drafts the text)."""
+
+    title: str = ""
+    body: str = ""
+    link: str = ""  # the session's page, for the body
+
+
+@dataclass(frozen=True)
+class UpdateRepository:
+    """Fetch the base branch and merge it into the session's branch."""
+
+
+@dataclass(frozen=True)
+class RefreshPullRequest:
+    """Read the pull request's state from its host again (the server's own command)."""
+
+
+@dataclass(frozen=True)
 class Seen:
     """The person has now looked at everything the session's page shows (the socket's own)."""
 
@@ -165,7 +202,9 @@ class FollowSessions:
 # What the session's owner carries out; the others stay with the socket that received them.
 SessionCommand = (
     Prompt | Cancel | AnswerPermission | AnswerElicitation | SetConfigOption | SetMode | Revert
-    | EditQueued | RemoveQueued | SendNow | RunQueue | StartAgent
+    | EditQueued | RemoveQueued | SendNow | RunQueue | StartAgent | PrepareRepository
+    | CommitRepository | PushRepository | OpenPullRequest | UpdateRepository
+    | RefreshPullRequest
 )  # fmt: skip
 Command = SessionCommand | Resume | Seen | FollowSessions
 
@@ -183,6 +222,13 @@ FRAME_TYPES: dict[type, str] = {
     SendNow: "send_now",
     RunQueue: "run_queue",  # between workers only
     StartAgent: "start_agent",
+    # Over HTTP (POST .../repository/...), or between workers; never a socket frame.
+    PrepareRepository: "prepare_repository",
+    CommitRepository: "commit_repository",
+    PushRepository: "push_repository",
+    OpenPullRequest: "open_pull_request",
+    UpdateRepository: "update_repository",
+    RefreshPullRequest: "refresh_pull_request",
     Resume: "resume",
     Seen: "seen",
     FollowSessions: "follow_sessions",

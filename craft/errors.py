@@ -25,5 +25,15 @@ class DiskFull(SessionError):
     """The session's sandbox takes more disk than CRAFT_SANDBOX_DISK: no new prompt."""
 
 
+class RepositoryRefused(SessionError):
+    """A session was asked for on a repository this server will not clone (`code` says why:
+    `unknown_git_host`, `invalid_repository_url`, `invalid_branch`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class UnknownAgent(SessionError):
     """A session was asked for with an agent the catalog does not offer."""

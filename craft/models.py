@@ -19,7 +19,7 @@ class SessionQuerySet(models.QuerySet["Session"]):
     def one_of(self, user: User | AnonymousUser, session_id: uuid.UUID | str) -> "Session | None":
         """Return `user`'s session `session_id` with its sandbox and whether a turn runs, or
         None: someone else's session and a missing one are not told apart."""
-        sessions = self.owned_by(user).select_related("sandbox").with_running()
+        sessions = self.owned_by(user).select_related("sandbox", "repository").with_running()
         try:
             # get(), not first(): first() adds an ordering by pk, more SQL to build for nothing.
             return sessions.get(pk=session_id)

@@ -9,6 +9,7 @@ that runs the session's agent. Sandboxes are reached only through `sandboxes.ser
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 
 from django.conf import settings
@@ -16,26 +17,34 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from craft import git_hosts
 from craft.cluster import forwarding
 from craft.commands import (
     AnswerElicitation,
     AnswerPermission,
     Cancel,
+    CommitRepository,
     EditQueued,
+    OpenPullRequest,
+    PrepareRepository,
     Prompt,
+    PushRepository,
+    RefreshPullRequest,
     RemoveQueued,
     Revert,
     SendNow,
     SetConfigOption,
     SetMode,
     StartAgent,
+    UpdateRepository,
 )
-from craft.errors import SessionError, SessionLimit, UnknownAgent
+from craft.errors import RepositoryRefused, SessionError, SessionLimit, UnknownAgent
 from craft.live import delivery, status
-from craft.models import Session, Turn
+from craft.models import Session, SessionRepository, Turn
 from craft.storage.normalise import clean_title
 from craft.storage.titles import set_session_title
 from craft.turns.registry import runners
+from craft.turns.repository import branch_name
 from sandboxes import catalog
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
@@ -47,6 +56,7 @@ DEFAULT_TITLE = "New session"
 
 
 __all__ = [
+    "RepositoryRefused",
     "SessionError",
     "SessionLimit",
     "UnknownAgent",
@@ -67,7 +77,13 @@ __all__ = [
 
 
 def open_session(
-    user: User, title: str = "", *, reuse_untouched: bool = False, agent: str = ""
+    user: User,
+    title: str = "",
+    *,
+    reuse_untouched: bool = False,
+    agent: str = "",
+    repository: str = "",
+    branch: str = "",
 ) -> Session:
     """Create a session in the user's sandbox, at once, talking to the catalog's `agent`
     (default: the catalog's first) for its whole life.
@@ -78,6 +94,10 @@ def open_session(
     With `reuse_untouched` (the page's "New session") and no title, the user's newest session
     that nothing happened in yet (no event, the default title, in that sandbox) is returned
     instead of a new one, so that pressing the button again piles up no empty sessions.
+    With `repository` (an https URL on one of the server's git hosts) the workspace becomes a
+    clone of it (of `branch`, default the remote's default branch) on a branch of the
+    session's own, made before its first turn (`prepare_repository` starts it); such a session
+    is always a new one. RepositoryRefused says why a repository or branch is not taken.
     Raises UnknownAgent for an agent the catalog does not offer, SessionLimit when the user
     has CRAFT_MAX_SESSIONS_PER_USER sessions (concurrent requests can pass it by a few),
     SessionError when the sandbox is being stopped.
@@ -86,8 +106,9 @@ def open_session(
     if chosen is None:
         offered = ", ".join(a.id for a in catalog.agents())
         raise UnknownAgent(f"there is no agent {agent[:64]!r} here (offered: {offered})")
+    cloned = _repository_of(repository, branch) if repository or branch else None
     sandbox = None
-    if reuse_untouched and not clean_title(title):
+    if reuse_untouched and not clean_title(title) and cloned is None:
         sandbox = sandbox_services.request_sandbox(user)
         untouched = (
             Session.objects.owned_by(user)
@@ -106,11 +127,49 @@ def open_session(
     if sandbox.status not in (Sandbox.Status.RUNNING, Sandbox.Status.PROVISIONING):
         # Terminating (a failed one was claimed for provisioning above).
         raise SessionError("your sandbox is being stopped: open a session again in a moment")
-    session = Session.objects.create(
-        owner=user, sandbox=sandbox, title=clean_title(title) or DEFAULT_TITLE, agent=chosen.id
-    )
+    with transaction.atomic():
+        session = Session.objects.create(
+            owner=user, sandbox=sandbox, title=clean_title(title) or DEFAULT_TITLE, agent=chosen.id
+        )
+        if cloned is not None:
+            url, base = cloned
+            SessionRepository.objects.create(
+                session=session, url=url.url, host=url.host.host, path=url.path, base=base,
+                branch=branch_name(clean_title(title), session.pk),
+            )  # fmt: skip
     status.sessions_changed(user.pk, session.pk)
     return session
+
+
+# A branch name git takes (`git check-ref-format --branch`), more strictly: no control
+# character, space or `~^:?*[\`, no `..`, `@{`, `//`, no leading `-` or `/`, no `.lock` end.
+_BRANCH = re.compile(
+    r"(?!-)(?!/)(?!.*(?:\.\.|@\{|//|/\.|\.lock$|/$|\.$))"
+    r"[^\x00-\x20\x7f~^:?*\[\\]{1,200}"
+)
+
+
+def _repository_of(repository: object, branch: object) -> tuple[git_hosts.RepositoryUrl, str]:
+    """Check a new session's repository and branch; raise RepositoryRefused."""
+    if not isinstance(repository, str) or not repository.strip():
+        raise RepositoryRefused("invalid_repository_url", "'repository' must be an https URL")
+    if not isinstance(branch, str) or (branch and not _BRANCH.fullmatch(branch)):
+        raise RepositoryRefused("invalid_branch", "'branch' must be the name of a branch")
+    try:
+        url = git_hosts.parse_repository_url(repository.strip())
+    except git_hosts.GitHostError as exc:
+        raise RepositoryRefused(exc.code, exc.message) from None
+    return url, branch
+
+
+def recent_repositories(user: User, limit: int = 8) -> list[str]:
+    """Return the URLs of the repositories of the user's latest sessions, newest first."""
+    urls = (
+        SessionRepository.objects.filter(session__owner=user)
+        .order_by("-created_at")
+        .values_list("url", flat=True)
+    )
+    return list(dict.fromkeys(urls[: limit * 4]))[:limit]
 
 
 def delete_session(session: Session) -> None:
@@ -210,3 +269,41 @@ async def revert_workspace(session_id: uuid.UUID, revert: Revert) -> None:
     file, or one hunk; stored as a `workspace_reverted` event (docs/workspace.md). Refused
     while a turn runs, and when the change has no checkpoints or the hunk no longer applies."""
     await forwarding.route(session_id, revert)
+
+
+async def prepare_repository(session_id: uuid.UUID) -> None:
+    """Start cloning the session's repository (and running its set-up) if that is not done;
+    `repository_status` events follow it. Nothing for a session without one."""
+    await forwarding.route(session_id, PrepareRepository())
+
+
+async def commit_repository(session_id: uuid.UUID, message: str = "") -> None:
+    """Commit the workspace's changes to the session's branch (a drafted message if none);
+    stored as `repository_committed`. Refused `nothing_to_commit`, `turn_running`,
+    `repository_not_ready`, `no_repository`."""
+    await forwarding.route(session_id, CommitRepository(message))
+
+
+async def push_repository(session_id: uuid.UUID) -> None:
+    """Push the session's branch (never forced); stored as `repository_pushed`."""
+    await forwarding.route(session_id, PushRepository())
+
+
+async def open_pull_request(
+    session_id: uuid.UUID, title: str = "", body: str = "", link: str = ""
+) -> None:
+    """Push if need be, then open the branch's pull request through the host's API (its
+    text drafted from the session where not given); stored as `pull_request_opened`."""
+    await forwarding.route(session_id, OpenPullRequest(title, body, link))
+
+
+async def update_repository(session_id: uuid.UUID) -> None:
+    """Fetch the base branch and merge it into the session's branch; conflicts are left in
+    the files for the agent or the person; stored as `repository_updated`."""
+    await forwarding.route(session_id, UpdateRepository())
+
+
+async def refresh_pull_request(session_id: uuid.UUID) -> None:
+    """Read the pull request's state from its host unless it was read a moment ago; a change
+    is stored as `pull_request_updated`."""
+    await forwarding.route(session_id, RefreshPullRequest())

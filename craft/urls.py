@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from craft import api, health, views, workspace_api
+from craft import api, health, repository_api, views, workspace_api
 
 urlpatterns = [
     path("healthz", health.alive, name="healthz"),
@@ -37,6 +37,31 @@ urlpatterns = [
         "api/sessions/<uuid:session_id>/turns/<int:seq>/revert/",
         workspace_api.revert,
         name="api_turn_revert",
+    ),
+    path(
+        "api/sessions/<uuid:session_id>/repository/",
+        repository_api.repository,
+        name="api_repository",
+    ),
+    path(
+        "api/sessions/<uuid:session_id>/repository/commit/",
+        repository_api.commit,
+        name="api_repository_commit",
+    ),
+    path(
+        "api/sessions/<uuid:session_id>/repository/push/",
+        repository_api.push,
+        name="api_repository_push",
+    ),
+    path(
+        "api/sessions/<uuid:session_id>/repository/pull-request/",
+        repository_api.pull_request,
+        name="api_repository_pull_request",
+    ),
+    path(
+        "api/sessions/<uuid:session_id>/repository/update/",
+        repository_api.update,
+        name="api_repository_update",
     ),
     path("api/sandbox/", api.sandbox, name="api_sandbox"),
     path("api/agents/", api.agents, name="api_agents"),

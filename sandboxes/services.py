@@ -30,6 +30,7 @@ from .backends.budget import format_size
 from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
+from .repository import Repository
 from .signals import announce_change
 from .warm_agents import warm_agents
 from .workspace import Workspace
@@ -464,6 +465,12 @@ def session_workspace(sandbox: Sandbox, session_id: UUID, *, just_read: bool = F
     else:
         require_running(sandbox)
     return get_backend(sandbox.backend).workspace(sandbox, session_id)
+
+
+def session_repository(sandbox: Sandbox, session_id: UUID) -> Repository:
+    """Return the session's workspace as a git repository (`sandboxes.repository`): Craft's
+    own git, run where its agents run. The caller checked that the sandbox runs."""
+    return get_backend(sandbox.backend).repository(sandbox, session_id)
 
 
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:

@@ -7,12 +7,19 @@ from uuid import UUID
 
 from craft import credentials
 from craft.errors import DiskFull
-from craft.models import Event, Session
+from craft.models import Event, Session, SessionRepository
 from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
 from sandboxes.catalog import Launch
 from sandboxes.models import Sandbox
 from sandboxes.signals import announce_change
+
+# A session's repository in these states is not ready for a turn yet.
+PREPARING = (
+    SessionRepository.Status.PENDING,
+    SessionRepository.Status.CLONING,
+    SessionRepository.Status.SETTING_UP,
+)
 
 
 @db_sync_to_async
@@ -32,9 +39,10 @@ def sandbox_status(session_id: UUID) -> str | None:
 
 
 @db_sync_to_async
-def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | None, bool]:
-    """Return the status of the sandbox the session's next turn runs in, and whether the
-    session was moved to it now. With `keys` (a new prompt), first raise CredentialsMissing
+def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | None, bool, bool]:
+    """Return the status of the sandbox the session's next turn runs in, whether the
+    session was moved to it now, and whether its repository is still being cloned (or set
+    up: the turn waits for it). With `keys` (a new prompt), first raise CredentialsMissing
     if the session's agent could not start for want of its owner's keys, and DiskFull if its
     sandbox is over its disk limit (nothing moves then).
 
@@ -42,13 +50,14 @@ def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | N
     on in its owner's live sandbox, provisioned in the background if need be
     (`request_sandbox`): its log stays; its new agent starts in a new, empty workspace.
     """
-    session = Session.objects.select_related("sandbox", "owner").get(pk=session_id)
+    session = Session.objects.select_related("sandbox", "owner", "repository").get(pk=session_id)
     if keys and (missing := credentials.missing_in(session)) is not None:
         raise missing
+    cloning = _cloning(session)
     if session.sandbox.status != Sandbox.Status.TERMINATED:
         if keys and (full := sandbox_services.disk_refusal(session.sandbox_id)) is not None:
             raise DiskFull(full)
-        return session.sandbox.status, False
+        return session.sandbox.status, False, cloning
     sandbox = sandbox_services.request_sandbox(session.owner)
     if sandbox.status == Sandbox.Status.TERMINATING:
         return sandbox.status, False  # its other sandbox is being stopped: not now
@@ -56,7 +65,21 @@ def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | N
     # The new sandbox's own changes may have been announced while the session was still in
     # the old one: its pages read it again now that the session is there.
     announce_change(sandbox.pk, session.owner_id)
-    return sandbox.status, True
+    return sandbox.status, True, cloning
+
+
+def _cloning(session: Session) -> bool:
+    try:
+        repository = session.repository
+    except SessionRepository.DoesNotExist:
+        return False
+    return repository.status in PREPARING
+
+
+@db_sync_to_async
+def repository_preparing(session_id: UUID) -> bool:
+    """Return whether the session's repository is still being cloned or set up."""
+    return SessionRepository.objects.filter(session_id=session_id, status__in=PREPARING).exists()
 
 
 @db_sync_to_async

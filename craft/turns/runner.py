@@ -38,8 +38,13 @@ from craft.commands import (
     AnswerElicitation,
     AnswerPermission,
     Cancel,
+    CommitRepository,
     EditQueued,
+    OpenPullRequest,
+    PrepareRepository,
     Prompt,
+    PushRepository,
+    RefreshPullRequest,
     RemoveQueued,
     Revert,
     RunQueue,
@@ -48,6 +53,7 @@ from craft.commands import (
     SetConfigOption,
     SetMode,
     StartAgent,
+    UpdateRepository,
 )
 from craft.errors import DiskFull, Refused
 from craft.models import Session
@@ -59,6 +65,7 @@ from craft.turns.agent_calls import call_agent
 from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
 from craft.turns.recovery import close_turns_of_gone_workers
+from craft.turns.repository import SessionRepositoryWork
 from craft.turns.turn import BATCH_LIMIT, Events, Turn, start_said
 from sandboxes import services as sandbox_services
 from sandboxes.acp import TURN_UPDATES, AgentConnection, AgentError, Update
@@ -74,6 +81,7 @@ logger = logging.getLogger(__name__)
 ACTIVITY_EVERY = 60.0
 TURN_RUNNING = "the agent is still working on the previous prompt"
 SANDBOX_STARTING = "your sandbox is still starting: send it when it is ready"
+REPOSITORY_PREPARING = "the session's repository is still being cloned: send it when it is ready"
 # How often a session with prompts waiting for its sandbox looks whether it is ready.
 SANDBOX_POLL_SECONDS = 0.5
 
@@ -98,6 +106,7 @@ class SessionRunner:
         self._active_at = 0.0
         self._touching: asyncio.Task[None] | None = None  # the sandbox's activity being written
         self.checkpoints = SessionCheckpoints(session_id, self.append)
+        self.repository = SessionRepositoryWork(session_id, self.append)
         self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
         # What the last agent of this runner takes in prompts (None: not known yet).
         self._prompt_capabilities: dict[str, bool] | None = None
@@ -119,6 +128,8 @@ class SessionRunner:
         before it takes any lock), or queued prompts wait here for the sandbox: the session's
         lease is kept for them meanwhile."""
         if self.running or self._handling or self._lock.locked() or self._starting.locked():
+            return True
+        if self.repository.preparing:
             return True
         return self._waiting_for_sandbox is not None and not self._waiting_for_sandbox.done()
 
@@ -161,6 +172,18 @@ class SessionRunner:
                 await self.run_queue()
             case StartAgent():
                 await self.start_agent()
+            case PrepareRepository():
+                self.prepare_repository()
+            case CommitRepository(message=message):
+                await self._ship(self.repository.commit(message))
+            case PushRepository():
+                await self._ship(self.repository.push())
+            case OpenPullRequest(title=title, body=body, link=link):
+                await self._ship(self.repository.open_pull_request(title, body, link))
+            case UpdateRepository():
+                await self._ship(self.repository.update())
+            case RefreshPullRequest():
+                await self.repository.refresh_pull_request()
 
     def take_fence(self, fence: Fence) -> None:
         """Run the next command under this lease. A new lease means another worker may have
@@ -187,6 +210,7 @@ class SessionRunner:
         self.released()  # the new owner changes the queue and takes checkpoints from now on
         await self.drop_connection()
         await self.checkpoints.close()
+        await self.repository.close()
 
     # --- turns ----------------------------------------------------------------------------
 
@@ -209,7 +233,9 @@ class SessionRunner:
                 # stored, and the client keeps the prompt (docs/agents.md). Else a session
                 # whose sandbox was terminated moves to a new one here.
                 try:
-                    status, moved = await records.sandbox_for_prompt(self.session_id, keys=True)
+                    status, moved, cloning = await records.sandbox_for_prompt(
+                        self.session_id, keys=True
+                    )
                 except credentials.CredentialsMissing as missing:
                     raise Refused("credentials_missing", str(missing)) from None
                 except DiskFull as over:
@@ -218,6 +244,11 @@ class SessionRunner:
                 if not prompt.queue and starting and not moved:
                     # Nothing is stored: the client sends it again when the sandbox is ready.
                     raise Refused("sandbox_starting", SANDBOX_STARTING)
+                if cloning:
+                    # The first prompt waits, queued, for the session's repository.
+                    if not prompt.queue:
+                        raise Refused("repository_not_ready", REPOSITORY_PREPARING)
+                    return await self._enqueue_for_repository(prompt)
             elif (full := sandbox_services.disk_refusal(self._sandbox_id)) is not None:
                 # Its agent runs: the sandbox it runs in is the session's (checked in memory).
                 raise Refused("disk_full", full)
@@ -313,7 +344,10 @@ class SessionRunner:
             if self.registry.closing or self.running:
                 return
             if self.connection is None or not self.connection.is_running:
-                status, _ = await records.sandbox_for_prompt(self.session_id)
+                status, _, cloning = await records.sandbox_for_prompt(self.session_id)
+                if cloning:
+                    self.prepare_repository()
+                    return
                 if status == Sandbox.Status.PROVISIONING:
                     self._wait_for_sandbox()
                     return
@@ -331,6 +365,30 @@ class SessionRunner:
             self._queued = None if self._queued is None else max(self._queued - 1, 0)
             self._start_turn(prompt, stored.first_seq)
         await self._take_title(prompt)
+
+    async def _enqueue_for_repository(self, prompt: Prompt) -> bool:
+        """Queue a prompt that came before the session's repository was cloned (under the
+        runner's lock), and see that the clone is being made: the queue runs once it is."""
+        if not await db_calls.run(queue.enqueue, self.session_id, prompt, self.fence):
+            return False
+        self._queued = (self._queued or 0) + 1
+        self.prepare_repository()
+        return True
+
+    def prepare_repository(self) -> None:
+        """Make the session's repository's clone in the background if it is not made; its
+        queue runs once it is ready (or failed: the session goes on without it)."""
+        if not self.registry.closing:
+            self.repository.prepare(self.queue_moves_on)
+
+    async def _ship(self, work: Any) -> None:
+        """Carry out repository work (commit, push, ...), which changes nothing while a turn
+        runs: refused then (`turn_running`)."""
+        async with self._lock:
+            if self.running:
+                work.close()
+                raise Refused("turn_running", "the agent is working: try again once its turn ends")
+            await work
 
     def _wait_for_sandbox(self) -> None:
         """Run the queue once the session's sandbox is ready (looked at every half second)."""
@@ -561,6 +619,10 @@ class SessionRunner:
         if self.running or self.registry.closing or (connection and connection.is_running):
             return
         if await records.sandbox_status(self.session_id) != Sandbox.Status.RUNNING:
+            return
+        if self.repository.preparing or await records.repository_preparing(self.session_id):
+            # No agent in a half-made workspace: the clone starts it once it is ready.
+            self.prepare_repository()
             return
         try:
             await self.connection_for_turn(wait_for_sandbox=False)
