@@ -282,7 +282,7 @@ class SessionRepositoryWork:
                 base=row.base,
                 title=title.strip() or drafted_title,
                 body=body.strip() or drafted_body,
-            )  # fmt: skip
+            )
         )
         await _update(self.session_id, pull_request_url=opened.url,
                       pull_request_number=opened.number, pull_request_state=opened.state,
