@@ -529,6 +529,9 @@ CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes
 CRAFT_AGENT_ENV = env_agent_env("CRAFT_AGENT_ENV")
 # The agents a new session can pick (docs/agents.md); empty: the one agent above, id "default".
 CRAFT_AGENTS = env_agents_file("CRAFT_AGENTS_FILE")
+# The git hosts people may clone from (docs/repositories.md), a TOML file read by
+# craft.git_hosts and checked at start (craft.checks); unset: github.com and gitlab.com.
+CRAFT_GIT_HOSTS_FILE = os.environ.get("CRAFT_GIT_HOSTS_FILE", "").strip()
 # The keys that encrypt the credentials people store for their agents, newest first (an old
 # key listed after the new one still reads what it wrote). Needed once an agent asks for any.
 CRAFT_SECRETS_KEYS = env_fernet_keys("CRAFT_SECRETS_KEY")
