@@ -443,7 +443,10 @@ def _host_and_token(row: SessionRepository) -> tuple[git_hosts.GitHost, str]:
     host = git_hosts.hosts().get(row.host)
     if host is None:
         raise Refused("unknown_git_host", f"{row.host} is no longer a git host of this server")
-    token = git_tokens.token_for(owner_id, row.host)
+    try:
+        token = git_tokens.token_for(owner_id, row.host)
+    except git_tokens.GitTokenError as exc:
+        raise Refused(exc.code, exc.message) from None
     if not token:
         raise Refused("git_auth_failed", f"store your token for {row.host} on the Keys page")
     return host, token
