@@ -30,6 +30,7 @@ from .backends.budget import format_size
 from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
+from .repository import Repository
 from .signals import announce_change
 from .warm_agents import warm_agents
 from .workspace import Workspace
@@ -445,6 +446,13 @@ def check_running(status: str, error: str) -> None:
     if status != Sandbox.Status.RUNNING:
         why = f": {error}" if error else ""
         raise SandboxUnavailable(f"your sandbox is {status}{why}")
+
+
+def session_repository(sandbox: Sandbox, session_id: UUID) -> Repository:
+    """Return the session's workspace as a git repository (`sandboxes.repository`): clone,
+    set-up, commit, push, update. Raises SandboxUnavailable unless the sandbox is running."""
+    require_running(sandbox)
+    return get_backend(sandbox.backend).repository(sandbox, session_id)
 
 
 def workspace_path(sandbox: Sandbox, session_id: UUID) -> str:
