@@ -112,7 +112,8 @@ def test_it_clones_a_private_repository_with_the_owners_token(host, session, cap
     assert "origin/develop" in session.git("branch", "-r")
     assert session.git("rev-parse", "--abbrev-ref", f"{BRANCH}@{{upstream}}") == "origin/main"
     assert TOKEN in host.tokens_seen()
-    for path in [*files_of(session.folder), *files_of(session.root)]:
+    store = host_stores(session) / str(session.session.pk)
+    for path in [*files_of(session.folder), *files_of(session.root), *files_of(store)]:
         assert TOKEN.encode() not in path.read_bytes(), path
     assert TOKEN not in caplog.text
 
