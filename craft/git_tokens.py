@@ -10,10 +10,8 @@ on its owner's behalf: in a `Remote` for Craft's git (`remote_for`), or for the 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -22,6 +20,7 @@ from django.views.decorators.debug import sensitive_variables
 from craft import credentials, host_api
 from craft.git_hosts import GitHost, RepositoryUrl, hosts
 from craft.models import GitToken
+from sandboxes.repository import Remote
 
 # The user name each kind of host wants beside a token over HTTPS (Gitea: the token's login).
 USERNAMES = {"github": "x-access-token", "gitlab": "oauth2"}
@@ -144,14 +143,13 @@ def token_for(owner_id: int, host: str) -> str | None:
 
 
 @sensitive_variables("found")
-def remote_for(owner_id: int, url: RepositoryUrl) -> Any:
+def remote_for(owner_id: int, url: RepositoryUrl) -> Remote:
     """Return the `sandboxes.repository.Remote` Craft's git uses for the owner on `url`: with
     their token for its host (none stored: anonymous, for a public repository) and the user
     name the host wants beside it."""
-    remote = importlib.import_module("sandboxes.repository").Remote
     found = _read(owner_id, url.host.host)
     token, login = found if found else ("", "")
-    return remote(
+    return Remote(
         url=url.url,
         token=token,
         username=USERNAMES.get(url.host.kind, login or "x-access-token"),

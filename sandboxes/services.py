@@ -448,13 +448,6 @@ def check_running(status: str, error: str) -> None:
         raise SandboxUnavailable(f"your sandbox is {status}{why}")
 
 
-def session_repository(sandbox: Sandbox, session_id: UUID) -> Repository:
-    """Return the session's workspace as a git repository (`sandboxes.repository`): clone,
-    set-up, commit, push, update. Raises SandboxUnavailable unless the sandbox is running."""
-    require_running(sandbox)
-    return get_backend(sandbox.backend).repository(sandbox, session_id)
-
-
 def workspace_path(sandbox: Sandbox, session_id: UUID) -> str:
     """Return the session's workspace as its agent sees it (its working directory)."""
     return get_backend(sandbox.backend).workspace_path(sandbox, session_id)

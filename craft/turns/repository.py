@@ -30,7 +30,6 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
-from sandboxes.repository import GitRefused, Remote, Repository
 
 from craft import git_hosts, git_tokens, host_api
 from craft.errors import Refused
@@ -42,6 +41,7 @@ from sandboxes import catalog
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
+from sandboxes.repository import GitRefused, Remote, Repository
 
 logger = logging.getLogger(__name__)
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import json
 import logging
-import sys
-import types
 from io import StringIO
 
 import pytest
@@ -201,29 +197,8 @@ def test_a_token_no_key_reads_is_said_not_used(api, github, owner, settings):
     assert "can no longer be read" in refused.value.message
 
 
-@dataclasses.dataclass(frozen=True)
-class _Remote:
-    """The shape of sandboxes.repository.Remote, where that module is not there yet."""
-
-    url: str
-    token: str = dataclasses.field(default="", repr=False)
-    username: str = "x-access-token"
-    allow_http: bool = False
-    submodules: bool = False
-
-
-@pytest.fixture
-def remote_module(monkeypatch):
-    try:
-        importlib.import_module("sandboxes.repository")
-    except ModuleNotFoundError:
-        module = types.ModuleType("sandboxes.repository")
-        module.Remote = _Remote  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "sandboxes.repository", module)
-
-
 def test_a_remote_carries_the_owners_token_and_the_user_name_its_host_wants(
-    api, github, owner, stranger, remote_module
+    api, github, owner, stranger
 ):
     put_token(api, github.netloc, TOKEN)
     put_token(api, github.gitea.netloc, OTHER)
@@ -241,7 +216,7 @@ def test_a_remote_carries_the_owners_token_and_the_user_name_its_host_wants(
     assert anonymous.token == ""
 
 
-def test_gitlab_wants_oauth2_beside_its_token(owner, tmp_path, settings, remote_module):
+def test_gitlab_wants_oauth2_beside_its_token(owner, tmp_path, settings):
     with FakeHost("gitlab") as gitlab:
         gitlab.add_token(TOKEN, "olivia")
         (tmp_path / "hosts.toml").write_text(gitlab.toml())
