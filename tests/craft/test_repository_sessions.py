@@ -335,3 +335,40 @@ async def test_shipping_waits_for_the_turn(hosts, owner):
     await frames_until(comm, is_turn_end)
     await comm.disconnect()
     await asyncio.sleep(0)
+
+
+async def test_a_moved_base_is_merged_in_with_its_conflicts_listed_and_a_moved_branch_is_never_forced(
+    hosts, owner
+):
+    url = hosts.git.create(REPO, {"app.py": b"one\n", "other.py": b"a\n"}, writers=(TOKEN,))
+    await db_sync_to_async(git_tokens.store_token)(owner, hosts.git.url.split("//")[1], TOKEN)
+    client = await signed_in(owner)
+    session_id = (await post(client, "/api/sessions/", {"repository": url})).json()["id"]
+    comm, _ = await open_socket(session_id, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await frames_until(comm, is_ready_or_failed)
+    folder = await db_sync_to_async(workspace_of)(session_id)
+    uid = folder.stat().st_uid
+    (folder / "app.py").write_bytes(b"mine\n")
+    os.chown(folder / "app.py", uid, uid)
+    assert (await post(client, f"/api/sessions/{session_id}/repository/commit/")).status_code == 201
+    branch = (await client.get(f"/api/sessions/{session_id}/repository/")).json()["branch"]
+    assert (await post(client, f"/api/sessions/{session_id}/repository/push/")).status_code == 200
+
+    # Someone else pushes to the session's branch, and to the base.
+    theirs = hosts.git.commit(REPO, branch, {"other.py": b"b\n"}, "Someone else's work")
+    hosts.git.commit(REPO, "main", {"app.py": b"theirs\n"}, "Meanwhile on main")
+    (folder / "more.py").write_bytes(b"more\n")
+    os.chown(folder / "more.py", uid, uid)
+    assert (await post(client, f"/api/sessions/{session_id}/repository/commit/")).status_code == 201
+    rejected = await post(client, f"/api/sessions/{session_id}/repository/push/")
+    assert (rejected.status_code, rejected.json()["error"]["code"]) == (409, "push_rejected")
+    assert hosts.git.branches(REPO)[branch] == theirs  # never forced
+
+    updated = await post(client, f"/api/sessions/{session_id}/repository/update/")
+    assert updated.status_code == 200, updated.content
+    assert updated.json()["conflicts"] == ["app.py"]
+    assert b"<<<<<<<" in (folder / "app.py").read_bytes()
+    frames = await frames_until(comm, lambda f: kind_of(f) == "repository_updated", 10)
+    assert frames[-1]["data"]["conflicts"] == ["app.py"]
+    await comm.disconnect()
