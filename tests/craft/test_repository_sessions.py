@@ -337,7 +337,7 @@ async def test_shipping_waits_for_the_turn(hosts, owner):
     await asyncio.sleep(0)
 
 
-async def test_a_moved_base_is_merged_in_with_its_conflicts_listed_and_a_moved_branch_is_never_forced(
+async def test_a_moved_base_is_merged_with_its_conflicts_listed_a_moved_branch_never_forced(
     hosts, owner
 ):
     url = hosts.git.create(REPO, {"app.py": b"one\n", "other.py": b"a\n"}, writers=(TOKEN,))
