@@ -90,3 +90,8 @@ def test_the_network_policy_lets_named_hosts_through(settings, kube_backend):
     assert egress[-1] == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}]}
     settings.CRAFT_K8S_EGRESS_ALLOWED = []
     assert len(kube_backend.network_policy_manifest()["spec"]["egress"]) == 2
+
+
+def test_a_remote_never_shows_its_token():
+    remote = Remote("https://git.example.com/team/app.git", TOKEN)
+    assert TOKEN not in repr(remote) and TOKEN not in str(remote)
