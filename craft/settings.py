@@ -664,6 +664,18 @@ CRAFT_K8S_WORKSPACE_TOOL = env_argv(
         "sys.exit(workspace_tool.main(sys.argv[1:]))",
     ],
 )  # fmt: skip
+# How the pod's `git` container runs Craft's git tool (sandboxes/git_tool.py), as above.
+CRAFT_K8S_GIT_TOOL = env_argv(
+    "CRAFT_K8S_GIT_TOOL",
+    [
+        "python3", "-I", "-S", "-c",
+        "import sys; sys.path.append('/opt/craft'); import git_tool; "
+        "sys.exit(git_tool.main(sys.argv[1:]))",
+    ],
+)  # fmt: skip
+# Addresses sandbox pods may reach although CRAFT_K8S_EGRESS_BLOCKED holds them: a git host on
+# the intranet (its CIDR, e.g. 10.1.2.3/32).
+CRAFT_K8S_EGRESS_ALLOWED = env_list("CRAFT_K8S_EGRESS_ALLOWED", [])
 # Addresses sandbox pods may not reach (their NetworkPolicy): private, shared, link-local (cloud
 # metadata) and loopback ranges, where the cluster's pods, services and API server live. Add a
 # Kubernetes API endpoint with a public address here.

@@ -304,6 +304,7 @@ def size_of(folder: str) -> int:
 
 
 def clone_store(git: Git, store: str, url: str, base: str, max_bytes: int) -> dict[str, object]:
+    os.makedirs(store, mode=0o700, exist_ok=True)  # in a volume of stores, on Kubernetes
     if os.listdir(store):
         raise Refused("git_failed", "the session's git store is not empty")
     try:
@@ -479,6 +480,7 @@ def main(argv: list[str]) -> int:
             empty(args[0])
             answer = {}
         else:
+            os.makedirs(args[0], mode=0o700, exist_ok=True)  # before its agent's first start
             setup = os.path.isfile(os.path.join(args[0], ".craft", "setup.sh"))
             answer = {"empty": not os.listdir(args[0]), "setup": setup}
     except Refused as refused:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -158,6 +159,7 @@ class Repository:
         if base is not None:
             _check_name(base)
         runner = self._runner
+        deadline = time.monotonic() + timeout  # for the whole clone
         if not self._step("workspace", None, ["look", runner.workspace])["empty"]:
             raise GitRefused("git_failed", "the session's workspace is not empty")
         try:
@@ -171,7 +173,7 @@ class Repository:
                 cloned = self._step(
                     "workspace", remote,
                     ["checkout", runner.store, runner.workspace, remote.url, found, branch_name],
-                    timeout, progress,
+                    max(1.0, deadline - time.monotonic()), progress,
                 )  # fmt: skip
             except BaseException:
                 # The tool empties it when git fails; not when it was stopped midway.

@@ -38,6 +38,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from ..catalog import Launch, default_agent
+from ..repository import Repository
 from ..workspace import Workspace
 from .base import Health, Progress, Resource, SandboxError, WarmState, WarmUnusable
 from .kubernetes_exec import ExecByteStream, ExecProcess, ExecResult
@@ -47,6 +48,18 @@ if TYPE_CHECKING:
 
 CONTAINER = "sandbox"
 WORKSPACE = "/workspace"
+# Craft's git (`sandboxes.repository`): a container of the pod of its own, where the owner's
+# token goes, with the sessions' git stores on a volume that only it may write.
+GIT_CONTAINER = "git"
+GIT_STORES = "/craft-git"
+GIT_RESOURCES = {
+    "requests": {"cpu": "50m", "memory": "64Mi"},
+    "limits": {"cpu": "1", "memory": "1Gi"},
+}
+# The set-up of a repository, run as the agent runs: in the session's workspace, its output
+# as one stream, and the whole process group killed past its time (GNU timeout signals its
+# group; a kubelet does not stop what an exec started when its stream goes away).
+SETUP = 'cd "$1" && t=$2 && shift 2 && exec timeout -k 5 "$t" "$@" 2>&1'
 POD_PREFIX = "craft-sandbox-"
 # Waiting reasons after which a pod will not become ready without someone fixing something.
 FATAL_WAITING_REASONS = {
@@ -624,6 +637,18 @@ class KubernetesBackend:
         # its agents could write them (a sandbox can only mislead its own user's review).
         return Workspace(run, run, f"{WORKSPACE}/.craft-checkpoints/{UUID(str(session_id))}")
 
+    def repository(self, sandbox: Sandbox, session_id: UUID) -> Repository:
+        """Return the session's workspace as a git repository (`sandboxes.repository`).
+
+        Steps that hold the owner's token (clone, fetch, push) and those that write the
+        session's store run in the pod's `git` container, by exec on the exec client, the
+        token on the exec's stdin (never in the exec's URL). The store is on a volume the
+        agent's container mounts read-only: no token is ever in it, and only Craft's git
+        writes it. Git in the workspace (whose `.git` is the agent's) runs in the agent's
+        own container, never where a token goes.
+        """
+        return Repository(KubernetesGitRunner(self, sandbox, UUID(str(session_id))))
+
     def exec(self, sandbox: Sandbox, argv: list[str], redact: Iterable[str] = ()) -> ExecProcess:
         """Start `argv` in the sandbox's pod on a websocket of its own; `redact`: values its
         stderr must not show (its owner's credentials)."""
@@ -708,12 +733,34 @@ class KubernetesBackend:
                         "volumeMounts": [
                             {"name": "workspace", "mountPath": WORKSPACE},
                             {"name": "credentials", "mountPath": CREDENTIALS, "readOnly": True},
+                            {"name": "git-stores", "mountPath": GIT_STORES, "readOnly": True},
                         ],
-                    }
+                    },
+                    {
+                        # Craft's git, apart from the agent's processes (containers of a pod
+                        # share no process namespace by default): the one place a token goes.
+                        "name": GIT_CONTAINER,
+                        "image": settings.CRAFT_K8S_IMAGE,
+                        "imagePullPolicy": settings.CRAFT_K8S_IMAGE_PULL_POLICY,
+                        "workingDir": WORKSPACE,
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                        "resources": GIT_RESOURCES,
+                        "volumeMounts": [
+                            {"name": "workspace", "mountPath": WORKSPACE},
+                            {"name": "git-stores", "mountPath": GIT_STORES},
+                        ],
+                    },
                 ],
                 "volumes": [
                     {
                         "name": "workspace",
+                        "emptyDir": {"sizeLimit": settings.CRAFT_K8S_WORKSPACE_SIZE},
+                    },
+                    {
+                        "name": "git-stores",
                         "emptyDir": {"sizeLimit": settings.CRAFT_K8S_WORKSPACE_SIZE},
                     },
                     {
@@ -782,6 +829,19 @@ class KubernetesBackend:
                         ],
                     },
                     {"to": allowed},
+                    # Git hosts (or other services) in the blocked ranges, named by the operator.
+                    *(
+                        [
+                            {
+                                "to": [
+                                    {"ipBlock": {"cidr": str(ipaddress.ip_network(cidr))}}
+                                    for cidr in settings.CRAFT_K8S_EGRESS_ALLOWED
+                                ]
+                            }
+                        ]
+                        if settings.CRAFT_K8S_EGRESS_ALLOWED
+                        else []
+                    ),
                 ],
             },
         }
@@ -798,6 +858,43 @@ class KubernetesBackend:
                 "ports": [{"name": "preview", "port": 8080, "targetPort": 8080}],
             },
         }
+
+
+class KubernetesGitRunner:
+    """Runs Craft's git for one session of a sandbox pod (`sandboxes.repository`)."""
+
+    def __init__(self, backend: KubernetesBackend, sandbox: Sandbox, session_id: UUID) -> None:
+        self._backend = backend
+        self._sandbox = sandbox
+        self.workspace = backend.workspace_path(sandbox, session_id)
+        self.store = f"{GIT_STORES}/{session_id}"
+
+    def run(self, place: str, args: list[str]) -> ExecByteStream:
+        # The workspace's git (its untrusted .git) in the agent's container; the store's in
+        # the git container.
+        container = CONTAINER if place == "workspace" else GIT_CONTAINER
+        return self._exec(container, [*settings.CRAFT_K8S_GIT_TOOL, *args], keep_stdin=True)
+
+    def run_setup(self, argv: list[str]) -> ExecByteStream:
+        timeout = str(int(settings.CRAFT_SETUP_TIMEOUT_SECONDS))
+        return self._exec(CONTAINER, ["sh", "-c", SETUP, "sh", self.workspace, timeout, *argv])
+
+    def remove_store(self) -> None:
+        process = self._exec(GIT_CONTAINER, ["rm", "-rf", "--", self.store])
+        process.finish(settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT + 30)
+
+    def _exec(self, container: str, argv: list[str], keep_stdin: bool = False) -> ExecByteStream:
+        backend = self._backend
+        return ExecByteStream(
+            backend._exec_api_client(),
+            keep_stdin=keep_stdin,
+            namespace=backend.namespace,
+            pod=pod_name(self._sandbox),
+            container=container,
+            argv=argv,
+            handshake_timeout=settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT,
+            idle_timeout=settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT,
+        )
 
 
 def pod_is_ready(pod: Any) -> bool:

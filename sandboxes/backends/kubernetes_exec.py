@@ -342,12 +342,17 @@ class ExecByteStream(ExecProcess):
 
     QUEUED_FRAMES = 64
 
-    def __init__(self, api_client: k8s.ApiClient, **options: Any) -> None:
+    def __init__(
+        self, api_client: k8s.ApiClient, *, keep_stdin: bool = False, **options: Any
+    ) -> None:
+        """`keep_stdin`: leave stdin open for the caller to write (Craft's git tool reads
+        its request there, a token among it) and close."""
         self._frames: queue.Queue[bytes] = queue.Queue(self.QUEUED_FRAMES)
         self._pending = b""
         self._stopped = threading.Event()
         super().__init__(api_client, **options)
-        self.close_stdin()
+        if not keep_stdin:
+            self.close_stdin()
 
     def _on_stdout(self, payload: bytes) -> None:
         if payload:  # the empty priming frame is not the end

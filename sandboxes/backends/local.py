@@ -310,17 +310,20 @@ class LocalToolProcess:
         self._stopped = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._popen.pid, signal.SIGKILL)
-        if self._leaf is not None:
-            self._leaf.close()  # and whatever it started, however it forked
+        self._close_leaf()  # and whatever it started, however it forked
         self._popen.wait()
 
     def _close(self) -> None:
         self.close_stdin()
-        if self._leaf is not None:
-            self._leaf.close()
+        self._close_leaf()
         for stream in (self._popen.stdout, self._popen.stderr):
             if stream is not None:
                 stream.close()
+
+    def _close_leaf(self) -> None:
+        leaf, self._leaf = self._leaf, None
+        if leaf is not None:
+            leaf.close()
 
 
 def out_of_memory(limit: int) -> str:

@@ -27,8 +27,8 @@ What it does not model (so that nobody relies on it):
   attach, port-forward, resource versions; selectors other than `key=value` (refused);
 * exec protocols older than v5 (refused), TTYs (refused), a container's `env` and
   `workingDir` (commands start in `/workspace`);
-* paths other than `/workspace` and `/workspace/...` (and the mount paths of secret
-  volumes) in argv, and JSON strings starting with
+* paths other than `/workspace` and `/workspace/...` (and the mount paths of the exec's
+  container's other volumes: secrets, `emptyDir`s) in argv, and JSON strings starting with
   `/workspace` in stdin (how an ACP agent learns its `cwd`), are not mapped to the pod's
   folder: paths inside a shell script or glued to an option pass through;
 * the workspace folder outlives the pod, like a persistent volume mounted at `/workspace`;
@@ -440,21 +440,36 @@ class KubeTestServer:
         return web.json_response(secret)
 
     def secret_mounts(self, namespace: str, pod: Pod, container: str) -> dict[str, Path]:
-        """Return the container's secret volumes: mount path -> the secret's local folder."""
-        volumes = {
-            v["name"]: v["secret"].get("secretName", "")
-            for v in pod.obj["spec"].get("volumes") or []
-            if isinstance(v.get("secret"), dict)
-        }
+        """Return the container's volumes but `/workspace`: mount path -> local folder.
+
+        A secret volume is the secret's folder; an `emptyDir` one a folder of the pod's
+        (`volume_folder`). Only the container's own mounts are mapped: another container's
+        volume is not there (its path passes through, and is missing on this machine).
+        `readOnly` is not enforced (execs run as this server's user).
+        """
+        secrets, empty = {}, set()
+        for volume in pod.obj["spec"].get("volumes") or []:
+            if isinstance(volume.get("secret"), dict):
+                secrets[volume["name"]] = volume["secret"].get("secretName", "")
+            elif isinstance(volume.get("emptyDir"), dict):
+                empty.add(volume["name"])
         mounts = {}
         for spec in pod.obj["spec"].get("containers") or []:
             if spec.get("name") != container:
                 continue
             for mount in spec.get("volumeMounts") or []:
-                if mount.get("name") in volumes:
-                    folder = self.secret_folder(namespace, volumes[mount["name"]])
-                    mounts[mount["mountPath"]] = folder
+                name, path = mount.get("name"), mount.get("mountPath")
+                if name in secrets:
+                    mounts[path] = self.secret_folder(namespace, secrets[name])
+                elif name in empty and path != "/workspace":
+                    folder = self.volume_folder(namespace, pod.name, name)
+                    folder.mkdir(parents=True, exist_ok=True)
+                    mounts[path] = folder
         return mounts
+
+    def volume_folder(self, namespace: str, pod_name: str, volume: str) -> Path:
+        """Return the local folder of a pod's `emptyDir` volume (other than the workspace)."""
+        return self.root / namespace / ".volumes" / pod_name / volume
 
     # -- events and network policies ----------------------------------------------------------
 

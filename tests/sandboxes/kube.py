@@ -9,7 +9,7 @@ from sandboxes.backends import containment
 
 from ..conftest import K8S_NAMESPACE as NAMESPACE
 
-__all__ = ["NAMESPACE", "agent_execs", "image_workspace_tool"]
+__all__ = ["NAMESPACE", "agent_execs", "image_git_tool", "image_workspace_tool"]
 
 # Where the sandbox image (deploy/sandbox-image/Dockerfile) has Craft's tools, compiled.
 IMAGE_TOOLS = Path("/opt/craft")
@@ -26,3 +26,10 @@ def image_workspace_tool(folder: Path) -> list[str]:
     and this python: the test API server's pods run the same form a real pod does."""
     containment.install_workspace_tool(folder, sys.executable)
     return containment.module_command(sys.executable, folder, "workspace_tool")
+
+
+def image_git_tool(folder: Path) -> list[str]:
+    """Lay Craft's git tool out in `folder` as the sandbox image has it, and return the
+    CRAFT_K8S_GIT_TOOL default for that folder and this python."""
+    containment.install_git_tool(folder, sys.executable)
+    return containment.module_command(sys.executable, folder, "git_tool")

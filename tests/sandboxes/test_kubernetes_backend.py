@@ -75,9 +75,12 @@ def test_provisioning_creates_a_locked_down_pod_and_a_service(sandbox, kube, set
     assert pod.metadata.labels["app.kubernetes.io/name"] == "craft-sandbox"
     assert pod.spec.security_context.run_as_non_root is True
     assert pod.spec.automount_service_account_token is False
-    (container,) = pod.spec.containers
-    assert container.security_context.capabilities.drop == ["ALL"]
-    assert container.security_context.allow_privilege_escalation is False
+    # The agent's container, and Craft's git beside it (sandboxes/repository.py).
+    container, git = pod.spec.containers
+    assert (container.name, git.name) == ("sandbox", "git")
+    for each in (container, git):
+        assert each.security_context.capabilities.drop == ["ALL"]
+        assert each.security_context.allow_privilege_escalation is False
     assert container.resources.limits == {
         "cpu": settings.CRAFT_K8S_CPU_LIMIT,
         "memory": settings.CRAFT_K8S_MEMORY_LIMIT,
