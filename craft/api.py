@@ -16,7 +16,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_http_methods
 
-from craft import credentials, services, workspace_paths
+from craft import credentials, git_hosts, git_tokens, services, workspace_paths
 from craft.http import SignedInRequest
 from craft.models import Event, Session, SessionRepository, Turn
 from craft.storage.eventlog import events_json_after
@@ -299,3 +299,60 @@ def credential_detail(request: SignedInRequest, name: str) -> HttpResponse:
     except credentials.CredentialError as exc:
         return error(400, "invalid_credential", str(exc))
     return JsonResponse(credential_json(stored))
+
+
+def git_token_json(host: str, stored: git_tokens.Stored | None) -> dict[str, Any]:
+    entry = git_hosts.hosts().get(host)
+    return {
+        "host": host,
+        "kind": entry.kind if entry else None,
+        "configured": entry is not None,
+        "stored": stored is not None,
+        "hint": stored.hint if stored else "",
+        "login": stored.login if stored else "",
+        "updated_at": stored.updated_at.isoformat() if stored else None,
+        "readable": stored.readable if stored else None,
+    }
+
+
+# How each refusal of a token is answered: the host's failures are a bad gateway.
+GIT_TOKEN_STATUS = {"host_api_error": 502}
+
+
+@require_http_methods(["GET"])
+@api_login_required
+def git_token_list(request: SignedInRequest) -> HttpResponse:
+    """Return the configured git hosts, each with what is stored of the caller's token (never
+    the token), then tokens kept for hosts no longer configured (so that they can go)."""
+    stored = {t.host: t for t in git_tokens.tokens_of(request.user)}
+    listed = [git_token_json(host, stored.pop(host, None)) for host in sorted(git_hosts.hosts())]
+    listed += [git_token_json(host, token) for host, token in sorted(stored.items())]
+    return JsonResponse({"hosts": listed})
+
+
+@sensitive_variables("body")
+@require_http_methods(["GET", "PUT", "DELETE"])
+@api_login_required
+def git_token_detail(request: SignedInRequest, host: str) -> HttpResponse:
+    """Read, store or replace (`PUT {"value": ...}`, checked with the host first), or delete
+    the caller's token for `host` (a name, or name:port)."""
+    host = host.lower()
+    if request.method in ("GET", "DELETE"):
+        stored = git_tokens.token_of(request.user, host)
+        if stored is None or (
+            request.method == "DELETE" and not git_tokens.delete_token(request.user, host)
+        ):
+            return error(404, "not_found", f"you have no token for {host[:255]!r}")
+        if request.method == "DELETE":
+            return HttpResponse(status=204)
+        return JsonResponse(git_token_json(host, stored))
+    body = json_body(request)
+    if body is None:
+        return error(400, "bad_json", "the body must be a JSON object")
+    if "value" not in body:
+        return error(400, "invalid", "send a JSON object with a 'value' string: the token")
+    try:
+        stored = git_tokens.store_token(request.user, host, body["value"])
+    except git_tokens.GitTokenError as exc:
+        return error(GIT_TOKEN_STATUS.get(exc.code, 400), exc.code, exc.message)
+    return JsonResponse(git_token_json(stored.host, stored))

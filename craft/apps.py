@@ -10,7 +10,7 @@ class CraftConfig(AppConfig):
         from django.core import checks
 
         from craft import credentials
-        from craft.checks import service_passwords
+        from craft.checks import git_hosts_file, service_passwords
         from craft.cluster import forwarding
         from craft.live import accounts, status
         from craft.turns.quiet import agent_stderr_changed
@@ -28,3 +28,4 @@ class CraftConfig(AppConfig):
         # A sandbox that becomes running warms its owner's likeliest agent (sandboxes.warm_agents).
         warm_agents.likely_launch = credentials.likely_launch
         checks.register(service_passwords, checks.Tags.security, deploy=True)
+        checks.register(git_hosts_file)

@@ -96,15 +96,22 @@ def decrypt(token: str) -> str | None:
         return None
 
 
+def reencrypt(token: str) -> str | None:
+    """Return `token` encrypted again with the newest key; None when no listed key reads it."""
+    try:
+        return _fernet(tuple(settings.CRAFT_SECRETS_KEYS)).rotate(token.encode()).decode()
+    except InvalidToken:
+        return None
+
+
 def rotate_all() -> tuple[int, int]:
     """Encrypt every stored credential again with the newest key; return how many were, and
-    how many no listed key can read (left as they are)."""
-    fernet = _fernet(tuple(settings.CRAFT_SECRETS_KEYS))
+    how many no listed key can read (left as they are). Git tokens: craft.git_tokens."""
+    _fernet(tuple(settings.CRAFT_SECRETS_KEYS))  # no key at all: say so
     rotated = unreadable = 0
     for credential in Credential.objects.only("pk", "ciphertext").iterator():
-        try:
-            token = fernet.rotate(credential.ciphertext.encode()).decode()
-        except InvalidToken:
+        token = reencrypt(credential.ciphertext)
+        if token is None:
             unreadable += 1
             continue
         # Conditional: a value stored meanwhile is newer, and encrypted with the new key.

@@ -529,6 +529,9 @@ CRAFT_SANDBOX_ROOT = Path(env_str("CRAFT_SANDBOX_ROOT", str(VAR_DIR / "sandboxes
 CRAFT_AGENT_ENV = env_agent_env("CRAFT_AGENT_ENV")
 # The agents a new session can pick (docs/agents.md); empty: the one agent above, id "default".
 CRAFT_AGENTS = env_agents_file("CRAFT_AGENTS_FILE")
+# The git hosts people may clone from (docs/repositories.md), a TOML file read by
+# craft.git_hosts and checked at start (craft.checks); unset: github.com and gitlab.com.
+CRAFT_GIT_HOSTS_FILE = os.environ.get("CRAFT_GIT_HOSTS_FILE", "").strip()
 # The keys that encrypt the credentials people store for their agents, newest first (an old
 # key listed after the new one still reads what it wrote). Needed once an agent asks for any.
 CRAFT_SECRETS_KEYS = env_fernet_keys("CRAFT_SECRETS_KEY")
@@ -603,6 +606,11 @@ CRAFT_ARCHIVE_MAX_BYTES = env_int("CRAFT_ARCHIVE_MAX_BYTES", 1 << 30, minimum=1)
 # this are left out, and a checkpoint that takes longer is skipped (both are said).
 CRAFT_CHECKPOINT_MAX_FILE_BYTES = env_int("CRAFT_CHECKPOINT_MAX_FILE_BYTES", 10 << 20, minimum=1)
 CRAFT_CHECKPOINT_TIMEOUT_SECONDS = env_float("CRAFT_CHECKPOINT_TIMEOUT_SECONDS", 30.0, minimum=1.0)
+# Sessions on a repository (docs/repositories.md): the most bytes a clone may fetch, and the
+# most seconds a clone (or a fetch, a push) and a repository's set-up may take.
+CRAFT_CLONE_MAX_BYTES = env_size("CRAFT_CLONE_MAX_BYTES", 2 << 30, minimum=1)
+CRAFT_CLONE_TIMEOUT_SECONDS = env_float("CRAFT_CLONE_TIMEOUT_SECONDS", 600.0, minimum=1.0)
+CRAFT_SETUP_TIMEOUT_SECONDS = env_float("CRAFT_SETUP_TIMEOUT_SECONDS", 600.0, minimum=1.0)
 # Seconds an agent may take to end a cancelled turn before it is stopped.
 CRAFT_CANCEL_GRACE_SECONDS = env_float("CRAFT_CANCEL_GRACE_SECONDS", 10.0, minimum=0.1)
 # A turn is cut short (cancelled, its agent stopped after the cancel grace) when it runs longer

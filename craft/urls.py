@@ -12,6 +12,8 @@ urlpatterns = [
     path("sessions/list/", views.session_list, name="session_list"),
     path("sessions/list/<uuid:session_id>/", views.session_list_item, name="session_list_item"),
     path("keys/", views.keys, name="keys"),
+    path("keys/git/<str:host>/", views.store_git_token, name="store_git_token"),
+    path("keys/git/<str:host>/delete/", views.delete_git_token, name="delete_git_token"),
     path("keys/<str:name>/", views.store_key, name="store_key"),
     path("keys/<str:name>/delete/", views.delete_key, name="delete_key"),
     path("sessions/<uuid:session_id>/", views.session_page, name="session"),
@@ -67,6 +69,8 @@ urlpatterns = [
     path("api/agents/", api.agents, name="api_agents"),
     path("api/credentials/", api.credential_list, name="api_credentials"),
     path("api/credentials/<str:name>/", api.credential_detail, name="api_credential"),
+    path("api/git-tokens/", api.git_token_list, name="api_git_tokens"),
+    path("api/git-tokens/<str:host>/", api.git_token_detail, name="api_git_token"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]

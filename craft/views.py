@@ -23,7 +23,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from craft import credentials, services, workspace_paths
+from craft import credentials, git_hosts, git_tokens, services, workspace_paths
 from craft.api import MAX_EVENTS_PAGE, start_cloning
 from craft.http import SignedInRequest
 from craft.models import Session, SessionRepository
@@ -321,12 +321,47 @@ def _key_rows(user: User, errors: dict[str, str] | None = None) -> list[KeyRow]:
     return sorted(rows.values(), key=lambda row: row.name)
 
 
+@dataclass
+class GitHostRow:
+    """One git host on the keys page: what it is and what is stored of the person's token."""
+
+    host: str
+    kind: str  # "" for a host no longer configured
+    stored: git_tokens.Stored | None
+    error: str = ""
+
+    @property
+    def title(self) -> str:
+        return KIND_TITLES.get(self.kind, "")
+
+
+KIND_TITLES = {"github": "GitHub", "gitlab": "GitLab", "gitea": "Gitea or Forgejo"}
+
+
+def _git_host_rows(user: User, errors: dict[str, str] | None = None) -> list[GitHostRow]:
+    """Return the configured hosts, then the hosts no longer configured that the person still
+    has a token for (so that it can be deleted)."""
+    stored = {t.host: t for t in git_tokens.tokens_of(user)}
+    rows = [
+        GitHostRow(h.host, h.kind, stored.pop(h.host, None))
+        for h in sorted(git_hosts.hosts().values(), key=lambda h: h.host)
+    ]
+    rows += [GitHostRow(host, "", token) for host, token in sorted(stored.items())]
+    for row in rows:
+        row.error = (errors or {}).get(row.host, "")
+    return rows
+
+
 def _keys_page(
-    request: SignedInRequest, errors: dict[str, str] | None = None, status: int = 200
+    request: SignedInRequest,
+    errors: dict[str, str] | None = None,
+    status: int = 200,
+    git_errors: dict[str, str] | None = None,
 ) -> HttpResponse:
     context = {
         "rows": _key_rows(request.user, errors),
         "agents": credentials.agents_for(request.user),
+        "git_hosts": _git_host_rows(request.user, git_errors),
     }
     return render(request, "craft/keys.html", context, status=status)
 
@@ -357,6 +392,30 @@ def delete_key(request: SignedInRequest, name: str) -> HttpResponse:
     if credentials.delete_credential(request.user, name):
         messages.success(request, f"{name} is deleted.")
     return redirect("keys")
+
+
+@sensitive_post_parameters("value")
+@require_POST
+@login_required
+def store_git_token(request: SignedInRequest, host: str) -> HttpResponse:
+    """Check one of the person's git tokens with its host, then store or replace it; a token
+    refused (or that could not be checked) is said, not stored and not shown again."""
+    try:
+        stored = git_tokens.store_token(request.user, host, request.POST.get("value", ""))
+    except git_tokens.GitTokenError as exc:
+        return _keys_page(request, git_errors={host.lower(): exc.message}, status=422)
+    messages.success(
+        request, f"Your token for {stored.host} is stored (it belongs to {stored.login})."
+    )
+    return redirect(reverse("keys") + "#git-hosts")
+
+
+@require_POST
+@login_required
+def delete_git_token(request: SignedInRequest, host: str) -> HttpResponse:
+    if git_tokens.delete_token(request.user, host):
+        messages.success(request, f"Your token for {host.lower()} is deleted.")
+    return redirect(reverse("keys") + "#git-hosts")
 
 
 def signin_locked(request: HttpRequest, *args: object) -> HttpResponse:

@@ -60,7 +60,7 @@ def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | N
         return session.sandbox.status, False, cloning
     sandbox = sandbox_services.request_sandbox(session.owner)
     if sandbox.status == Sandbox.Status.TERMINATING:
-        return sandbox.status, False  # its other sandbox is being stopped: not now
+        return sandbox.status, False, cloning  # its other sandbox is being stopped: not now
     Session.objects.filter(pk=session_id, sandbox=session.sandbox).update(sandbox=sandbox)
     # The new sandbox's own changes may have been announced while the session was still in
     # the old one: its pages read it again now that the session is there.

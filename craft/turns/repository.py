@@ -30,7 +30,6 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
-from sandboxes.repository import GitRefused, Remote, Repository
 
 from craft import git_hosts, git_tokens, host_api
 from craft.errors import Refused
@@ -42,6 +41,7 @@ from sandboxes import catalog
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
+from sandboxes.repository import GitRefused, Remote, Repository
 
 logger = logging.getLogger(__name__)
 
@@ -443,7 +443,10 @@ def _host_and_token(row: SessionRepository) -> tuple[git_hosts.GitHost, str]:
     host = git_hosts.hosts().get(row.host)
     if host is None:
         raise Refused("unknown_git_host", f"{row.host} is no longer a git host of this server")
-    token = git_tokens.token_for(owner_id, row.host)
+    try:
+        token = git_tokens.token_for(owner_id, row.host)
+    except git_tokens.GitTokenError as exc:
+        raise Refused(exc.code, exc.message) from None
     if not token:
         raise Refused("git_auth_failed", f"store your token for {row.host} on the Keys page")
     return host, token

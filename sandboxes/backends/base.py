@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from sandboxes.acp import AgentProcess
     from sandboxes.catalog import Launch
     from sandboxes.models import Sandbox
+    from sandboxes.repository import Repository
     from sandboxes.workspace import Workspace
 
 Progress = Callable[[str], None]
@@ -105,6 +106,11 @@ class SandboxBackend(Protocol):
     def workspace(self, sandbox: "Sandbox", session_id: UUID) -> "Workspace":
         """Return the session's workspace, read with the agent's rights where the agent runs
         (`sandboxes.workspace`): confined to it, following no link, bounded."""
+
+    def repository(self, sandbox: "Sandbox", session_id: UUID) -> "Repository":
+        """Return the session's workspace as a git repository (`sandboxes.repository`):
+        Craft's git for it runs where the agent runs, the owner's token only where the
+        agent cannot see it."""
 
     def health(self, sandbox: "Sandbox") -> Health:
         """Check the sandbox now; `gone` only when its folder or pod certainly no longer is."""

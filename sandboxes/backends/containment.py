@@ -504,6 +504,14 @@ def install_workspace_tool(tools: Path, python: str) -> Path:
     return _install_module(tools, source, python)
 
 
+def install_git_tool(tools: Path, python: str) -> Path:
+    """Install Craft's git tool (sandboxes/git_tool.py) in `tools` as the workspace tool is;
+    run it with `module_command(python, tools, "git_tool")`."""
+    source = Path(__file__).resolve().parent.parent / "git_tool.py"
+    tools.mkdir(parents=True, exist_ok=True)
+    return _install_module(tools, source, python)
+
+
 def module_command(
     python: str, tools: Path, module: str, call: str = "main(sys.argv[1:])"
 ) -> list[str]:

@@ -80,6 +80,8 @@ def jailed(
     no_network: bool = False,
     resolv_conf: Path | None = None,
     binds: tuple[tuple[Path, str], ...] = (),
+    read_only_binds: tuple[tuple[Path, str], ...] = (),
+    read_only_sandbox: bool = False,
     uid_nproc: bool = True,
 ) -> list[str]:
     """Return the argv that runs `argv` as `user` in `workspace`, inside the jail.
@@ -89,7 +91,9 @@ def jailed(
     network of nothing but a loopback of its own (Craft's workspace tool needs none).
     `resolv_conf`, when given, is shown as /etc/resolv.conf. `binds` mounts more folders,
     writable, at places under the jail's own /tmp: Craft's workspace tool gets the session's
-    checkpoint store so, and agents never do. `uid_nproc` holds CRAFT_SANDBOX_PIDS by
+    checkpoint store so, and agents never do; `read_only_binds` the same, read-only.
+    `read_only_sandbox` mounts the sandbox's folder read-only (Craft's git, where it holds a
+    token, must not write the workspace). `uid_nproc` holds CRAFT_SANDBOX_PIDS by
     RLIMIT_NPROC: for a sandbox without the pids controller. The argv holds `SECCOMP_FD`:
     start it with `passing_filter`.
     """
@@ -121,10 +125,14 @@ def jailed(
     for folder in reversed(tools.parents):  # passable, as bwrap would make them 0700
         if folder.is_relative_to(sandbox_root) and folder != sandbox_root:
             jail += ["--perms", "0711", "--dir", str(folder)]
-    jail += ["--ro-bind", str(tools), str(tools), "--bind", str(sandbox), str(sandbox)]
+    sandbox_bind = "--ro-bind" if read_only_sandbox else "--bind"
+    jail += ["--ro-bind", str(tools), str(tools), sandbox_bind, str(sandbox), str(sandbox)]
     for source, target in binds:
         assert target.startswith("/tmp/")
         jail += ["--bind", str(source), target]
+    for source, target in read_only_binds:
+        assert target.startswith("/tmp/")
+        jail += ["--ro-bind", str(source), target]
     for socket_path in machine_sockets(outside=sandbox_root):
         jail += ["--ro-bind", "/dev/null", str(socket_path)]
     jail += _name_resolution(resolv_conf)

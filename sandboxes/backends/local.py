@@ -30,6 +30,7 @@ from django.conf import settings
 
 from ..catalog import Launch, default_agent
 from ..pipes import Lines, Outbox, pipes
+from ..repository import Repository
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
 from . import budget, containment, firewall, jail, network
@@ -58,6 +59,8 @@ _ends = ThreadPoolExecutor(max_workers=4, thread_name_prefix="craft-agent-ends")
 # Where the workspace tool finds the session's checkpoint store, inside its jail (the one
 # store mounted there).
 STORE_IN_JAIL = "/tmp/craft-checkpoints"
+# Where Craft's git finds the session's git store (`sandboxes.repository`), inside its jail.
+GIT_STORE_IN_JAIL = "/tmp/craft-git"
 # The workspace tool (listings, reads, checkpoints) is background work next to the live
 # sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
 # event loop most of the CPU (docs/performance.md).
@@ -227,25 +230,43 @@ class LocalAgentProcess:
 
 
 class LocalToolProcess:
-    """The workspace tool as a child process (see `sandboxes.workspace.ToolProcess`)."""
+    """The workspace tool as a child process (see `sandboxes.workspace.ToolProcess`).
 
-    def __init__(self, argv: list[str]) -> None:
-        env = {"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH}
+    Also a repository's set-up (`setup`): run as an agent is (not niced, in the agent's
+    environment `env`, in `cwd`), its stderr in its stdout, and its cgroup `leaf` (if any)
+    killed and removed with it.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        setup: bool = False,
+        env: dict[str, str] | None = None,
+        cwd: Path | str = "/",
+        leaf: budget.Leaf | None = None,
+    ) -> None:
+        if env is None:
+            env = {"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH}
+        self._leaf = leaf
         try:
             # From the spawner thread, as agents are: a jailed tool dies with its thread.
             self._popen = _spawner.submit(
                 _spawn,
-                ["nice", "-n", str(TOOL_NICENESS), *argv],
+                argv if setup else ["nice", "-n", str(TOOL_NICENESS), *argv],
                 env=env,
-                cwd="/",
+                cwd=cwd,
                 stdin=subprocess.PIPE,  # see `close_stdin`
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=subprocess.STDOUT if setup else subprocess.PIPE,
                 start_new_session=True,
+                umask=0o077 if setup else -1,
                 bufsize=1 << 16,
             ).result()
         except OSError as exc:
-            raise SandboxError(f"cannot read the workspace: {exc}") from exc
+            if leaf is not None:
+                leaf.close()
+            raise SandboxError(f"cannot run in the sandbox: {exc}") from exc
         self._stopped = False  # by Craft: its exit code then says nothing
 
     def readline(self, limit: int) -> bytes:
@@ -289,10 +310,14 @@ class LocalToolProcess:
         self._stopped = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._popen.pid, signal.SIGKILL)
+        if self._leaf is not None:
+            self._leaf.close()  # and whatever it started, however it forked
         self._popen.wait()
 
     def _close(self) -> None:
         self.close_stdin()
+        if self._leaf is not None:
+            self._leaf.close()
         for stream in (self._popen.stdout, self._popen.stderr):
             if stream is not None:
                 stream.close()
@@ -518,6 +543,7 @@ class LocalBackend:
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
+        shutil.rmtree(self._git_stores_of(sandbox), ignore_errors=True)
 
     def _kill_budget(self, sandbox_id: UUID) -> None:
         """Kill the sandbox's processes as one (its cgroup) and remove its cgroups; what
@@ -534,6 +560,12 @@ class LocalBackend:
     def _stores_of(self, sandbox: Sandbox) -> Path:
         return self._stores_root() / str(sandbox.id)
 
+    def _git_stores_root(self) -> Path:
+        return self.sandbox_root / containment.CRAFT_DIR / "git"
+
+    def _git_stores_of(self, sandbox: Sandbox) -> Path:
+        return self._git_stores_root() / str(sandbox.id)
+
     def workspace_path(self, sandbox: Sandbox, session_id: UUID) -> str:
         return str(self._workspace(sandbox, session_id))
 
@@ -541,6 +573,7 @@ class LocalBackend:
         parts = ("sessions", str(UUID(str(session_id))))
         containment.remove_private_folder(self._root(sandbox), parts)
         containment.remove_private_folder(self._stores_of(sandbox), (parts[1],))
+        containment.remove_private_folder(self._git_stores_of(sandbox), (parts[1],))
 
     def warm_path(self, sandbox: Sandbox) -> str:
         # The sandbox's home: a folder of the sandbox that is no session's workspace.
@@ -602,22 +635,55 @@ class LocalBackend:
         redact = list(launch.secrets.values())
         if user is None:
             return LocalAgentProcess(argv, cwd, env=env, redact=redact)
+        argv = self._agent_jail(sandbox, argv, root, cwd, user)
+        leaf = self.budget.agent_leaf(sandbox.pk) if self.budget is not None else None
+        if leaf is not None:
+            argv = leaf.command(argv)
+        return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact, leaf=leaf)
+
+    def _agent_jail(
+        self,
+        sandbox: Sandbox,
+        argv: list[str],
+        root: Path,
+        cwd: Path,
+        user: containment.SandboxUser,
+        **options: Any,
+    ) -> list[str]:
+        """Return `argv` in a jail as the sandbox's agents have, in `cwd`, on the sandbox's
+        network (its own with `CRAFT_SANDBOX_NETWORK=isolated`); `options` go to the jail."""
         isolated = self._isolated_network()
-        argv = jail.jailed(
+        return jail.jailed(
             argv,
             sandbox=root,
             workspace=cwd,
             user=user,
             sandbox_root=self.sandbox_root,
-            tools=tools,
+            tools=self.tools,
             network=self._network(sandbox.pk, user) if isolated else None,
             resolv_conf=network.resolv_conf(self.pool.first) if isolated else None,
             uid_nproc=self.budget is None,
+            **options,
         )
-        leaf = self.budget.agent_leaf(sandbox.pk) if self.budget is not None else None
-        if leaf is not None:
-            argv = leaf.command(argv)
-        return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact, leaf=leaf)
+
+    def repository(self, sandbox: Sandbox, session_id: UUID) -> Repository:
+        """Return the session's workspace as a git repository (`sandboxes.repository`).
+
+        Its store is `.craft/git/<sandbox id>/<session id>`, a bare repository of the
+        sandbox's user behind a folder only root may enter, as the checkpoint stores are:
+        Craft's git mounts it (at GIT_STORE_IN_JAIL) in jails of its own, and agents never
+        see it. Remote steps run in a jail on the sandbox's network in which the sandbox's
+        folder is read-only; the others in one with no network.
+        """
+        self._refuse_unisolated()
+        root = self._root(sandbox)
+        session = str(UUID(str(session_id)))
+        try:
+            user = self.pool.user_of(root) if self.uids else None
+        except OSError as exc:
+            raise SandboxError("the sandbox's folder is gone") from exc
+        self._install_tools()
+        return Repository(LocalGitRunner(self, sandbox, root, session, user))
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user
@@ -703,12 +769,27 @@ class LocalBackend:
         except (OSError, SandboxError) as exc:
             logger.warning("cannot measure sandbox %s: %s", sandbox.pk, exc)
             return None
+        git_stores = self._git_stores_of(sandbox)
+        counted = [git_stores] if git_stores.is_dir() else []
         if user is None:
-            argv = [du, "-s", "-B1", "--", str(root), str(stores)]
+            argv = [du, "-s", "-B1", "--", str(root), str(stores), *map(str, counted)]
         else:
             du_argv = [du, "-s", "-B1", "--", str(root), STORE_IN_JAIL]
+            du_argv += [GIT_STORE_IN_JAIL] if counted else []
             # All its sessions' stores, mounted for their size.
-            argv = self._tool_budget(sandbox)(self._tool_jail(du_argv, root, user, stores))
+            jailed = jail.jailed(
+                du_argv,
+                sandbox=root,
+                workspace=root,
+                user=user,
+                sandbox_root=self.sandbox_root,
+                tools=self.tools,
+                no_network=True,
+                binds=((stores, STORE_IN_JAIL),),
+                read_only_binds=tuple((folder, GIT_STORE_IN_JAIL) for folder in counted),
+                uid_nproc=self.budget is None,
+            )
+            argv = self._tool_budget(sandbox)(jailed)
         return _measure(argv, str(sandbox.pk))
 
     def _checkpoint_stores(self, sandbox: Sandbox, user: containment.SandboxUser | None) -> Path:
@@ -727,6 +808,7 @@ class LocalBackend:
                 python = containment.sandbox_python(self.uids)
                 containment.install_demo_agent(tools, python)
                 containment.install_workspace_tool(tools, python)
+                containment.install_git_tool(tools, python)
                 self._tools_installed.add(tools)
 
     def health(self, sandbox: Sandbox) -> Health:
@@ -743,7 +825,8 @@ class LocalBackend:
 
     def inventory(self) -> list[Resource]:
         """Return the sandbox folders under the current root (named by sandbox id), the
-        folders of their checkpoint stores (kind "checkpoints") and their cgroups ("cgroup").
+        folders of their checkpoint stores (kind "checkpoints") and git stores ("git"), and
+        their cgroups ("cgroup").
 
         Folders of sandboxes provisioned under an earlier root are not seen.
         """
@@ -760,6 +843,7 @@ class LocalBackend:
         return [
             *self._folders_named_by_sandbox(self.sandbox_root, "folder"),
             *self._folders_named_by_sandbox(self._stores_root(), "checkpoints"),
+            *self._folders_named_by_sandbox(self._git_stores_root(), "git"),
             *networks,
             *cgroups,
         ]
@@ -793,11 +877,91 @@ class LocalBackend:
                 self.budget.kill_sandbox(resource.sandbox_id)
             return
         folder = Path(resource.name)
-        parent = self._stores_root() if resource.kind == "checkpoints" else self.sandbox_root
+        parent = {"checkpoints": self._stores_root(), "git": self._git_stores_root()}.get(
+            resource.kind, self.sandbox_root
+        )
         if folder.parent != parent or folder.name != str(resource.sandbox_id):
             raise SandboxError(f"{folder} is not a sandbox folder of this server")
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class LocalGitRunner:
+    """Runs Craft's git for one session of a local sandbox (`sandboxes.repository`)."""
+
+    def __init__(
+        self,
+        backend: LocalBackend,
+        sandbox: Sandbox,
+        root: Path,
+        session: str,
+        user: containment.SandboxUser | None,
+    ) -> None:
+        self._backend = backend
+        self._sandbox = sandbox
+        self._root = root
+        self._session = session
+        self._user = user
+        self._workspace = root / "sessions" / session
+        self._stores = backend._git_stores_of(sandbox)
+        self.workspace = str(self._workspace)
+        self.store = GIT_STORE_IN_JAIL if user is not None else str(self._stores / session)
+
+    def run(self, place: str, args: list[str]) -> LocalToolProcess:
+        backend, user = self._backend, self._user
+        python = containment.sandbox_python(backend.uids)
+        command = [*containment.module_command(python, backend.tools, "git_tool"), *args]
+        try:
+            self._make_store()
+            if place == "workspace":
+                containment.private_folder(self._root, ("sessions", self._session), user)
+        except OSError as exc:
+            raise SandboxError(f"cannot create the session's git store: {exc}") from exc
+        if user is None:
+            return LocalToolProcess(command)
+        store = self._stores / self._session
+        if place == "remote":
+            argv = backend._agent_jail(
+                self._sandbox, command, self._root, self._root, user,
+                binds=((store, GIT_STORE_IN_JAIL),), read_only_sandbox=True,
+            )  # fmt: skip
+        else:
+            argv = jail.jailed(
+                command,
+                sandbox=self._root,
+                workspace=self._root,
+                user=user,
+                sandbox_root=backend.sandbox_root,
+                tools=backend.tools,
+                no_network=True,
+                binds=((store, GIT_STORE_IN_JAIL),) if place == "store" else (),
+                read_only_binds=((store, GIT_STORE_IN_JAIL),) if place == "workspace" else (),
+                read_only_sandbox=place == "store",
+                uid_nproc=backend.budget is None,
+            )
+        return LocalToolProcess(backend._tool_budget(self._sandbox)(argv))
+
+    def run_setup(self, argv: list[str]) -> LocalToolProcess:
+        backend, user = self._backend, self._user
+        env = containment.agent_environment(self._root, backend.tools, user)
+        if user is None:
+            return LocalToolProcess(argv, setup=True, env=env, cwd=self._workspace)
+        argv = backend._agent_jail(self._sandbox, argv, self._root, self._workspace, user)
+        leaf = backend.budget.agent_leaf(self._sandbox.pk) if backend.budget is not None else None
+        if leaf is not None:
+            argv = leaf.command(argv)
+        return LocalToolProcess(argv, setup=True, env=env, cwd=self._workspace, leaf=leaf)
+
+    def remove_store(self) -> None:
+        containment.remove_private_folder(self._stores, (self._session,))
+
+    def _make_store(self) -> None:
+        """Create the session's store folder (the sandbox's user's, 0700, in a folder of
+        root's that no sandbox user may enter); only an existing folder can be mounted."""
+        stores = self._backend._git_stores_root()
+        stores.mkdir(mode=0o700, parents=True, exist_ok=True)
+        stores.chmod(0o700)
+        containment.private_folder(stores, (str(self._sandbox.id), self._session), self._user)
 
 
 def _measure(argv: list[str], sandbox: str) -> int | None:
