@@ -196,10 +196,8 @@ function followLive(kind, block, data) {
     case "pull_request_opened":
     case "pull_request_updated":
       repository.eventArrived(kind, isObject(data) ? data : {});
-      if (kind !== "repository_status" || ["ready", "failed"].includes(fold.repository.status)) {
-        if (kind !== "repository_status") workspace.changed();
-        listChanged(); // the list shows the repository's state and its pull request's
-      }
+      if (kind !== "repository_status") workspace.changed(); // an update changes files
+      if (repository.listChanged()) listChanged();
       break;
     case "permission_request":
       scroll.toBottom(); // the agent waits for the person: the card comes into view
@@ -252,6 +250,9 @@ function loaded(body) {
   status.hideLoadFailure();
   status.setRunning(body.running);
   if (isObject(body.sandbox) && !sandboxFromSocket) status.setSandbox(body.sandbox);
+  // The list was drawn with the page: the clone may have ended (or the pull request changed)
+  // between that and the load.
+  if (repository.listChanged()) sessionsChanged([sessionId]);
   if (!view.loaded) requestAnimationFrame(firstLoadDone);
 }
 

@@ -24,7 +24,9 @@ export function createRepository({ fold, status, workspace, announce }) {
   const head = $("repo-line");
   const panel = $("repo-panel");
   if (!head || !panel || !fold.repository) {
-    return { draw() {}, refresh() {}, panelShown() {}, waitReason: () => "", eventArrived() {} };
+    return {
+      draw() {}, refresh() {}, panelShown() {}, waitReason: () => "", eventArrived() {}, listChanged: () => false,
+    };
   }
   const url = panel.dataset.url;
   const buttons = {
@@ -38,6 +40,7 @@ export function createRepository({ fold, status, workspace, announce }) {
   let busy = ""; // the action under way: its buttons wait
   let loading = null; // the GET under way
   let again = false; // asked again while it was under way
+  let listed = listedOf(fold.repository); // what the sidebar's item shows of it
 
   // --- the header ----------------------------------------------------------------------------
 
@@ -326,10 +329,24 @@ export function createRepository({ fold, status, workspace, announce }) {
       const progress = kind === "repository_status" && (data.progress || typeof data.output === "string");
       if (!progress) refresh();
     },
+    /** Tell whether what the sidebar's item shows of the repository (its clone under way,
+     *  ready or failed; its pull request's state) changed since it was drawn or last told. */
+    listChanged() {
+      const now = listedOf(fold.repository);
+      if (now === listed) return false;
+      listed = now;
+      return true;
+    },
     /** Why prompts wait besides a running turn: the repository is not ready yet ("" if it is). */
     waitReason() {
       const repo = fold.repository;
       return PREPARING.has(repo.status) ? "waiting for the repository: sent once it is cloned" : "";
     },
   };
+}
+
+// What the sidebar's item (templates/craft/_session_item.html) shows of a repository.
+function listedOf(repo) {
+  const clone = PREPARING.has(repo.status) ? "preparing" : repo.status;
+  return `${clone} ${repo.pullRequest ? repo.pullRequest.state : ""}`;
 }
