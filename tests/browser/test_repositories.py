@@ -266,3 +266,55 @@ async def test_another_persons_session_on_a_repository_is_not_found(
             assert (await response.json())["error"]["code"] == "not_found"
     finally:
         await other.context.close()
+
+
+async def test_an_update_with_conflicts_lists_each_file_and_opens_it(
+    page, repository_server, git_host
+):
+    url = git_host.create("team/clash.git", {"notes.txt": b"ours and theirs\n"}, public=True)
+    await open_on(page, repository_server, url)
+    await expect(page.locator("#repo-status")).to_have_text(re.compile("^Ready"))
+    await send_prompt(page, "write notes.txt mine")
+    await page.locator("#transcript .permission .options button").filter(has_text="Allow").click()
+    await expect(page.locator(TURN_END)).to_have_count(1)
+    await page.locator("#workspace-toggle").click()
+    await page.locator("#tab-changes").click()
+    panel = page.locator("#repo-panel")
+    await panel.get_by_role("button", name="Commit", exact=True).click()
+    await panel.get_by_role("button", name="Commit all changes").click()
+    await expect(panel.locator("#repo-result")).to_contain_text("Committed")
+    git_host.commit("team/clash.git", "main", {"notes.txt": b"theirs\n"}, "Theirs")
+
+    await panel.get_by_role("button", name="Update from remote").click()
+    await expect(panel.locator("#repo-result")).to_contain_text("1 file is in conflict")
+    # A merge left in conflict is not made yet: the files wait, uncommitted.
+    await expect(panel.locator("#repo-state")).to_contain_text("uncommitted changes")
+    card = page.locator("#transcript .repo-card[data-action=repository_updated]")
+    await expect(card).to_contain_text("Updated from main: 1 file is in conflict")
+    await card.get_by_role("button", name="Open notes.txt (in conflict)").click()
+    await expect(page.locator("#tab-files")).to_have_attribute("aria-selected", "true")
+    await expect(page.locator("#file-preview .preview-path")).to_have_text("notes.txt")
+    await expect(page.locator("#file-preview pre")).to_contain_text("<<<<<<<")
+
+    # The repository is offered again on the home page: one click opens a new session on it.
+    await page.goto(f"{repository_server.url}/")
+    await page.get_by_role("button", name="team/clash").click()
+    await expect(page).to_have_url(re.compile(r"/sessions/[0-9a-f-]{36}/$"))
+    await expect(page.locator("#repo-link")).to_have_text("team/clash")
+
+
+async def test_a_failed_set_up_is_said_with_its_output_and_the_session_goes_on(
+    page, repository_server, git_host
+):
+    script = b"#!/bin/sh\necho installing the dependencies\nexit 3\n"
+    url = git_host.create("team/setup.git", {".craft/setup.sh": script}, public=True)
+    await open_on(page, repository_server, url)
+    status = page.locator("#repo-status")
+    await expect(status).to_have_text(
+        re.compile(r"^Ready at [0-9a-f]{7} · its set-up failed \(exit 3\)")
+    )
+    setup = page.locator("#repo-setup")
+    await setup.locator("summary").click()
+    await expect(setup.locator("pre")).to_contain_text("installing the dependencies")
+    await send_prompt(page, "hello")
+    await expect(page.locator(TURN_END)).to_have_count(1)
