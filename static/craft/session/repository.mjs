@@ -276,6 +276,8 @@ export function createRepository({ fold, status, workspace, announce }) {
     run("pull-request", async () => {
       const answer = await post("pull-request/", { title: $("repo-pr-title").value, body: $("repo-pr-body").value }, "pull-request");
       pullRequestForm.hidden = true;
+      $("repo-pr-title").value = ""; // a later one is drafted afresh
+      $("repo-pr-body").value = "";
       const link = typeof answer.url === "string" && /^https?:\/\//i.test(answer.url) ? answer.url : "";
       showResult(`Pull request${Number.isSafeInteger(answer.number) ? ` #${answer.number}` : ""} is ${PULL_REQUEST_STATES[answer.state]?.toLowerCase() || "open"}.`, link);
       announce("The pull request is open.");
