@@ -6,6 +6,7 @@ log, the same data every API client reads: see "One renderer" in docs/architectu
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from uuid import UUID
@@ -23,9 +24,10 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
-from craft.api import MAX_EVENTS_PAGE
+from craft.api import MAX_EVENTS_PAGE, start_cloning
 from craft.http import SignedInRequest
-from craft.models import Session
+from craft.models import Session, SessionRepository
+from craft.turns.repository import repository_json
 from sandboxes import catalog
 from sandboxes.models import Sandbox
 
@@ -45,7 +47,12 @@ def _current_sandbox(user: User) -> Sandbox | None:
 
 
 def _list_context(request: SignedInRequest, current: Session | None) -> dict[str, object]:
-    sessions = Session.objects.owned_by(request.user).recent_first().with_status()
+    sessions = (
+        Session.objects.owned_by(request.user)
+        .recent_first()
+        .with_status()
+        .select_related("repository")
+    )
     # The item's URL is built in the page from the list's, with the item's id for the zero id.
     return {"sessions": with_links(list(sessions)), "current": current, "zero_id": ZERO_ID}
 
@@ -74,7 +81,9 @@ def with_links(sessions: list[Session]) -> list[Session]:
 
 def _list_item(session: Session) -> Session:
     """Return the session as its item in the list shows it (status and links)."""
-    (item,) = with_links([Session.objects.with_status().get(pk=session.pk)])
+    (item,) = with_links(
+        [Session.objects.with_status().select_related("repository").get(pk=session.pk)]
+    )
     return item
 
 
@@ -93,10 +102,33 @@ def session_workspace(session: Session) -> str:
     return workspace_paths.workspace_path(session.sandbox, session.pk)
 
 
+def _repository_name(url: str) -> str:
+    """Return how a list shows a repository's URL: its path, "owner/name"."""
+    path = url.split("://", 1)[-1].partition("/")[2].strip("/")
+    return path.removesuffix(".git") or url
+
+
+def _home(
+    request: SignedInRequest, form: dict[str, str] | None = None, status: int = 200
+) -> HttpResponse:
+    """Render the home page: the welcome and its new-session form (with what was sent and why
+    it was refused, when it was)."""
+    return render(request, "craft/session.html", _home_context(request, form), status=status)
+
+
+def _home_context(request: SignedInRequest, form: dict[str, str] | None) -> dict[str, object]:
+    recent = services.recent_repositories(request.user)
+    return {
+        **_page_context(request, None),
+        "recent_repositories": [(url, _repository_name(url)) for url in recent],
+        **{f"form_{key}": value for key, value in (form or {}).items()},
+    }
+
+
 @require_GET
 @login_required
 def home(request: SignedInRequest) -> HttpResponse:
-    return render(request, "craft/session.html", _page_context(request, None))
+    return _home(request)
 
 
 @require_GET
@@ -105,6 +137,15 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """Render the session's page shell; the browser loads and renders its events."""
     session = _own_session(request, session_id)
     context = _page_context(request, session)
+    try:
+        repository: SessionRepository | None = session.repository
+    except SessionRepository.DoesNotExist:
+        repository = None
+    if repository is not None:
+        # What the page starts from; the log keeps it current (static/craft/session/fold.mjs).
+        context.update(
+            repository=repository, repository_json=json.dumps(repository_json(repository))
+        )
     # The history the page will load first, preloaded by the browser while it fetches the
     # page's scripts (the script's first requests are exactly these).
     events_url = reverse("api_session_events", args=[session.pk])
@@ -151,7 +192,13 @@ def session_list_item(request: SignedInRequest, session_id: UUID) -> HttpRespons
     """Render one item of the sidebar's list: what the page fetches when its socket names the
     sessions that changed (sidebar.js). 404 once the session is gone (or not the person's):
     the page takes the item out."""
-    session = Session.objects.owned_by(request.user).with_status().filter(pk=session_id).first()
+    session = (
+        Session.objects.owned_by(request.user)
+        .with_status()
+        .select_related("repository")
+        .filter(pk=session_id)
+        .first()
+    )
     if session is None:
         raise Http404("no such session")
     current = session if request.GET.get("current") == str(session.pk) else None
@@ -163,21 +210,51 @@ def session_list_item(request: SignedInRequest, session_id: UUID) -> HttpRespons
 @require_POST
 @login_required
 def new_session(request: SignedInRequest) -> HttpResponse:
+    """Open a session: the sidebar's button (an untouched session is opened again rather
+    than another made), or the home page's form, which may name a repository and a branch:
+    its clone starts at once, and a repository the server will not take is shown in the form
+    with the reason, nothing created."""
+    agent = request.POST.get("agent", "")
+    repository = (request.POST.get("recent") or request.POST.get("repository", "")).strip()
+    branch = request.POST.get("branch", "").strip()
+    if branch and not repository:
+        return _refused_form(
+            request, "Give the repository's address too, or leave the branch empty."
+        )
     try:
-        # An untouched session (no message yet) is opened again rather than another made.
         session = services.open_session(
             request.user,
             request.POST.get("title", ""),
-            reuse_untouched=True,
-            agent=request.POST.get("agent", ""),
+            reuse_untouched=not repository,
+            agent=agent,
+            repository=repository,
+            branch=branch,
         )
+    except services.RepositoryRefused as exc:
+        return _refused_form(request, f"No session was opened: {exc.message}")
     except services.SessionError as exc:
         # Too many sessions, or a sandbox being stopped; one that cannot start is shown on
         # the new session's page (it starts in the background).
         messages.error(request, f"No session was opened: {exc}.")
         return HttpResponseClientRedirect(reverse("home")) if request.htmx else redirect("home")
+    if repository:
+        start_cloning(session.pk)
     url = reverse("session", args=[session.pk])
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+def _refused_form(request: SignedInRequest, error: str) -> HttpResponse:
+    """Answer a refused new session with its form again: what was sent, and why (422)."""
+    form = {
+        "repository": (request.POST.get("recent") or request.POST.get("repository", "")).strip(),
+        "branch": request.POST.get("branch", "").strip(),
+        "agent": request.POST.get("agent", ""),
+        "error": error,
+    }
+    if request.htmx:
+        context = _home_context(request, form)
+        return render(request, "craft/_new_session_form.html", context, status=422)
+    return _home(request, form, status=422)
 
 
 @require_POST

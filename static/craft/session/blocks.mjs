@@ -237,6 +237,33 @@ export function blockDrawing({ paths, staff, keysUrl = "" }) {
       technicalDetails(record.element, block.skipped);
       return record;
     },
+    repository(block) {
+      // What Craft did with the session's branch: a line, the commit's first line, the pull
+      // request's link (http(s) only: fold.mjs), the files an update left in conflict (each
+      // opens the file in the workspace panel: render.mjs).
+      const record = newRecord(block, "div", "repo-card");
+      record.element.dataset.action = block.action;
+      if (block.state) record.element.dataset.state = block.state;
+      const line = record.element.appendChild(el("p", "repo-card-text", block.text));
+      if (block.detail) line.appendChild(el("q", "repo-card-detail", block.detail));
+      if (block.link) {
+        line.append(" ");
+        const link = line.appendChild(el("a", "repo-card-link", block.linkText));
+        link.href = block.link;
+        link.target = "_blank";
+        link.rel = "noopener noreferrer";
+      }
+      if (block.conflicts.length) {
+        const list = record.element.appendChild(el("ul", "repo-conflicts"));
+        for (const path of block.conflicts) {
+          const button = list.appendChild(el("li")).appendChild(el("button", "repo-conflict link", path));
+          button.type = "button";
+          button.dataset.path = path;
+          button.setAttribute("aria-label", `Open ${path} (in conflict)`);
+        }
+      }
+      return record;
+    },
     other(block) {
       const record = newRecord(block, "div", "note");
       record.element.appendChild(el("span", "", block.text));

@@ -5,8 +5,9 @@
 // A block is a plain object with a `kind` that the page shows as `data-kind`: "user", "agent"
 // and "thought" (messages), "tool", "plan", "permission", "elicitation" (the agent asks for
 // information: a form or a URL), "turn_end", "error", "restart",
-// "changes" (what a turn or a revert changed in the workspace), "other" (a note) and one hidden "quiet" block for the events that have no block of their
-// own. Every applied event belongs to exactly one block. Labels, titles and plan entries are
+// "changes" (what a turn or a revert changed in the workspace), "repository" (Craft committed,
+// pushed, updated the session's branch, or its pull request opened or changed state), "other"
+// (a note) and one hidden "quiet" block for the events that have no block of their own. Every applied event belongs to exactly one block. Labels, titles and plan entries are
 // ready to read; message text and tool content stay as the agent sent them, since drawing them
 // (and cutting host paths out of them) waits until the page draws.
 //
@@ -16,13 +17,13 @@
 // changed: drawn now), `stale` (blocks whose body changed: drawn once per frame or per loaded
 // page, however many updates came) and, when the event said so, `title` (the session's new
 // title), `controls` (the agent's controls changed), `truncated` (the event was cut short for
-// delivery: the whole of it can be fetched) and `failed` (it could not be shown: its block is
-// a note saying so). Blocks appear in `blocks` in the order the page shows them.
+// delivery: the whole of it can be fetched), `repository` (the session's repository changed:
+// `fold.repository`) and `failed` (it could not be shown: its block is a note saying so). Blocks appear in `blocks` in the order the page shows them.
 
 import { isObject, str } from "./values.mjs";
 import {
-  ANSWERS, PLAN_STATUS, RESTARTS, STOP_REASONS, TOOL_KINDS, TOOL_STATUS,
-  agentErrorWording, duration, formatBytes,
+  ANSWERS, PLAN_STATUS, PULL_REQUEST_STATES, RESTARTS, STOP_REASONS, TOOL_KINDS, TOOL_STATUS,
+  agentErrorWording, duration, formatBytes, repositoryName, shortCommit,
 } from "./words.mjs";
 
 // ACP updates with no block of their own: the controls around the composer show them.
@@ -33,12 +34,20 @@ const QUIET_KINDS = new Set([
   "user_message_chunk",
 ]);
 const MAX_KNOWN_PATHS = 2000;
+// A clone's set-up output the page keeps (the server keeps at most 64 KiB of it).
+export const MAX_SETUP_OUTPUT_CHARS = 256 * 1024;
+const REPOSITORY_STATUSES = new Set(["pending", "cloning", "setting_up", "ready", "failed"]);
+// While the repository is not ready yet, prompts wait for it (docs/websocket-api.md).
+export const PREPARING = new Set(["pending", "cloning", "setting_up"]);
 // Live command output a tool card keeps (the server keeps at most 1 MiB per tool call: this
 // only guards against a page fed by something else).
 export const MAX_TERMINAL_CHARS = 2_000_000;
 
-/** Return an empty fold for a session whose paths `paths` makes readable (paths.mjs). */
-export function createFold({ paths, now = Date.now }) {
+/** Return an empty fold for a session whose paths `paths` makes readable (paths.mjs).
+ *  `repository` is the session's repository as the page was rendered with it (the API's
+ *  `repository` of a session: {url, path, branch, base, status, detail, failure, commit,
+ *  pull_request}), or null for a session that is not on one: its events are folded over it. */
+export function createFold({ paths, now = Date.now, repository = null }) {
   const fold = {
     lastSeq: 0, // the highest seq applied: it advances for every event, shown or not
     blocks: [],
@@ -50,6 +59,10 @@ export function createFold({ paths, now = Date.now }) {
     // Prompts waiting for the running turn to end, in the order they will run:
     // {id, text, attachments}. docs/websocket-api.md, "Queued prompts".
     queue: [],
+    // The session's repository, as the log last said (null: not on one): {url, name, branch,
+    // base, status, progress: {phase, percent, text} | null, command, output, setup, commit,
+    // code, reason, head, pullRequest: {url, number, state} | null}.
+    repository: isObject(repository) ? repositoryFrom(repository) : null,
     apply,
     refold,
     fail,
@@ -114,6 +127,12 @@ export function createFold({ paths, now = Date.now }) {
       case "agent_restarted": return agentRestarted(data);
       case "turn_changes": return workspaceChanges(event, data, false);
       case "workspace_reverted": return workspaceChanges(event, data, true);
+      case "repository_status": return repositoryStatus(data);
+      case "repository_committed":
+      case "repository_pushed":
+      case "repository_updated":
+      case "pull_request_opened":
+      case "pull_request_updated": return repositoryWork(event.kind, data);
       case "prompt_queued":
       case "queued_prompt_edited":
       case "queued_prompt_removed":
@@ -565,6 +584,87 @@ export function createFold({ paths, now = Date.now }) {
     return `${what} to before ${reverted ? "a revert" : "a turn"}`;
   }
 
+  // --- the session's repository (docs/repositories.md) ---------------------------------------
+
+  function repositoryState() {
+    if (!fold.repository) fold.repository = repositoryFrom({});
+    step.repository = true;
+    return fold.repository;
+  }
+
+  // How the clone is getting on: the header shows it, the transcript does not.
+  function repositoryStatus(data) {
+    const status = str(data.status);
+    if (!REPOSITORY_STATUSES.has(status)) return quietBlock();
+    const repo = repositoryState();
+    repo.status = status;
+    if (status === "cloning" && isObject(data.progress)) {
+      const p = data.progress;
+      repo.progress = {
+        phase: str(p.phase), text: str(p.text),
+        percent: Number.isFinite(p.percent) ? Math.max(0, Math.min(100, Math.round(p.percent))) : null,
+      };
+    } else if (status === "cloning") {
+      if (httpUrl(data.url)) Object.assign(repo, { url: data.url, name: repositoryName(data.url) });
+      if (typeof data.branch === "string" && data.branch) repo.branch = data.branch;
+      if (typeof data.base === "string" && data.base) repo.base = data.base;
+      Object.assign(repo, { progress: null, output: "", command: "", setup: null, code: "", reason: "" });
+    } else if (status === "setting_up" && typeof data.output === "string") {
+      const room = MAX_SETUP_OUTPUT_CHARS - repo.output.length;
+      if (room > 0) repo.output += data.output.length > room ? data.output.slice(0, room) : data.output;
+    } else if (status === "setting_up") {
+      Object.assign(repo, { progress: null, command: str(data.command), output: "" });
+    } else if (status === "ready") {
+      repo.progress = null;
+      repo.commit = str(data.commit);
+      repo.head = repo.commit;
+      if (typeof data.branch === "string" && data.branch) repo.branch = data.branch;
+      if (typeof data.base === "string" && data.base) repo.base = data.base;
+      const setup = isObject(data.setup) ? data.setup : null;
+      repo.setup = setup && {
+        command: str(setup.command), ok: setup.ok === true, timedOut: setup.timed_out === true,
+        exitCode: Number.isSafeInteger(setup.exit_code) ? setup.exit_code : null, tail: str(setup.tail),
+      };
+    } else if (status === "failed") {
+      Object.assign(repo, { progress: null, code: str(data.code), reason: str(data.reason) || "The repository could not be cloned." });
+    }
+    return quietBlock();
+  }
+
+  // What Craft did with the session's branch, and its pull request: a card each.
+  function repositoryWork(kind, data) {
+    const repo = repositoryState();
+    const branch = str(data.branch) || repo.branch;
+    const card = { kind: "repository", action: kind, text: "", detail: "", link: "", linkText: "", conflicts: [] };
+    if (kind === "repository_committed") {
+      repo.head = str(data.commit);
+      card.text = `Committed ${shortCommit(data.commit)} to ${branch}`;
+      card.detail = str(data.message);
+    } else if (kind === "repository_pushed") {
+      repo.head = str(data.head) || repo.head;
+      card.text = `Pushed ${branch} (${shortCommit(data.head)})`;
+    } else if (kind === "repository_updated") {
+      repo.head = str(data.head) || repo.head;
+      const base = str(data.base) || repo.base || "the base branch";
+      card.conflicts = (Array.isArray(data.conflicts) ? data.conflicts : []).filter((p) => typeof p === "string" && p);
+      const n = card.conflicts.length;
+      card.text = n
+        ? `Updated from ${base}: ${n} ${n === 1 ? "file is" : "files are"} in conflict, left to resolve`
+        : `Updated from ${base} (${shortCommit(data.head)})`;
+    } else {
+      const number = Number.isSafeInteger(data.number) ? data.number : null;
+      const state = PULL_REQUEST_STATES[data.state] ? data.state : "open";
+      const url = httpUrl(data.url) ? data.url : "";
+      repo.pullRequest = { url, number, state };
+      const name = number === null ? "Pull request" : `Pull request #${number}`;
+      card.state = state;
+      card.text = kind === "pull_request_opened" ? `${name} opened` : `${name} is now ${PULL_REQUEST_STATES[state].toLowerCase()}`;
+      card.link = url;
+      card.linkText = url ? "Open it" : "";
+    }
+    return append(card);
+  }
+
   function note(text, detail = "") {
     return append({ kind: "other", text, detail });
   }
@@ -627,4 +727,25 @@ export function createFold({ paths, now = Date.now }) {
   }
 
   return fold;
+}
+
+function httpUrl(value) {
+  return typeof value === "string" && /^https?:\/\/[^\s/]/i.test(value);
+}
+
+// A repository as the page was rendered with it (the API's shape) into the fold's shape.
+function repositoryFrom(row) {
+  const url = httpUrl(row.url) ? row.url : "";
+  const pr = isObject(row.pull_request) ? row.pull_request : null;
+  const status = REPOSITORY_STATUSES.has(row.status) ? row.status : "pending";
+  return {
+    url, name: str(row.path) || repositoryName(url), branch: str(row.branch), base: str(row.base),
+    status, progress: null, command: "", output: "", setup: null, commit: str(row.commit),
+    head: str(row.commit), code: status === "failed" ? str(row.failure) : "",
+    reason: status === "failed" ? str(row.detail) : "",
+    pullRequest: pr && {
+      url: httpUrl(pr.url) ? pr.url : "", number: Number.isSafeInteger(pr.number) ? pr.number : null,
+      state: PULL_REQUEST_STATES[pr.state] ? pr.state : "open",
+    },
+  };
 }

@@ -18,6 +18,8 @@
 //   scroll.mjs       following the newest event, unless the person scrolled up
 //   permission-pin.mjs  an open permission request, pinned beside the composer
 //   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
+//   repository.mjs   a session on a repository: its clone in the header, commit, push, pull
+//                    request and update in the Changes tab
 //
 // Agent output is untrusted: text goes in through textContent, Markdown is sanitised
 // (markdown.mjs), and paths are shown relative to the workspace (paths.mjs).
@@ -32,6 +34,7 @@ import { fetchJson, loadHistory } from "./history.mjs";
 import { createPalette } from "./palette.mjs";
 import { createPermissionPin } from "./permission-pin.mjs";
 import { createQueue } from "./queue.mjs";
+import { createRepository } from "./repository.mjs";
 import { workspacePaths } from "./paths.mjs";
 import { createView } from "./render.mjs";
 import { followBottom } from "./scroll.mjs";
@@ -46,7 +49,8 @@ const sessionId = root.dataset.session;
 const transcript = $("transcript");
 const promptBox = $("prompt");
 const paths = workspacePaths(root.dataset.workspace, sessionId);
-const fold = createFold({ paths });
+// The repository the page was rendered with (none: the session is not on one).
+const fold = createFold({ paths, repository: root.dataset.repository ? JSON.parse(root.dataset.repository) : null });
 const status = createStatus({ root, turnStartedAt: () => fold.turnStartedAt, paths });
 const scroll = followBottom({ session: root, transcript, composer: $("composer"), jumpButton: $("jump"), promptBox });
 const pin = createPermissionPin({ reveal: scroll.reveal });
@@ -101,7 +105,9 @@ const workspace = createWorkspace({
     promptBox.value = promptBox.value ? `${promptBox.value}\n${text}` : text;
     promptBox.focus();
   },
+  changesShown: () => repository.panelShown(),
 });
+const repository = createRepository({ fold, status, workspace, announce: status.announce });
 const view = createView({
   transcript, fold, paths, scroll,
   staff: root.dataset.staff === "true",
@@ -125,6 +131,7 @@ const view = createView({
     showError: status.showFrameError,
     fetchEvent: (seq) => fetchJson(root.dataset.eventUrl.replace(/0\/$/, `${seq}/`)),
     openChanges: workspace.openChanges,
+    openFile: workspace.openFile,
     retry: (text, files) => composer.resend(text, files),
     edit: (text) => composer.edit(text),
   },
@@ -133,7 +140,7 @@ const attachments = createAttachments({ fold, status });
 const composer = createComposer({
   connection, status, attachments, fold, workspace, palette: createPalette({ fold, workspace }),
 });
-const queue = createQueue({ fold, send: connection.send, status });
+const queue = createQueue({ fold, send: connection.send, status, waitReason: repository.waitReason });
 
 // Apply one event: fold it, draw it, and let the page around the transcript follow.
 function applyEvent(event, live = false) {
@@ -148,11 +155,15 @@ function applyEvent(event, live = false) {
   }
   if (step.controls) controls.changed();
   if (step.block.kind === "changes") workspace.changesArrived();
+  if (step.repository) {
+    repository.draw();
+    if (fold.queue.length) queue.draw(); // the reason they wait may have changed
+  }
   if (step.queue) {
     queue.draw();
     if (event.kind === "prompt_queued") composer.promptStored({ promptId: event.data.id, text: event.data.text });
   }
-  if (live && !step.failed) followLive(event.kind, step.block);
+  if (live && !step.failed) followLive(event.kind, step.block, event.data);
   if (live) status.showAgentStderr(""); // the agent said something: no longer quiet
 }
 
@@ -164,7 +175,7 @@ function sessionsChanged(ids) {
 }
 
 // What a person is told of a live event besides the transcript.
-function followLive(kind, block) {
+function followLive(kind, block, data) {
   const listChanged = () => sessionsChanged([sessionId]);
   switch (kind) {
     case "user_message":
@@ -174,7 +185,19 @@ function followLive(kind, block) {
       listChanged();
       break;
     case "prompt_queued":
-      status.announce("Your message will be sent when the agent is done.");
+      status.announce(repository.waitReason()
+        ? "Your message will be sent once the repository is cloned."
+        : "Your message will be sent when the agent is done.");
+      break;
+    case "repository_status":
+    case "repository_committed":
+    case "repository_pushed":
+    case "repository_updated":
+    case "pull_request_opened":
+    case "pull_request_updated":
+      repository.eventArrived(kind, isObject(data) ? data : {});
+      if (kind !== "repository_status") workspace.changed(); // an update changes files
+      if (repository.listChanged()) listChanged();
       break;
     case "permission_request":
       scroll.toBottom(); // the agent waits for the person: the card comes into view
@@ -227,6 +250,9 @@ function loaded(body) {
   status.hideLoadFailure();
   status.setRunning(body.running);
   if (isObject(body.sandbox) && !sandboxFromSocket) status.setSandbox(body.sandbox);
+  // The list was drawn with the page: the clone may have ended (or the pull request changed)
+  // between that and the load.
+  if (repository.listChanged()) sessionsChanged([sessionId]);
   if (!view.loaded) requestAnimationFrame(firstLoadDone);
 }
 

@@ -5,11 +5,13 @@
 
 import { $, el } from "./dom.mjs";
 
-/** Start the queue's view; `send(frame)` sends a frame (false when not connected). */
-export function createQueue({ fold, send, status }) {
+/** Start the queue's view; `send(frame)` sends a frame (false when not connected);
+ *  `waitReason()` says why prompts wait besides a running turn ("" when nothing else). */
+export function createQueue({ fold, send, status, waitReason = () => "" }) {
   const section = $("queue");
   const list = $("queue-list");
   const count = $("queue-count");
+  const why = $("queue-why");
   let editing = null; // {id, text}: the prompt being edited, and its text as typed so far
   let lastEdit = null; // {id, text}: the last edit sent, given back if the prompt started first
 
@@ -17,6 +19,9 @@ export function createQueue({ fold, send, status }) {
     const queue = fold.queue;
     section.hidden = queue.length === 0;
     count.textContent = queue.length === 1 ? "1 message waits" : `${queue.length} messages wait`;
+    const reason = waitReason();
+    why.textContent = reason ? `· ${reason}` : "· sent in order when the agent is done";
+    section.dataset.waitsFor = reason ? "repository" : "turn";
     if (editing && !queue.some((queued) => queued.id === editing.id)) editing = null;
     const focused = document.activeElement && list.contains(document.activeElement)
       ? { id: document.activeElement.closest("li")?.dataset.id, action: document.activeElement.dataset.action }

@@ -19,7 +19,8 @@ const EAGER_BLOCKS = 12; // after the first load, the last messages get Markdown
  * of the page: beforeFlush() (draw what goes with it), answer(request, option) (send a
  * permission answer; false when not connected), answerElicitation(request, action, content)
  * (the same for an elicitation), announce(text), showError(text),
- * fetchEvent(seq) (the whole of an event) and openChanges(seq) (a change's chip was clicked).
+ * fetchEvent(seq) (the whole of an event), openChanges(seq) (a change's chip was clicked) and
+ * openFile(path) (a file an update left in conflict was clicked).
  */
 export function createView({ transcript, fold, paths, staff, keysUrl, scroll, libraries, hooks }) {
   const drawing = blockDrawing({ paths, staff, keysUrl });
@@ -247,6 +248,8 @@ export function createView({ transcript, fold, paths, staff, keysUrl, scroll, li
     }
     const chip = clicked.closest(".changes-chip");
     if (chip) return hooks.openChanges(Number(chip.dataset.change));
+    const conflict = clicked.closest(".repo-conflict");
+    if (conflict) return hooks.openFile(conflict.dataset.path);
     const toggle = clicked.closest(".toggle-more:not(.diff-toggle)");
     if (toggle) return toggleCollapsible(toggle);
     const copy = clicked.closest(".code-block .copy");

@@ -48,6 +48,7 @@ export function createStatus({ root, turnStartedAt, paths }) {
   const quietText = $("agent-quiet-text");
   let workingTimer = null;
   let frameErrorTimer = null;
+  const runningListeners = [];
 
   function announce(text) {
     announcer.textContent = "";
@@ -93,6 +94,7 @@ export function createStatus({ root, turnStartedAt, paths }) {
     favicon.href = favicon.href.replace(/favicon(-busy)?\.svg/, running ? "favicon-busy.svg" : "favicon.svg");
     // A turn started in a session whose sandbox was stopped runs in a new one: follow it.
     if (running && sandboxStatus === "terminated") refreshSandboxLine();
+    for (const listener of runningListeners) listener(running);
   }
 
   // The sidebar's sandbox line asks the server again; the banner follows it (below).
@@ -242,6 +244,10 @@ export function createStatus({ root, turnStartedAt, paths }) {
     },
     get sandboxStatus() {
       return sandboxStatus;
+    },
+    /** Call `listener(running)` whenever the page learns whether a turn runs. */
+    onRunningChange(listener) {
+      runningListeners.push(listener);
     },
     announce, showConnection, setRunning, setTitle, setSandbox, showFrameError,
     showFrameErrorWithLink, hideFrameError, showAgentStderr,

@@ -163,3 +163,34 @@ export function duration(ms) {
   if (seconds < 60) return `${seconds} s`;
   return `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
 }
+
+// A session's repository (docs/repositories.md): how far its clone got, its pull request.
+export const REPOSITORY_STATUS = {
+  pending: "Waiting to clone",
+  cloning: "Cloning…",
+  setting_up: "Setting up…",
+  ready: "Ready",
+  failed: "Clone failed",
+};
+export const PULL_REQUEST_STATES = { open: "Open", merged: "Merged", closed: "Closed" };
+// What a refused repository action means to the person, where the server's own message is
+// not the best thing to say (otherwise its message is shown: it is fit to show).
+export const REPOSITORY_ERRORS = {
+  nothing_to_commit: "Nothing to commit: the workspace has no changes since the last commit.",
+  turn_running: "The agent is working: try again once its turn ends.",
+};
+
+/** Return "owner/name" of a repository's URL (its last two path segments, without ".git"),
+ *  or the URL itself when it has no such path. */
+export function repositoryName(url) {
+  const text = typeof url === "string" ? url : "";
+  const match = /^[a-z]+:\/\/[^/]+\/(.+?)(?:\.git)?\/*$/i.exec(text);
+  if (!match) return text;
+  const parts = match[1].split("/").filter(Boolean);
+  return parts.slice(-2).join("/");
+}
+
+/** Return a commit's short form (its first 7 hex digits). */
+export function shortCommit(commit) {
+  return typeof commit === "string" ? commit.slice(0, 7) : "";
+}

@@ -32,8 +32,10 @@ const REVERT_ERRORS = {
 };
 
 /** Start the panel of the session whose API lives at `api` (".../api/sessions/<id>/").
- *  `fold` holds the changes; `tell(text)` puts text in the prompt box for the person to send. */
-export function createWorkspace({ api, fold, announce, tell }) {
+ *  `fold` holds the changes; `tell(text)` puts text in the prompt box for the person to send;
+ *  `changesShown()` is called whenever the Changes tab is shown (its Repository section, for a
+ *  session on a repository, is repository.mjs's). */
+export function createWorkspace({ api, fold, announce, tell, changesShown = () => {} }) {
   const panel = $("workspace");
   const toggle = $("workspace-toggle");
   const tree = $("file-tree");
@@ -70,7 +72,10 @@ export function createWorkspace({ api, fold, announce, tell }) {
       $(button.getAttribute("aria-controls")).hidden = !chosen;
     }
     if (tab === "files" && stale) loadTree();
-    if (tab === "changes") drawChanges();
+    if (tab === "changes") {
+      drawChanges();
+      changesShown();
+    }
   }
 
   function showProblem(text) {
@@ -374,6 +379,12 @@ export function createWorkspace({ api, fold, announce, tell }) {
   });
 
   return {
+    /** Show the file at `path` (a file an update left in conflict) in the Files tab. */
+    openFile(path) {
+      open("files");
+      show(path);
+      preview.scrollIntoView({ block: "nearest" });
+    },
     /** A chip in the transcript was clicked: show that change. */
     openChanges(seq) {
       open("changes");
