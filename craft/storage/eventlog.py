@@ -193,7 +193,7 @@ def _numbered(
             workers.ensure_registered()  # a turn's worker must be known, or it looks gone
     elif _TURN_KINDS & kinds:
         _follow_turn(session_id, events, first, client_id, now, worker_known)
-    if _LISTED_KINDS & kinds:
+    if _changes_list(encoded):
         status.sessions_changed(owner_id, session_id)  # after commit
     return _stored_at(first, encoded)
 
@@ -378,7 +378,21 @@ _TURN_KINDS = {
     "elicitation_answer", "turn_end",
 }  # fmt: skip
 # What changes a session's line in its owner's list of sessions (craft.live.status).
-_LISTED_KINDS = _TURN_KINDS | {"session_title"}
+_LISTED_KINDS = _TURN_KINDS | {
+    "session_title", "repository_status", "pull_request_opened", "pull_request_updated",
+}  # fmt: skip
+
+
+def _changes_list(encoded: list[tuple[str, str]]) -> bool:
+    """Say whether storing these events changes the session's line in a list of sessions:
+    a repository's clone progress and set-up output (its `progress` and `output` keys,
+    at most one a second) do not; its status does."""
+    for kind, text in encoded:
+        if kind not in _LISTED_KINDS:
+            continue
+        if kind != "repository_status" or ('"progress"' not in text and '"output"' not in text):
+            return True
+    return False
 
 
 @lru_cache(maxsize=2)
@@ -631,7 +645,7 @@ def _store_many(
                 continue
             stored[i] = _stored_at(seq, events)
             seq += len(events)
-            if any(kind in _LISTED_KINDS for kind, _ in events):
+            if _changes_list(events):
                 status.sessions_changed(owner_id, job.session_id)  # after commit
     return stored
 
