@@ -333,7 +333,7 @@ def checkout(
         raise Refused("git_failed", "the session's workspace is not empty")
     try:
         git.progressing(
-            "clone", "--no-local", "--no-hardlinks", "--template=", "--no-checkout",
+            "clone", "--local", "--no-hardlinks", "--template=", "--no-checkout",
             "--progress", "--branch", base, "--", store, ".",
             cwd=workspace, phase="checkout", local=True,
         )  # fmt: skip

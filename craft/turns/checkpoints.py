@@ -94,6 +94,14 @@ class SessionCheckpoints:
             return
         self._early = asyncio.get_running_loop().create_task(self._take_early())
 
+    async def take_first(self) -> None:
+        """Take the session's first checkpoint now (as `take_first_early`) and wait for it:
+        its repository was just cloned and set up, and its first prompt should not wait for
+        a checkpoint of every file of the clone."""
+        self.take_first_early()
+        if self._early is not None:
+            await asyncio.shield(self._early)
+
     async def _take_early(self) -> Early:
         """Return the early checkpoint and its watch, or why there is none (None: the session
         has one). Never raises: nobody may ever wait for it (no prompt comes)."""

@@ -74,9 +74,12 @@ async def in_thread(func: Callable[..., T], *args: Any) -> T:
 class SessionRepositoryWork:
     """The repository work of one session's runner (all methods run on the event loop)."""
 
-    def __init__(self, session_id: UUID, append: Append) -> None:
+    def __init__(
+        self, session_id: UUID, append: Append, first_checkpoint: Callable[[], Awaitable[None]]
+    ) -> None:
         self.session_id = session_id
         self._append = append
+        self._first_checkpoint = first_checkpoint
         self._preparing: asyncio.Task[None] | None = None
         self._ready: Callable[[], None] = lambda: None
 
@@ -152,6 +155,9 @@ class SessionRepositoryWork:
         await _update(self.session_id, base=cloned.base, branch=cloned.branch,
                       commit=cloned.commit)  # fmt: skip
         setup = await self._setup(repository, sandbox, row)
+        # The state before the first turn, recorded now: a checkpoint of a large clone takes
+        # seconds, which its first prompt would otherwise wait for.
+        await self._first_checkpoint()
         await _update(self.session_id, status=SessionRepository.Status.READY, detail="")
         ready: dict[str, Any] = {
             "status": "ready", "commit": cloned.commit, "base": cloned.base,

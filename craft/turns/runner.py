@@ -106,7 +106,9 @@ class SessionRunner:
         self._active_at = 0.0
         self._touching: asyncio.Task[None] | None = None  # the sandbox's activity being written
         self.checkpoints = SessionCheckpoints(session_id, self.append)
-        self.repository = SessionRepositoryWork(session_id, self.append)
+        self.repository = SessionRepositoryWork(
+            session_id, self.append, self.checkpoints.take_first
+        )
         self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
         # What the last agent of this runner takes in prompts (None: not known yet).
         self._prompt_capabilities: dict[str, bool] | None = None
