@@ -28,7 +28,7 @@ from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
 from sandboxes.backends import forget_backends
 from tests.fake_git_hosts import FakeHost
-from tests.git_server import GitServer, git_server  # noqa: F401
+from tests.git_server import GitServer, git_server, random_bytes  # noqa: F401
 from tests.sandboxes.hostile import contain, needs_root
 
 from .wsclient import is_turn_end, open_socket, receive_until, session_cookie
@@ -371,4 +371,25 @@ async def test_a_moved_base_is_merged_with_its_conflicts_listed_a_moved_branch_n
     assert b"<<<<<<<" in (folder / "app.py").read_bytes()
     frames = await frames_until(comm, lambda f: kind_of(f) == "repository_updated", 10)
     assert frames[-1]["data"]["conflicts"] == ["app.py"]
+    await comm.disconnect()
+
+
+async def test_a_repository_over_the_size_limit_fails_plainly_and_leaves_the_workspace_empty(
+    hosts, owner, settings
+):
+    settings.CRAFT_CLONE_MAX_BYTES = 1 << 20
+    url = hosts.git.create(REPO, {"big.bin": random_bytes(3 << 20)}, public=True)
+    client = await signed_in(owner)
+    session_id = (await post(client, "/api/sessions/", {"repository": url})).json()["id"]
+    comm, _ = await open_socket(session_id, await db_sync_to_async(session_cookie)(owner))
+    await comm.send_json_to({"type": "resume", "after": 0})
+    await comm.send_json_to({"type": "start_agent"})
+    frames = await frames_until(comm, is_ready_or_failed)
+    failed = frames[-1]["data"]
+    assert (failed["status"], failed["code"]) == ("failed", "repository_too_large")
+    assert "1 MiB" in failed["reason"] or "1.0 MiB" in failed["reason"], failed["reason"]
+    state = (await client.get(f"/api/sessions/{session_id}/repository/")).json()
+    assert (state["status"], state["failure"]) == ("failed", "repository_too_large")
+    folder = await db_sync_to_async(workspace_of)(session_id)
+    assert not folder.exists() or not any(folder.iterdir())
     await comm.disconnect()
