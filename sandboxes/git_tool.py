@@ -8,9 +8,11 @@ step (`sandboxes.repository` says which). Two repositories are involved:
   only git that ever holds a token runs here, and only here is there a network: clone,
   fetch and push.
 * **the workspace**: the agent's own clone. Its `.git` is the agent's (configuration, hooks,
-  attributes): untrusted. Git runs in it without a network and without a token; objects go
-  between it and the store by `git fetch`, which runs `upload-pack` in the repository it
-  reads from (what git documents as safe on a repository one does not trust).
+  attributes): untrusted. Git runs in it without a network and without a token. It is made
+  by copying the store's files (`git clone --local --no-hardlinks`: the store is Craft's own,
+  and nothing is packed again); then objects go between the two by `git fetch`, which runs
+  `upload-pack` in the repository it reads from (what git documents as safe on a repository
+  one does not trust).
 
 Usage: git_tool.py <command> [arguments]; stdin holds one JSON line, the request's secrets
 (`{"token", "username"}` for the commands that reach the remote, `{}` otherwise).
