@@ -333,6 +333,10 @@ def checkout(
 ) -> dict[str, object]:
     if os.listdir(workspace):
         raise Refused("git_failed", "the session's workspace is not empty")
+    # Copying the store's files says nothing (no objects are received), and git tells how the
+    # files are written only when that takes seconds: the phase is named here.
+    say({"progress": {"phase": "checkout", "percent": None, "done": None, "total": None,
+                      "bytes": None, "text": "Checking out the files"}})  # fmt: skip
     try:
         git.progressing(
             "clone", "--local", "--no-hardlinks", "--template=", "--no-checkout",

@@ -81,6 +81,7 @@ class SessionRepositoryWork:
         self._append = append
         self._first_checkpoint = first_checkpoint
         self._preparing: asyncio.Task[None] | None = None
+        self._prepared = False  # a preparation ran to its end here: none is started again
         self._ready: Callable[[], None] = lambda: None
 
     @property
@@ -91,7 +92,7 @@ class SessionRepositoryWork:
         """Make the clone in the background if it is not made (nor being made here); call
         `ready` once it is ready or failed."""
         self._ready = ready
-        if not self.preparing:
+        if not self.preparing and not self._prepared:
             self._preparing = asyncio.get_running_loop().create_task(self._prepare_logged())
 
     async def close(self) -> None:
@@ -105,9 +106,12 @@ class SessionRepositoryWork:
         try:
             await self._prepare()
         except asyncio.CancelledError:
-            raise
+            raise  # stopped (the lease was lost, the server stops): made again by the next
         except Exception:
             logger.exception("session %s: preparing its repository failed", self.session_id)
+        # Once made (or failed) here, a row that says `cloning` again is another runner's:
+        # this one would only clear and clone the workspace under it.
+        self._prepared = True
         self._ready()
 
     async def _prepare(self) -> None:
