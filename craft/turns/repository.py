@@ -217,11 +217,15 @@ class SessionRepositoryWork:
         await _update(self.session_id, status=status)
         await self._append([("repository_status", {"status": status, **data})])
 
-    async def _progress_event(self, progress: dict[str, Any]) -> None:
-        await self._append([("repository_status", {"status": "cloning", "progress": progress})])
+    async def _progress_event(self, steps: list[dict[str, Any]]) -> None:
+        await self._append(
+            [("repository_status", {"status": "cloning", "progress": step}) for step in steps]
+        )
 
-    async def _output_event(self, text: str) -> None:
-        await self._append([("repository_status", {"status": "setting_up", "output": text})])
+    async def _output_event(self, texts: list[str]) -> None:
+        await self._append(
+            [("repository_status", {"status": "setting_up", "output": text}) for text in texts]
+        )
 
     async def _failed(self, code: str, reason: str) -> None:
         await _update(self.session_id, status=SessionRepository.Status.FAILED, failure=code,
@@ -362,12 +366,15 @@ def _not_ready(row: SessionRepository) -> str:
 
 
 class _Progress:
-    """Git's progress, from the clone's thread to the log: the latest at most every second."""
+    """Git's progress, from the clone's thread to the log: at most every second, the latest
+    word of each phase (a phase that ended meanwhile keeps its last one)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, store: Callable[[Any], Awaitable[None]]):
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, store: Callable[[list[Any]], Awaitable[None]]
+    ):
         self._loop = loop
         self._store = store
-        self._latest: Any = None
+        self._pending: list[Any] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -376,12 +383,16 @@ class _Progress:
         self._loop.call_soon_threadsafe(self._take, item)
 
     def _take(self, item: Any) -> None:
-        self._latest = self._merge(self._latest, item)
+        self._merge(item)
         if self._task is None and not self._closed:
             self._task = self._loop.create_task(self._flush_later())
 
-    def _merge(self, latest: Any, item: Any) -> Any:
-        return item
+    def _merge(self, item: Any) -> None:
+        pending = self._pending
+        if pending and pending[-1].get("phase") == item.get("phase"):
+            pending[-1] = item
+        else:
+            pending.append(item)
 
     async def _flush_later(self) -> None:
         await asyncio.sleep(PROGRESS_EVERY_SECONDS)
@@ -389,10 +400,10 @@ class _Progress:
 
     async def _flush(self) -> None:
         self._task = None
-        item, self._latest = self._latest, None
-        if item is not None:
+        items, self._pending = self._pending, []
+        if items:
             try:
-                await self._store(item)
+                await self._store(items)
             except Exception:
                 logger.warning("storing a repository's progress failed", exc_info=True)
 
@@ -408,21 +419,23 @@ class _Progress:
 class _Output(_Progress):
     """A set-up's output, in pieces of at most a second, bounded in all."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, store: Callable[[Any], Awaitable[None]]):
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, store: Callable[[list[Any]], Awaitable[None]]
+    ):
         super().__init__(loop, store)
         self._kept = 0
 
-    def _merge(self, latest: Any, item: Any) -> Any:
+    def _merge(self, item: Any) -> None:
         text = str(item)
         if not text.endswith("\n"):
             text += "\n"
         left = MAX_SETUP_OUTPUT_CHARS - self._kept
         if left <= 0:
-            return latest
+            return
         if len(text) > left:
             text = text[:left] + "… (the rest of the output is not kept here)\n"
         self._kept += len(text)
-        return (latest or "") + text
+        self._pending = ["".join([*self._pending, text])]
 
 
 # --- the database's part (on the database threads) -------------------------------------------
