@@ -95,3 +95,79 @@ def test_the_network_policy_lets_named_hosts_through(settings, kube_backend):
 def test_a_remote_never_shows_its_token():
     remote = Remote("https://git.example.com/team/app.git", TOKEN)
     assert TOKEN not in repr(remote) and TOKEN not in str(remote)
+
+
+def clone_into(pod_session, remote: Remote):
+    repository = services.session_repository(pod_session.sandbox, pod_session.pk)
+    repository.clone(
+        remote, base=None, branch_name=BRANCH, progress=lambda step: None, max_bytes=50 << 20,
+        timeout=60,
+    )  # fmt: skip
+    return repository
+
+
+def test_in_the_pod_a_wrong_token_and_a_missing_repository_are_refused_plainly(
+    kube,
+    pod_session,
+    git_server,  # noqa: F811
+):
+    url = git_server.create("team/app.git", writers=(TOKEN,))
+    repository = services.session_repository(pod_session.sandbox, pod_session.pk)
+    for remote, code in (
+        (Remote(url, "wrong-token-0000", allow_http=True), "git_auth_failed"),
+        (Remote(f"{git_server.url}/team/none.git", TOKEN, allow_http=True), "repository_not_found"),
+    ):
+        with pytest.raises(GitRefused) as refused:
+            repository.clone(
+                remote, base=None, branch_name=BRANCH, progress=lambda step: None,
+                max_bytes=50 << 20, timeout=60,
+            )  # fmt: skip
+        assert refused.value.code == code, refused.value
+    folder = kube.workspace(NAMESPACE, pod_name(pod_session.sandbox)) / "sessions"
+    assert not any((folder / str(pod_session.pk)).glob("*"))
+
+
+def test_in_the_pod_a_moved_branch_is_rejected_and_the_base_is_merged_with_conflicts(
+    kube,
+    pod_session,
+    git_server,  # noqa: F811
+):
+    url = git_server.create("team/app.git", {"a.txt": b"one\n"}, writers=(TOKEN,))
+    remote = Remote(url, TOKEN, allow_http=True)
+    repository = clone_into(pod_session, remote)
+    folder = kube.workspace(NAMESPACE, pod_name(pod_session.sandbox))
+    folder = folder / "sessions" / str(pod_session.pk)
+    (folder / "a.txt").write_bytes(b"mine\n")
+    repository.commit("Mine", name="Olivia", email="olivia@example.com")
+    repository.push(remote, BRANCH, timeout=60)
+    theirs = git_server.commit("team/app.git", BRANCH, {"b.txt": b"b\n"}, "Someone else")
+    git_server.commit("team/app.git", "main", {"a.txt": b"theirs\n"}, "Meanwhile on main")
+    (folder / "c.txt").write_bytes(b"c\n")
+    repository.commit("More", name="Olivia", email="olivia@example.com")
+    with pytest.raises(GitRefused) as refused:
+        repository.push(remote, BRANCH, timeout=60)
+    assert refused.value.code == "push_rejected"
+    assert git_server.branches("team/app.git")[BRANCH] == theirs  # never forced
+
+    updated = repository.update(remote, "main", timeout=60)
+    assert updated.conflicts == ["a.txt"]
+    assert b"<<<<<<<" in (folder / "a.txt").read_bytes()
+
+
+def test_in_the_pod_the_set_up_runs_in_the_workspace_and_says_how_it_ended(
+    kube,
+    pod_session,
+    git_server,  # noqa: F811
+):
+    setup = b"#!/bin/sh\necho installing\ntouch .installed\necho broken >&2\nexit 3\n"
+    url = git_server.create("team/app.git", {".craft/setup.sh": setup}, public=True)
+    repository = clone_into(pod_session, Remote(url, allow_http=True))
+    lines: list[str] = []
+
+    run = repository.setup(None, timeout=60, output=lines.append)
+
+    assert (run.ran, run.exit_code, run.timed_out) == (True, 3, False)
+    assert "installing" in "".join(lines) and "broken" in run.tail
+    folder = kube.workspace(NAMESPACE, pod_name(pod_session.sandbox))
+    assert (folder / "sessions" / str(pod_session.pk) / ".installed").exists()
+    assert {e.container for e in kube.execs if "setup.sh" in " ".join(e.argv)} == {"sandbox"}
