@@ -847,10 +847,6 @@ def append_events(
     return stored
 
 
-def append_event(session_id: UUID, kind: str, data: dict[str, Any]) -> Stored | None:
-    return append_events(session_id, [(kind, data)])
-
-
 # --- the writer: group commits for event-loop code -----------------------------------------
 
 
@@ -1012,13 +1008,6 @@ writer = EventWriter()
 
 
 # --- reading ---------------------------------------------------------------------------------
-
-
-def events_after(session_id: UUID, seq: int, limit: int | None = None) -> list[Event]:
-    queryset = Event.objects.filter(session_id=session_id).after(seq)
-    if limit is not None:
-        queryset = queryset[:limit]
-    return list(queryset)
 
 
 def frames_after(session_id: UUID, seq: int, limit: int) -> list[tuple[int, str]]:
