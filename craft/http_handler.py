@@ -32,6 +32,7 @@ against 2.4-3.8 s sixteen at a time (docs/performance.md).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -40,6 +41,7 @@ from functools import partial
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase
 
@@ -155,13 +157,61 @@ _places: PerLoop[asyncio.Semaphore] = PerLoop(lambda loop: asyncio.Semaphore(REQ
 _place: ContextVar[Place] = ContextVar("craft_request_place")
 
 
+def _bounded(receive: Any, limit: int) -> Callable[[], Awaitable[Any]]:
+    """Return `receive`, raising BodyTooLarge once the body's bytes pass `limit`."""
+    read = 0
+
+    async def bounded() -> Any:
+        nonlocal read
+        message = await receive()
+        read += len(message.get("body", b""))
+        if read > limit:
+            raise BodyTooLarge
+        return message
+
+    return bounded
+
+
 async def _sending(place: Place, send: Callable[[Any], Awaitable[None]], message: Any) -> None:
     if message["type"] == "http.response.start":
         place.give_back()  # what is left is the response's bytes (a stream's too)
     await send(message)
 
 
+class BodyTooLarge(Exception):
+    """A request's body is over CRAFT_UPLOAD_MAX_BYTES."""
+
+
+def _declared_length(scope: dict[str, Any]) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
 class OneHopASGIHandler(ASGIHandler):
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Django's, with bodies bounded: one over CRAFT_UPLOAD_MAX_BYTES is answered 413 as
+        soon as its size is known (its Content-Length, or what was read), and the rest of it
+        is not read (Django would spool any body whole to disk before any view runs)."""
+        declared = _declared_length(scope)
+        try:
+            if declared is not None and declared > settings.CRAFT_UPLOAD_MAX_BYTES:
+                raise BodyTooLarge
+            await super().handle(scope, receive, send)
+        except BodyTooLarge:
+            limit = settings.CRAFT_UPLOAD_MAX_BYTES
+            body = json.dumps({"error": {"code": "too_large", "message": (
+                f"the request is larger than the {limit} bytes this server takes"
+            )}}).encode()  # fmt: skip
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                       (b"content-length", str(len(body)).encode())]  # fmt: skip
+            await send({"type": "http.response.start", "status": 413, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
@@ -177,8 +227,9 @@ class OneHopASGIHandler(ASGIHandler):
             _place.reset(token)
 
     async def read_body(self, receive: Any) -> Any:
-        """Read the whole body, then wait for a place (see the module docstring)."""
-        body = await super().read_body(receive)
+        """Read the whole body (at most CRAFT_UPLOAD_MAX_BYTES), then wait for a place (see
+        the module docstring)."""
+        body = await super().read_body(_bounded(receive, settings.CRAFT_UPLOAD_MAX_BYTES))
         try:
             await _place.get().take()
         except BaseException:

@@ -602,6 +602,9 @@ CRAFT_STDERR_LOG_BYTES_PER_SECOND = env_int("CRAFT_STDERR_LOG_BYTES_PER_SECOND",
 # take, and the most bytes one download sends (a file, or the workspace as a zip).
 CRAFT_WORKSPACE_TIMEOUT_SECONDS = env_float("CRAFT_WORKSPACE_TIMEOUT_SECONDS", 30.0, minimum=1.0)
 CRAFT_ARCHIVE_MAX_BYTES = env_int("CRAFT_ARCHIVE_MAX_BYTES", 1 << 30, minimum=1)
+# The largest request body the server reads: one uploaded file (docs/workspace.md). A larger
+# one is answered 413 as soon as its size is known, before the rest of it is read.
+CRAFT_UPLOAD_MAX_BYTES = env_int("CRAFT_UPLOAD_MAX_BYTES", 100 << 20, minimum=1)
 # Checkpoints of a session's workspace (git commits in a store of its own): files bigger than
 # this are left out, and a checkpoint that takes longer is skipped (both are said).
 CRAFT_CHECKPOINT_MAX_FILE_BYTES = env_int("CRAFT_CHECKPOINT_MAX_FILE_BYTES", 10 << 20, minimum=1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import quote
 from uuid import UUID
 
@@ -25,14 +25,16 @@ from craft.api import api_login_required, error, json_body
 from craft.commands import parse_revert
 from craft.errors import Refused
 from craft.http import SignedInRequest
-from craft.models import Session
+from craft.models import Session, SessionRepository
 from craft.storage.db import db_sync_to_async
 from craft.turns.checkpoints import checkpoints_of
+from craft.turns.records import PREPARING
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.workspace import Download, WorkspaceRefused, refuse_bad_path
 
 MAX_PAGE = 10_000
+UPLOAD_CHUNK = 1 << 16
 # Shown in the browser as what they are; anything else is downloaded as bytes.
 INLINE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/svg+xml"}
 # Refusals of the workspace tool, as HTTP statuses.
@@ -44,6 +46,7 @@ STATUS = {
     "not_a_folder": 400,
     "not_a_file": 400,
     "too_large": 413,
+    "exists": 409,
 }
 
 
@@ -91,14 +94,16 @@ def files(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     return HttpResponse(listing.json, content_type="application/json")
 
 
-@require_http_methods(["GET"])
+@require_http_methods(["GET", "PUT"])
 @api_login_required
 def raw(request: SignedInRequest, session_id: UUID) -> HttpResponseBase:
-    """One file (`?path=`), as an attachment, streamed."""
+    """One file (`?path=`): GET, as an attachment, streamed; PUT, the body written there."""
     session = _session(request, session_id)
     if session is None:
         return error(404, "not_found", "no such session")
     path = request.GET.get("path", "")
+    if request.method == "PUT":
+        return _upload(request, session, path)
     try:
         refuse_bad_path(path)
         workspace = sandbox_services.session_workspace(session.sandbox, session.pk)
@@ -109,6 +114,40 @@ def raw(request: SignedInRequest, session_id: UUID) -> HttpResponseBase:
     response = _streamed(download, _content_type(name), name)
     response["Content-Length"] = str(download.header["size"])
     return response
+
+
+def _upload(request: SignedInRequest, session: Session, path: str) -> HttpResponse:
+    """Write the request's body (read as it is read, never whole in memory) as the file
+    `path` of the workspace, through the workspace tool: 201 `{"path", "size"}`; 409
+    `exists` unless `?overwrite=1`; 413 past CRAFT_UPLOAD_MAX_BYTES (bodies over it are
+    refused before a view runs: `craft.http_handler`); 400 `invalid_path`."""
+    if not path.strip("/."):
+        return error(400, "invalid_path", "name the file to write: ?path=folder/name")
+    if _cloning(session):
+        return error(409, "repository_not_ready", "the session's repository is being cloned")
+    overwrite = request.GET.get("overwrite") == "1"
+
+    def chunks() -> Iterator[bytes]:
+        while chunk := request.read(UPLOAD_CHUNK):
+            yield chunk
+
+    try:
+        refuse_bad_path(path)
+        workspace = sandbox_services.writable_workspace(session.sandbox, session.pk)
+        written = workspace.write(
+            path, chunks(), settings.CRAFT_UPLOAD_MAX_BYTES, overwrite=overwrite
+        )
+    except SandboxError as exc:
+        return _refused(exc)
+    return JsonResponse(written, status=201)
+
+
+def _cloning(session: Session) -> bool:
+    try:
+        repository = session.repository
+    except SessionRepository.DoesNotExist:
+        return False
+    return repository.status in PREPARING
 
 
 @require_http_methods(["GET"])

@@ -467,6 +467,15 @@ def session_workspace(sandbox: Sandbox, session_id: UUID, *, just_read: bool = F
     return get_backend(sandbox.backend).workspace(sandbox, session_id)
 
 
+def writable_workspace(sandbox: Sandbox, session_id: UUID) -> Workspace:
+    """Return the session's workspace to write into (an upload), made first if its agent has
+    not started yet. Raises SandboxUnavailable unless the sandbox is running."""
+    require_running(sandbox)
+    backend = get_backend(sandbox.backend)
+    backend.make_workspace(sandbox, session_id)
+    return backend.workspace(sandbox, session_id)
+
+
 def session_repository(sandbox: Sandbox, session_id: UUID) -> Repository:
     """Return the session's workspace as a git repository (`sandboxes.repository`): Craft's
     own git, run where its agents run. The caller checked that the sandbox runs."""

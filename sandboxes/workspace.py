@@ -8,6 +8,7 @@ process never opens a sandbox file by path (invariant 11).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import json
@@ -16,7 +17,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -178,6 +179,38 @@ class Workspace:
     def read(self, path: str, max_bytes: int) -> Download:
         refuse_bad_path(path)
         return self._download(self._run(["read", path, str(max_bytes)]))
+
+    def write(
+        self, path: str, chunks: Iterable[bytes], max_bytes: int, *, overwrite: bool = False
+    ) -> dict[str, Any]:
+        """Write `chunks` as the file `path` (missing folders made; following no link), in
+        place only once all came: `{"path", "size"}`. Raises WorkspaceRefused: `exists`
+        (unless `overwrite`), `too_large` (over `max_bytes`: nothing is left), `is_link`,
+        `not_a_file`, `invalid_path`, `timeout` (stdin not done within
+        CRAFT_WORKSPACE_TIMEOUT_SECONDS of its last chunk)."""
+        refuse_bad_path(path)
+        args = ["write", path, str(max_bytes), "1" if overwrite else "0"]
+        process = self._started(self._run_tool(args), keep_stdin=True)
+        timeout = settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS
+        watchdog = alarms.after(timeout, process.stop)
+        try:
+            for chunk in chunks:
+                watchdog.cancel()
+                watchdog = alarms.after(timeout, process.stop)
+                try:
+                    process.write(chunk)
+                except OSError:
+                    break  # it answered already: a refusal, read below
+            with contextlib.suppress(OSError):
+                process.close_stdin()
+            return _header_line(process)[0]
+        except SandboxError:
+            if watchdog.rang:
+                raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
+            raise
+        finally:
+            watchdog.cancel()
+            process.finish(1.0)
 
     def archive(self, max_bytes: int) -> Download:
         return self._download(self._run(["archive", str(max_bytes)]))

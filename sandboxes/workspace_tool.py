@@ -21,6 +21,11 @@ Usage: workspace_tool.py <sandbox folder> <workspace, relative to it> <command> 
 * `list <path> <offset> <limit>`: one JSON line, the folder's entries sorted (folders first).
 * `read <path> <max bytes>`: one JSON line (the file's size, or an error), then its bytes.
 * `archive <max bytes>`: one JSON line (counts, or an error), then the workspace as a zip.
+* `write <path> <max bytes> <overwrite 0|1>`: the file's bytes come on stdin, until it ends;
+  written to a new file beside it, which then takes its name (missing folders on the way are
+  made); one JSON line once it is in place, `{"path", "size"}`, or the refusal: `exists`
+  (unless overwrite), `too_large` (past max bytes: nothing is left), `is_link`,
+  `not_a_file` (a folder has that name), `invalid_path`.
 * `checkpoint <store> <max file bytes> <message>`: record the workspace in the git repository
   `store` (created if need be); one JSON line: the commit, and what was left out.
 * `unchanged <store> <commit> <max file bytes>`: one JSON line, whether a checkpoint taken
@@ -264,6 +269,74 @@ def read_file(workspace: int, path: str, limit: int, out: BinaryIO) -> None:
         while left > 0 and (chunk := source.read(min(CHUNK, left))):
             out.write(chunk)
             left -= len(chunk)
+
+
+def make_folders(fd: int, names: list[bytes]) -> int:
+    """Open the folder `names` below folder `fd`, making the missing ones (mode 0700 less the
+    umask), following no link; the caller closes it."""
+    current = os.dup(fd)
+    try:
+        for name in names:
+            try:
+                os.mkdir(name, 0o777, dir_fd=current)
+            except FileExistsError:
+                pass
+            following = open_folder(current, [name])
+            os.close(current)
+            current = following
+    except BaseException:
+        os.close(current)
+        raise
+    return current
+
+
+def write_file(workspace: int, path: str, limit: int, overwrite: bool, source: BinaryIO) -> dict:
+    """Write stdin's bytes to `path` of the workspace (see the module docstring)."""
+    names = parts_of(path)
+    if not names:
+        raise Refused("invalid_path", "name the file to write")
+    folder = make_folders(workspace, names[:-1])
+    name = names[-1]
+    spelled = "/".join(escape(n) for n in names)
+    temporary = b".%s.upload-%d" % (name[:100], os.getpid())
+    try:
+        try:
+            existing = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            existing = None
+        if existing is not None:
+            if stat.S_ISLNK(existing.st_mode):
+                raise Refused("is_link", f"{spelled} is a symbolic link")
+            if not stat.S_ISREG(existing.st_mode):
+                raise Refused("not_a_file", f"{spelled} is a {kind_of(existing.st_mode)}")
+            if not overwrite:
+                raise Refused("exists", f"{spelled} exists already")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open(temporary, flags, 0o666, dir_fd=folder)
+        size = 0
+        try:
+            with open(out, "wb") as target:
+                while chunk := source.read(CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        raise Refused("too_large", f"the file is larger than {limit} bytes")
+                    target.write(chunk)
+            if overwrite:
+                os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+            else:  # never over a file made meanwhile
+                try:
+                    os.link(temporary, name, src_dir_fd=folder, dst_dir_fd=folder,
+                            follow_symlinks=False)  # fmt: skip
+                except FileExistsError:
+                    raise Refused("exists", f"{spelled} exists already") from None
+        finally:
+            try:
+                os.unlink(temporary, dir_fd=folder)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(folder)
+    return {"path": spelled, "size": size}
 
 
 def walk(
@@ -819,7 +892,7 @@ USAGE = __doc__.split("Usage: ")[1].split("\n")[0]
 # command: how many arguments
 COMMANDS = {
     "list": 3, "read": 2, "archive": 1, "checkpoint": 3, "unchanged": 3, "changes": 4, "diff": 4,
-    "revert": 5, "checkpoint-watch": 4,
+    "revert": 5, "checkpoint-watch": 4, "write": 3,
 }  # fmt: skip
 
 
@@ -845,6 +918,9 @@ def main(argv: list[str]) -> int:
             read_file(workspace, path, int(limit), out)
         elif command == "archive":
             archive(workspace, int(args[0]), out)
+        elif command == "write":
+            path, limit, overwrite = args
+            header(out, write_file(workspace, path, int(limit), overwrite == "1", sys.stdin.buffer))
         elif command == "checkpoint":
             store, max_file_bytes, message = args
             header(out, checkpoint(workspace, store, int(max_file_bytes), message))
