@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from craft.api import MAX_EVENTS_PAGE
-from craft.models import Session, Turn
+from craft.models import Session, SessionRepository, Turn
 from craft.storage.eventlog import events_json_after
 from sandboxes.admin import SandboxAdmin
 from sandboxes.models import Sandbox
@@ -30,13 +30,16 @@ class SessionAdmin(admin.ModelAdmin):
     """A session's record; its transcript is linked, not drawn inline (a long session has
     tens of thousands of events: megabytes of HTML and seconds to render)."""
 
-    list_display = ["title", "owner", "agent", "sandbox", "last_seq", "updated_at", "worker"]
-    list_select_related = ["owner", "sandbox", "lease"]
+    list_display = [
+        "title", "owner", "agent", "on_repository", "sandbox", "last_seq", "updated_at",
+        "worker",
+    ]  # fmt: skip
+    list_select_related = ["owner", "sandbox", "lease", "repository"]
     list_filter = ["agent"]
     search_fields = ["title", "owner__username", "id"]
     readonly_fields = [
-        "id", "owner", "agent", "sandbox", "agent_session_id", "last_seq", "transcript",
-        "created_at", "updated_at", "worker",
+        "id", "owner", "agent", "on_repository", "sandbox", "agent_session_id", "last_seq",
+        "transcript", "created_at", "updated_at", "worker",
     ]  # fmt: skip
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -71,6 +74,21 @@ class SessionAdmin(admin.ModelAdmin):
             '<a href="{}">{}, as JSON</a> (pages of {}: add <code>?after=N</code>)',
             url, count, MAX_EVENTS_PAGE,
         )  # fmt: skip
+
+    @admin.display(description="repository")
+    def on_repository(self, session: Session) -> str:
+        """The repository it works on (docs/repositories.md): where, its branch, how far its
+        clone got, its pull request."""
+        try:
+            row = session.repository
+        except SessionRepository.DoesNotExist:
+            return "-"
+        said = f"{row.host}/{row.path} on {row.branch or '?'} ({row.status}"
+        if row.status == SessionRepository.Status.FAILED:
+            said += f": {row.failure}"
+        if row.pull_request_number is not None:
+            said += f"; pull request #{row.pull_request_number} {row.pull_request_state}"
+        return said + ")"
 
     @admin.display(description="worker (lease)")
     def worker(self, session: Session) -> str:
