@@ -300,3 +300,18 @@ async def test_a_file_dropped_on_the_composer_goes_to_the_agent_as_a_link(
     await expect(page.locator(REPLY).last).to_contain_text("link to table (1).csv")
     await expect(page.locator(REPLY).last).to_contain_text("image image/png")
     assert await read(page, craft_server, session, "uploads/table (1).csv") == b"c,d"
+
+
+async def test_a_folder_chosen_with_the_folder_picker_keeps_its_structure(
+    page, craft_server, session, tmp_path
+):
+    chosen = tmp_path / "project"
+    (chosen / "src").mkdir(parents=True)
+    (chosen / "README.md").write_text("# Project")
+    (chosen / "src" / "app.py").write_text("print(1)")
+    await open_files(page, craft_server, session)
+    await page.set_input_files("#upload-folder-input", chosen)
+    await expect(page.locator(ROWS).locator(".upload-state")).to_have_text(["Done"] * 2)
+    assert await read(page, craft_server, session, "project/README.md") == b"# Project"
+    assert await read(page, craft_server, session, "project/src/app.py") == b"print(1)"
+    await expect(page.locator("#file-tree").get_by_role("button", name="project/")).to_be_visible()
