@@ -196,6 +196,9 @@ export function createUploads({ api, limit, workspace, announce }) {
       box.setAttribute("aria-label", `${name} already exists`);
       box.appendChild(el("span", "clash-text", `${name.split("/").at(-1)} is already there.`));
       const answer = (choice) => {
+        const at = batch.asking.indexOf(answer);
+        if (at < 0) return; // answered already
+        batch.asking.splice(at, 1);
         box.remove();
         shown.li.dataset.state = "sending";
         resolve(choice);
@@ -204,11 +207,9 @@ export function createUploads({ api, limit, workspace, announce }) {
         const button = box.appendChild(el("button", `clash-${choice}`, label));
         button.type = "button";
         button.addEventListener("click", () => {
-          if (all && all.checked) {
-            batch.choice = choice;
-            for (const other of batch.asking.splice(0)) other(choice);
-          }
-          answer(choice);
+          if (!all || !all.checked) return answer(choice);
+          batch.choice = choice; // this one's question, and every other open one, answered
+          for (const open of [...batch.asking]) open(choice);
         });
       }
       let all = null;
@@ -223,7 +224,11 @@ export function createUploads({ api, limit, workspace, announce }) {
       shown.bar.value = 0;
       shown.abort = () => answer("cancel");
       batch.asking.push(answer);
-      box.querySelector("button").focus({ preventScroll: true });
+      // The keyboard comes to the question only from the panel (never out of the prompt box).
+      const focused = document.activeElement;
+      if (!focused || focused === document.body || focused.closest("#workspace")) {
+        box.querySelector("button").focus({ preventScroll: true });
+      }
     });
   }
 
