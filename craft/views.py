@@ -156,6 +156,8 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         # path (craft.workspace_paths).
         workspace=workspace_paths.shown_workspace(request.user, session.sandbox, session.pk),
         page_size=MAX_EVENTS_PAGE,
+        # Files over it are refused by the page before they are sent.
+        upload_max_bytes=settings.CRAFT_UPLOAD_MAX_BYTES,
         # Which of the catalog's agents it talks to (shown when there is a choice).
         session_agent=getattr(catalog.agent(session.agent), "title", session.agent),
         history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],

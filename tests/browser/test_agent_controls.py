@@ -253,7 +253,9 @@ async def test_a_mention_of_a_missing_file_is_not_attached_and_the_person_is_tol
     await snap(page, "composer-missing-mention")
 
 
-async def test_files_that_are_not_images_are_refused_by_name(page, craft_server, session):
+async def test_files_that_are_not_images_are_refused_by_name_by_the_image_picker(
+    page, craft_server, session
+):
     await open_page(page, craft_server, session)
     await turn(page, "hello", 1)
     error = page.locator("#frame-error")
@@ -268,20 +270,8 @@ async def test_files_that_are_not_images_are_refused_by_name(page, craft_server,
     await expect(page.locator("#attachments li")).to_have_count(1)
     await expect(page.locator("#attachments li")).to_contain_text("dot.png")
     await snap(page, "composer-files-refused")
-    # Dropped on the composer: the same, and the browser does not open the file instead.
-    taken = await page.evaluate(
-        """() => {
-            const data = new DataTransfer();
-            data.items.add(new File(["a,b"], "table.csv", {type: "text/csv"}));
-            const drop = new DragEvent(
-                "drop", {dataTransfer: data, bubbles: true, cancelable: true});
-            document.getElementById("prompt").dispatchEvent(drop);
-            return drop.defaultPrevented;
-        }"""
-    )
-    assert taken
-    await expect(error).to_have_text("Not attached: table.csv (only images can be attached).")
-    await expect(page.locator("#attachments li")).to_have_count(1)
+    # Dropped on the composer, a file that is not an image is uploaded and attached instead
+    # (tests/browser/test_uploads.py).
 
 
 async def test_odd_controls_from_an_agent_never_wedge_the_page(page, craft_server, session):

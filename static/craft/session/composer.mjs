@@ -58,15 +58,19 @@ export function createComposer({ connection, status, attachments, palette, fold,
       status.showFrameError("Type a message first.");
       return;
     }
+    if (attachments.uploading()) {
+      status.showFrameError("A file for this message is still uploading: send it once it is attached.");
+      return;
+    }
     const mentions = await mentionsOf(text);
     if (!mentions) return; // a second Enter while the first one looks the files up
     const images = attachments.images();
-    const attached = [...mentions.files, ...images.map((image) => ({
-      type: "image", mimeType: image.mimeType, data: image.data, name: image.name,
-    }))];
+    const uploaded = attachments.files().filter((path) => !mentions.files.some((file) => file.path === path));
+    const attached = [...mentions.files, ...uploaded.map((path) => ({ type: "file", path })),
+      ...images.map((image) => ({ type: "image", mimeType: image.mimeType, data: image.data, name: image.name }))];
     // Re-sending the same message reuses the id, so a prompt sent just before a disconnect
     // is never run twice.
-    const key = `${images.map((i) => i.id).join(",")}\n${text}`;
+    const key = `${images.map((i) => i.id).join(",")}\n${uploaded.join(",")}\n${text}`;
     if (!pendingPrompt || pendingPrompt.key !== key) {
       pendingPrompt = { id: newId(), text, key };
     }

@@ -14,7 +14,8 @@
 //   composer.mjs     sending prompts, stopping the agent, ↑ recall, edit and retry
 //   queue.mjs        prompts waiting for the running turn: edit, remove, send now
 //   palette.mjs      "/" commands and "@" files in the prompt box
-//   attachments.mjs  images for the next prompt
+//   attachments.mjs  images and files for the next prompt
+//   uploads.mjs      files uploaded into the workspace: buttons, drops, progress, name clashes
 //   scroll.mjs       following the newest event, unless the person scrolled up
 //   permission-pin.mjs  an open permission request, pinned beside the composer
 //   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
@@ -40,6 +41,7 @@ import { createView } from "./render.mjs";
 import { followBottom } from "./scroll.mjs";
 import { createConnection } from "./socket.mjs";
 import { createStatus } from "./status.mjs";
+import { createUploads } from "./uploads.mjs";
 import { isObject, str } from "./values.mjs";
 import { FRAME_ERRORS, STOP_REASONS } from "./words.mjs";
 import { createWorkspace } from "./workspace.mjs";
@@ -136,7 +138,10 @@ const view = createView({
     edit: (text) => composer.edit(text),
   },
 });
-const attachments = createAttachments({ fold, status });
+const uploads = createUploads({
+  api: root.dataset.apiUrl, limit: Number(root.dataset.uploadMaxBytes), workspace, announce: status.announce,
+});
+const attachments = createAttachments({ fold, status, uploads });
 const composer = createComposer({
   connection, status, attachments, fold, workspace, palette: createPalette({ fold, workspace }),
 });

@@ -47,6 +47,15 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
   const listings = new Map(); // folder path -> {entries, at}: for "@" suggestions
   let shownChanges = 0;
   let stale = true; // the tree must be loaded (again) when next shown
+  // The folder the panel shows, where uploads go: the folder last opened in the tree (its
+  // parent once closed), or the folder of the file last shown; "" is the workspace itself.
+  let folder = "";
+  const folderWatchers = [];
+  function showFolder(path) {
+    folder = path;
+    for (const watcher of folderWatchers) watcher(folder);
+  }
+  const parentOf = (path) => path.split("/").slice(0, -1).join("/");
 
   // --- the panel and its tabs ----------------------------------------------------------------
 
@@ -221,9 +230,15 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
     const li = event.target.closest("li.entry");
     if (!li || !event.target.closest("button.name")) return;
     if (li.dataset.type === "folder") {
-      if (li.getAttribute("aria-expanded") === "true") collapse(li);
-      else expand(li).catch((error) => showProblem(`Couldn't list ${li.dataset.path}: ${error.message || error}`));
+      if (li.getAttribute("aria-expanded") === "true") {
+        collapse(li);
+        showFolder(parentOf(li.dataset.path));
+      } else {
+        showFolder(li.dataset.path);
+        expand(li).catch((error) => showProblem(`Couldn't list ${li.dataset.path}: ${error.message || error}`));
+      }
     } else {
+      showFolder(parentOf(li.dataset.path));
       show(li.dataset.path);
     }
   });
@@ -379,6 +394,15 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
   });
 
   return {
+    /** Show the Files tab (or `tab`). */
+    open,
+    /** The folder the panel shows, where uploads go ("" is the workspace itself). */
+    uploadFolder: () => folder,
+    /** Call `watcher(folder)` now and whenever the folder the panel shows changes. */
+    onFolder(watcher) {
+      folderWatchers.push(watcher);
+      watcher(folder);
+    },
     /** Show the file at `path` (a file an update left in conflict) in the Files tab. */
     openFile(path) {
       open("files");
