@@ -26,12 +26,12 @@ from uuid import UUID
 
 from channels.layers import get_channel_layer
 
-from craft.cluster import workers
 from craft.cluster.leases import Claim, lease_seconds, ownership
 from craft.cluster.peers import links
 from craft.commands import SessionCommand, from_wire, to_wire
 from craft.errors import Refused
 from craft.models import Worker
+from craft.storage import workers
 from craft.storage.db import db_calls
 
 logger = logging.getLogger(__name__)

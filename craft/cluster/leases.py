@@ -31,8 +31,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from craft.cluster import workers
 from craft.models import Lease, Session, Turn, Worker
+from craft.storage import workers
 from craft.storage.db import db_calls
 from craft.turns.recovery import LOST, close_turn
 

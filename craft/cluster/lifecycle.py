@@ -30,13 +30,13 @@ from typing import Any
 
 from django.conf import settings
 
-from craft.cluster import workers
 from craft.cluster.forwarding import Unavailable, listener, route
 from craft.cluster.leases import ownership
 from craft.commands import RunQueue
 from craft.errors import Refused
 from craft.models import Session
 from craft.session_activity import session_activity
+from craft.storage import workers
 from craft.storage.db import db_calls
 from craft.storage.eventlog import writer
 from craft.turns import queue

@@ -43,9 +43,9 @@ from django.db.models import Func, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from craft.cluster import workers
 from craft.live import delivery, status
 from craft.models import Event, Lease, Session, Turn, Worker
+from craft.storage import workers
 from craft.storage.db import close_broken_connections
 from craft.storage.normalise import encode_event, event_frame, event_json
 

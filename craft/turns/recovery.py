@@ -20,8 +20,8 @@ from uuid import UUID
 
 from django.db import transaction
 
-from craft.cluster import workers
 from craft.models import Turn, Worker
+from craft.storage import workers
 from craft.storage.eventlog import append_events
 
 logger = logging.getLogger(__name__)
