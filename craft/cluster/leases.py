@@ -247,7 +247,7 @@ class Ownership:
         self.others.pop(session_id, None)
 
     def _hold(self, session_id: UUID, token: int) -> None:
-        # Renewals come three times per lease period (craft.cluster.lifecycle); a lease this worker
+        # Renewals come three times per lease period (craft.lifecycle); a lease this worker
         # could not renew (the database is unreachable) is not trusted beyond two thirds of it.
         good_for = lease_seconds() * 2 / 3
         self.held[session_id] = Held(token, time.monotonic() + good_for)

@@ -1,5 +1,7 @@
 """A server process's life: what it does when it starts, while it runs, and when it stops.
 
+It sits at the top of `craft`, beside `asgi.py`: start-up wires every layer below it.
+
 `craft.asgi` hooks this into daphne's reactor, so a plain `daphne craft.asgi:application` gets
 all of it:
 
