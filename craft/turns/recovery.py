@@ -65,6 +65,14 @@ def close_turns_of_gone_workers(session_id: UUID | None = None) -> int:
     return closed
 
 
+def close_turns_taken_over(session_id: UUID, previous: str) -> None:
+    """Close the running turns of a session whose lease was just taken over from `previous`
+    (in the takeover's transaction: `craft.cluster.leases.acquire`)."""
+    running = Turn.objects.running().filter(session_id=session_id, worker=previous)
+    for turn_id in running.values_list("pk", flat=True):
+        close_turn(turn_id, previous, LOST)
+
+
 def _why(worker: Worker | None) -> str:
     if worker is None or worker.host != workers.me().host:
         return LOST
