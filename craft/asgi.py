@@ -31,7 +31,7 @@ application = ProtocolTypeRouter(
     }
 )
 
-from craft.cluster.lifecycle import install_in_daphne  # noqa: E402
+from craft.lifecycle import install_in_daphne  # noqa: E402
 from craft.live import quiet_autobahn  # noqa: E402
 
 install_in_daphne()

@@ -26,12 +26,12 @@ from uuid import UUID
 
 from channels.layers import get_channel_layer
 
-from craft.cluster import workers
 from craft.cluster.leases import Claim, lease_seconds, ownership
 from craft.cluster.peers import links
 from craft.commands import SessionCommand, from_wire, to_wire
 from craft.errors import Refused
 from craft.models import Worker
+from craft.storage import workers
 from craft.storage.db import db_calls
 
 logger = logging.getLogger(__name__)
@@ -142,10 +142,16 @@ def _publish_address(channel: str, peer: str) -> None:
 listener = Listener()
 
 
-def serve(handle: Handler, lose: Callable[[UUID], Awaitable[None]]) -> None:
-    """Carry out this worker's commands with `handle`; tell `lose` of a lease it lost."""
+def serve(
+    handle: Handler,
+    lose: Callable[[UUID], Awaitable[None]],
+    take_over: Callable[[UUID, str], None],
+) -> None:
+    """Carry out this worker's commands with `handle`; tell `lose` of a lease it lost, and
+    `take_over` (session, previous owner) of one it took over from a worker gone or late."""
     listener.handler = handle
     ownership.on_lost = lose
+    ownership.on_taken_over = take_over
 
 
 async def route(session_id: UUID, command: SessionCommand, *, forwarded: bool = False) -> None:

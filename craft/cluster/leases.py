@@ -31,10 +31,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from craft.cluster import workers
-from craft.models import Lease, Session, Turn, Worker
+from craft.models import Lease, Session, Worker
+from craft.storage import workers
 from craft.storage.db import db_calls
-from craft.turns.recovery import LOST, close_turn
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,8 @@ def lease_seconds() -> float:
 
 def acquire(session_id: UUID) -> Claim:
     """Take or renew the session's lease if it is free, expired, ours or its owner gone;
-    otherwise say who owns it. A takeover closes the old owner's running turn."""
+    otherwise say who owns it. A takeover closes the old owner's running turn (through
+    `Ownership.on_taken_over`, wired at start)."""
     me = workers.me().key
     now = timezone.now()
     expires = now + timedelta(seconds=lease_seconds())
@@ -90,12 +90,8 @@ def acquire(session_id: UUID) -> Claim:
         lease.owner, lease.token, lease.expires_at = me, lease.token + 1, expires
         lease.save(update_fields=["owner", "token", "expires_at"])
         workers.ensure_registered()
-        for turn_id in (
-            Turn.objects.running()
-            .filter(session_id=session_id, worker=previous)
-            .values_list("pk", flat=True)
-        ):
-            close_turn(turn_id, previous, LOST)
+        assert ownership.on_taken_over is not None, "forwarding.serve() was not called"
+        ownership.on_taken_over(session_id, previous)
         logger.info("took session %s over from %s (token %d)", session_id, previous, lease.token)
         return Claim(mine=True, token=lease.token, owner=me)
 
@@ -207,6 +203,9 @@ class Ownership:
         # Other workers' leases, as last read: (claim, until when to trust it, monotonic).
         self.others: dict[UUID, tuple[Claim, float]] = {}
         self.on_lost: Callable[[UUID], Awaitable[None]] | None = None
+        # Closes, in the takeover's transaction, the turns of a session that the worker whose
+        # lease was taken over left running (`acquire`); wired at start, like `on_lost`.
+        self.on_taken_over: Callable[[UUID, str], None] | None = None
 
     def token(self, session_id: UUID) -> int | None:
         """Return this worker's token for the session if its lease is surely still ours."""
@@ -247,7 +246,7 @@ class Ownership:
         self.others.pop(session_id, None)
 
     def _hold(self, session_id: UUID, token: int) -> None:
-        # Renewals come three times per lease period (craft.cluster.lifecycle); a lease this worker
+        # Renewals come three times per lease period (craft.lifecycle); a lease this worker
         # could not renew (the database is unreachable) is not trusted beyond two thirds of it.
         good_for = lease_seconds() * 2 / 3
         self.held[session_id] = Held(token, time.monotonic() + good_for)

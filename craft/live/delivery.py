@@ -27,13 +27,13 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from craft.live.channel_layer import group_send_elsewhere_many
 from craft.live.loops import Background, Listeners, PerLoop
+from craft.storage.eventlog import Notice
 
 logger = logging.getLogger(__name__)
 
 # Who rang a doorbell: a process ignores its own, which it has already delivered from memory.
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
-Notice = tuple[UUID, int, int, list[str] | None]  # session, first seq, last seq, frames
 # Doorbells to other processes carry the frames of batches up to this size.
 DOORBELL_FRAMES_BYTES = 64 * 1024
 

@@ -11,8 +11,8 @@ Two ways in:
 * `writer.append` is how event-loop code stores: one thread per process commits whatever every
   session has queued, in one transaction per batch (a group commit). A session's events are
   queued in the order they happened, so seqs follow that order. After commit the writer hands
-  each batch's frames, already encoded, to the live layer, which sends them to this process's
-  sockets without reading them back.
+  each batch's frames, already encoded, to its `Listener` (the live layer, wired at start),
+  which sends them to this process's sockets without reading them back.
 
 Rows are written with one prepared INSERT per batch rather than through model instances: this
 is the hot path of every streamed token. On PostgreSQL a small batch (a follow-up's are one or
@@ -43,9 +43,8 @@ from django.db.models import Func, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from craft.cluster import workers
-from craft.live import delivery, status
 from craft.models import Event, Lease, Session, Turn, Worker
+from craft.storage import workers
 from craft.storage.db import close_broken_connections
 from craft.storage.normalise import encode_event, event_frame, event_json
 
@@ -53,6 +52,39 @@ logger = logging.getLogger(__name__)
 
 # A batch stops growing at this many events, so one commit never holds everyone for long.
 BATCH_EVENTS = 2_000
+
+Notice = tuple[UUID, int, int, list[str] | None]  # session, first seq, last seq, frames
+Settle = dict[asyncio.AbstractEventLoop, Callable[[], None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """What hears of committed events: `craft.live`, above the log, wired in at start
+    (`CraftConfig.ready` calls `listen`), so that the writer publishes and delivery listens.
+
+    `publish(notices, settle)` hands committed batches to the sockets that follow their
+    sessions (from any thread), then runs each loop's `settle` callback on that loop;
+    `on_loop()` makes the running event loop hear of commits first-hand; `sessions_changed`
+    (owner, session) tells an owner's pages, after commit, that their list of sessions changed.
+    """
+
+    publish: Callable[[list[Notice], Settle | None], None]
+    on_loop: Callable[[], object]
+    sessions_changed: Callable[[Any, Any], None]
+
+
+_listener: Listener | None = None
+
+
+def listen(listener: Listener) -> None:
+    """Have `listener` hear of every commit of this process from now on."""
+    global _listener
+    _listener = listener
+
+
+def _heard() -> Listener:
+    assert _listener is not None, "craft.storage.eventlog.listen() was not called"
+    return _listener
 
 
 @dataclass(slots=True)
@@ -194,7 +226,7 @@ def _numbered(
     elif _TURN_KINDS & kinds:
         _follow_turn(session_id, events, first, client_id, now, worker_known)
     if _changes_list(encoded):
-        status.sessions_changed(owner_id, session_id)  # after commit
+        _heard().sessions_changed(owner_id, session_id)  # after commit
     return _stored_at(first, encoded)
 
 
@@ -646,7 +678,7 @@ def _store_many(
             stored[i] = _stored_at(seq, events)
             seq += len(events)
             if _changes_list(events):
-                status.sessions_changed(owner_id, job.session_id)  # after commit
+                _heard().sessions_changed(owner_id, job.session_id)  # after commit
     return stored
 
 
@@ -840,8 +872,8 @@ def append_events(
         if stored is None:
             return None
         transaction.on_commit(
-            lambda: delivery.publish(
-                [(session_id, stored.first_seq, stored.last_seq, stored.frames)]
+            lambda: _heard().publish(
+                [(session_id, stored.first_seq, stored.last_seq, stored.frames)], None
             )
         )
     return stored
@@ -899,7 +931,7 @@ class EventWriter:
         may submit the next batch before the previous one is committed.
         """
         loop = asyncio.get_running_loop()
-        delivery.hub()  # this loop hears about the commit (and rings other processes) first-hand
+        _heard().on_loop()  # this loop hears of the commit (and rings other processes) first-hand
         future: asyncio.Future[Stored | None] = loop.create_future()
         if self._thread is None:
             self._start()
@@ -977,7 +1009,7 @@ class EventWriter:
 
     def _finish(self, outcomes: list[tuple[_Job, Stored | None, BaseException | None]]) -> None:
         """Deliver what was stored and resolve the callers' futures, one wake-up per loop."""
-        notices: list[delivery.Notice] = [
+        notices: list[Notice] = [
             (job.session_id, stored.first_seq, stored.last_seq, stored.frames)
             for job, stored, _ in outcomes
             if stored is not None
@@ -985,7 +1017,7 @@ class EventWriter:
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for outcome in outcomes:
             by_loop.setdefault(outcome[0].loop, []).append(outcome)
-        delivery.publish(
+        _heard().publish(
             notices, {loop: partial(_settle, items) for loop, items in by_loop.items()}
         )
 

@@ -20,8 +20,8 @@ from uuid import UUID
 
 from django.db import transaction
 
-from craft.cluster import workers
 from craft.models import Turn, Worker
+from craft.storage import workers
 from craft.storage.eventlog import append_events
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,14 @@ def close_turns_of_gone_workers(session_id: UUID | None = None) -> int:
         if workers.is_gone(worker_id, known):
             closed += close_turn(turn_id, worker_id, _why(known.get(worker_id)))
     return closed
+
+
+def close_turns_taken_over(session_id: UUID, previous: str) -> None:
+    """Close the running turns of a session whose lease was just taken over from `previous`
+    (in the takeover's transaction: `craft.cluster.leases.acquire`)."""
+    running = Turn.objects.running().filter(session_id=session_id, worker=previous)
+    for turn_id in running.values_list("pk", flat=True):
+        close_turn(turn_id, previous, LOST)
 
 
 def _why(worker: Worker | None) -> str:

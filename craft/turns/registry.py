@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from craft.cluster import workers
 from craft.commands import SessionCommand
+from craft.storage import workers
 from craft.turns.runner import SessionRunner
 
 

@@ -22,8 +22,8 @@ from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
 
-from craft.cluster import workers
 from craft.models import Event, Lease, Session, Turn
+from craft.storage import workers
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import Fenced, writer
 from tests.conftest import queries_in_every_thread

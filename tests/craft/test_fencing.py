@@ -16,8 +16,9 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from craft.cluster import leases, workers
+from craft.cluster import leases
 from craft.models import Event, Lease, Session, Worker
+from craft.storage import workers
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import Fenced, writer
 from tests.ready import open_ready_session

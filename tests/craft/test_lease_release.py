@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from craft.cluster import leases, lifecycle
+from craft import lifecycle
+from craft.cluster import leases
 from craft.models import Event, Lease
 from craft.storage import eventlog
 from craft.storage.db import db_sync_to_async

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from craft.cluster import workers
 from craft.models import Event, Lease, Turn, Worker
+from craft.storage import workers
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import ONE_STATEMENT_ROWS, writer
 from tests.conftest import queries_in_every_thread

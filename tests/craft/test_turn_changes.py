@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from craft.cluster import leases, lifecycle
+from craft import lifecycle
+from craft.cluster import leases
 from craft.models import Turn
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events

@@ -1,5 +1,7 @@
 """A server process's life: what it does when it starts, while it runs, and when it stops.
 
+It sits at the top of `craft`, beside `asgi.py`: start-up wires every layer below it.
+
 `craft.asgi` hooks this into daphne's reactor, so a plain `daphne craft.asgi:application` gets
 all of it:
 
@@ -30,13 +32,13 @@ from typing import Any
 
 from django.conf import settings
 
-from craft.cluster import workers
 from craft.cluster.forwarding import Unavailable, listener, route
 from craft.cluster.leases import ownership
 from craft.commands import RunQueue
 from craft.errors import Refused
 from craft.models import Session
 from craft.session_activity import session_activity
+from craft.storage import workers
 from craft.storage.db import db_calls
 from craft.storage.eventlog import writer
 from craft.turns import queue

@@ -1,5 +1,8 @@
 """Which server process this is, and whether another one is still alive.
 
+It sits with storage, under everything that needs it: the event log and the turns stamp rows
+with this worker, the leases and forwarding name it.
+
 Every server process ("worker") runs with identical settings; its identity is derived from
 where and when it runs: host name, the host's boot id, pid, and the process's start time in
 clock ticks since boot (a pid is reused by a later process; the start time is not). A worker
