@@ -23,8 +23,7 @@ from craft.http import SignedInRequest
 from craft.models import Event, Session, SessionRepository
 from craft.storage.db import db_sync_to_async
 from craft.turns import repository as session_repository
-from craft.turns.repository import in_thread, repository_json
-from sandboxes import services as sandbox_services
+from craft.turns.repository import in_thread, repository_json, repository_of
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 
@@ -94,7 +93,7 @@ async def _state(sandbox: Sandbox, session_id: UUID, base: str) -> dict[str, Any
     try:
         if sandbox.status != Sandbox.Status.RUNNING:
             raise SandboxError(f"your sandbox is {sandbox.status}")
-        git = sandbox_services.session_repository(sandbox, session_id)
+        git = await repository_of(sandbox, session_id)
         now = await in_thread(git.state, base)
     except SandboxError as exc:
         logger.info("session %s: the repository's state is not known: %s", session_id, exc)

@@ -71,6 +71,12 @@ async def in_thread(func: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(git_calls, partial(func, *args))
 
 
+async def repository_of(sandbox: Sandbox, session_id: UUID) -> Repository:
+    """Return the session's repository, got on a thread: the backend looks at the sandbox's
+    folder (and installs its tools the first time), which the event loop must not wait for."""
+    return await in_thread(sandbox_services.session_repository, sandbox, session_id)
+
+
 class SessionRepositoryWork:
     """The repository work of one session's runner (all methods run on the event loop)."""
 
@@ -134,7 +140,7 @@ class SessionRepositoryWork:
         await self._status(SessionRepository.Status.CLONING, {"url": row.url, "branch": row.branch,
                                                                "base": row.base})  # fmt: skip
         progress = _Progress(asyncio.get_running_loop(), self._progress_event)
-        repository = sandbox_services.session_repository(sandbox, self.session_id)
+        repository = await repository_of(sandbox, self.session_id)
         try:
             cloned = await in_thread(
                 partial(
@@ -239,7 +245,7 @@ class SessionRepositoryWork:
         """Commit the workspace's changes to the session's branch; return the commit."""
         row, sandbox = await self._ready_row()
         user, drafted = await db_sync_to_async(commit_draft)(self.session_id)
-        repository = sandbox_services.session_repository(sandbox, self.session_id)
+        repository = await repository_of(sandbox, self.session_id)
         name = user.get_full_name() or user.username
         email = user.email or f"{user.username}@users.craft.invalid"
         commit = await self._git(
@@ -257,7 +263,7 @@ class SessionRepositoryWork:
 
     async def _push(self, row: SessionRepository, sandbox: Sandbox) -> tuple[str, str]:
         remote = await self._remote(row)
-        repository = sandbox_services.session_repository(sandbox, self.session_id)
+        repository = await repository_of(sandbox, self.session_id)
         timeout = settings.CRAFT_CLONE_TIMEOUT_SECONDS
         head = await self._git(partial(repository.push, remote, row.branch, timeout=timeout))
         await _update(self.session_id, pushed=head)
@@ -268,7 +274,7 @@ class SessionRepositoryWork:
         """Fetch the base branch and merge it in; return the head and the files in conflict."""
         row, sandbox = await self._ready_row()
         remote = await self._remote(row)
-        repository = sandbox_services.session_repository(sandbox, self.session_id)
+        repository = await repository_of(sandbox, self.session_id)
         timeout = settings.CRAFT_CLONE_TIMEOUT_SECONDS
         updated = await self._git(partial(repository.update, remote, row.base, timeout=timeout))
         await self._append([("repository_updated", {"head": updated.head, "base": row.base,
@@ -278,7 +284,7 @@ class SessionRepositoryWork:
     async def open_pull_request(self, title: str, body: str, link: str) -> host_api.PullRequest:
         """Push the branch if it moved, then open its pull request (or find the open one)."""
         row, sandbox = await self._ready_row()
-        repository = sandbox_services.session_repository(sandbox, self.session_id)
+        repository = await repository_of(sandbox, self.session_id)
         state = await self._git(partial(repository.state, row.base))
         if state.head != row.pushed:
             await self._push(row, sandbox)
