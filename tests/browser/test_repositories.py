@@ -113,8 +113,9 @@ async def test_a_private_repository_from_token_to_merged_pull_request(
     host = f"127.0.0.1:{git_host.port}"
     await store_token(page, repository_server, host)
 
-    # The pack is held a moment: the first prompt, sent while it clones, says it waits.
-    git_host.stall_match, git_host.stall_seconds = "git-upload-pack", 3.0
+    # The pack is held until the queued prompt said it waits (released below, whatever the
+    # machine's load): the first prompt, sent while it clones, says it waits.
+    git_host.stall_match, git_host.stall_seconds = "git-upload-pack", 60.0
     session_id = await open_on(page, repository_server, url)
     head = page.locator("#repo-line")
     await expect(head.locator("#repo-link")).to_have_text("team/app")
