@@ -43,6 +43,10 @@ class Sandbox(models.Model):
     # The `status_detail` of a sandbox that staff terminated (the admin's action), so that
     # its user can be told who stopped it.
     STOPPED_BY_STAFF = "stopped by an administrator"
+    # ...and when the reaper terminated it for sitting idle (CRAFT_SANDBOX_IDLE_SECONDS).
+    STOPPED_IDLE = "stopped after being idle"
+    # The details that say why a sandbox stopped: kept from `terminating` to `terminated`.
+    STOP_REASONS = (STOPPED_BY_STAFF, STOPPED_IDLE)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(

@@ -241,7 +241,7 @@ def _terminate_idle(sessions: Sessions, now: datetime, report: Report) -> None:
             pk=sandbox.pk, status=sandbox.status, last_activity_at=sandbox.last_activity_at
         ).update(
             status=Sandbox.Status.TERMINATING,
-            status_detail="terminating (idle)",
+            status_detail=Sandbox.STOPPED_IDLE,
             status_changed_at=now,
         )
         if not claimed:

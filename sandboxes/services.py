@@ -387,7 +387,9 @@ def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
     Idempotent. Resources already gone count as freed; if the backend fails, the sandbox stays
     `terminating` with the error, and calling this again retries. `by_staff` (the admin's
     action) leaves `Sandbox.STOPPED_BY_STAFF` as its detail, written before any agent is
-    stopped: a turn cut short by it can tell its user who stopped the sandbox.
+    stopped: a turn cut short by it can tell its user who stopped the sandbox. A reason the
+    caller wrote when it claimed the sandbox (`Sandbox.STOP_REASONS`: the reaper's
+    `STOPPED_IDLE`) stays the detail once it is terminated, so the page can say why.
     """
     if (
         Sandbox.objects.filter(pk=sandbox.pk)
@@ -412,10 +414,10 @@ def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
         sandbox.refresh_from_db()
         return sandbox
     now = timezone.now()
-    stopped_by_staff = sandbox.status_detail == Sandbox.STOPPED_BY_STAFF
+    reason = sandbox.status_detail
     Sandbox.objects.filter(pk=sandbox.pk).update(
         status=Sandbox.Status.TERMINATED,
-        status_detail=Sandbox.STOPPED_BY_STAFF if stopped_by_staff else "terminated",
+        status_detail=reason if reason in Sandbox.STOP_REASONS else "terminated",
         status_changed_at=now,
         terminated_at=now,
     )

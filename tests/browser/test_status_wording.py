@@ -9,12 +9,17 @@ one), and their session deleted in another tab. Screenshots: `status-<case>`.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from playwright.async_api import expect
 
 from craft.models import Event, Session
+from craft.session_activity import session_activity
 from craft.storage.db import db_sync_to_async
+from sandboxes import reaper
+from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
 
 from ..server import Daphne
@@ -150,6 +155,33 @@ async def test_an_administrator_stopping_the_sandbox_is_told_and_the_next_messag
     kinds = await kinds_of(session.pk)
     assert kinds.count("user_message") == 2  # the conversation stays
     await snap(page, "status-admin-terminated-continued")
+
+
+async def test_a_sandbox_the_reaper_stopped_for_idleness_says_so_and_the_next_message_carries_on(
+    page, craft_server, session, settings
+):
+    settings.CRAFT_SANDBOX_IDLE_SECONDS = 60
+    long_ago = timezone.now() - timedelta(hours=1)
+
+    def reap() -> None:
+        Sandbox.objects.filter(pk=session.sandbox_id).update(last_activity_at=long_ago)
+        Session.objects.filter(pk=session.pk).update(updated_at=long_ago)
+        reaper.reap_sandboxes(session_activity)
+
+    await db_sync_to_async(reap)()
+    assert await sandbox_of(session.pk) == session.sandbox_id
+    await open_page(page, craft_server, session)
+    await expect(page.locator("#sandbox-banner")).to_contain_text(
+        "Your sandbox was stopped after being idle. Send a message to carry on"
+    )
+    await expect(page.locator("#sandbox-status")).to_contain_text(
+        "Your sandbox was stopped after being idle."
+    )
+    await send_prompt(page, "hello after a while")
+    reply = page.locator("#transcript .msg.agent").last
+    await expect(reply).to_contain_text("hello after a while", timeout=30_000)
+    await expect(page.locator("#sandbox-banner")).to_be_hidden()
+    assert await sandbox_of(session.pk) != session.sandbox_id
 
 
 async def test_a_session_deleted_in_another_tab_says_so(page, craft_server, session):

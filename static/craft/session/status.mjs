@@ -23,6 +23,9 @@ const SANDBOX_BANNERS = {
 // The sandbox's `detail` when staff stopped it (sandboxes.models.Sandbox.STOPPED_BY_STAFF).
 const STOPPED_BY_STAFF = "stopped by an administrator";
 const STOPPED_BY_STAFF_BANNER = "An administrator stopped your sandbox. Send a message to carry on: a new sandbox starts for this session, and the conversation stays here.";
+// ...and when it was stopped for sitting idle (Sandbox.STOPPED_IDLE).
+const STOPPED_IDLE = "stopped after being idle";
+const STOPPED_IDLE_BANNER = "Your sandbox was stopped after being idle. Send a message to carry on: a new sandbox starts for this session, and the conversation stays here.";
 
 /** Return the page's status around the transcript of the session shown in `root`;
  *  turnStartedAt() tells when the running turn started (ms, or null); `paths` cuts host paths
@@ -167,6 +170,7 @@ export function createStatus({ root, turnStartedAt, paths }) {
     // latest event), as the sidebar's sandbox line does.
     if (status === "provisioning" && str(sandbox.detail)) text = `${text} ${str(sandbox.detail)}`;
     if (status === "terminated" && str(sandbox.detail) === STOPPED_BY_STAFF) text = STOPPED_BY_STAFF_BANNER;
+    if (status === "terminated" && str(sandbox.detail) === STOPPED_IDLE) text = STOPPED_IDLE_BANNER;
     sandboxBanner.hidden = !text;
     sandboxBanner.dataset.status = status;
     if (text) sandboxBanner.querySelector(".sandbox-banner-text").textContent = text;
