@@ -22,6 +22,7 @@ from tests.kubeapi import KubeTestServer
 from tests.sandboxes.kube import image_workspace_tool
 
 from .conftest import serve, snap
+from .test_uploads import DROP, REPLY
 from .test_workspace_panel import CHIP, allowed_turn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -181,3 +182,47 @@ async def test_the_workspace_panel_shows_reviews_and_reverts_the_pod_s_files(
     assert not (folder / "app.py").exists()
     assert (folder / "notes" / "plan.md").read_text() == "# Plan"
     await expect(tree.get_by_role("button", name="app.py")).to_have_count(0)
+
+
+async def test_uploads_and_a_file_dropped_on_the_composer_land_in_the_pod(
+    page, craft_server, kube_server, owner, tmp_path
+):
+    await page.goto(f"{craft_server.url}/")
+    await page.get_by_role("button", name="+ New session").click()
+    await page.wait_for_url("**/sessions/*/")
+    await expect(page.locator("#sandbox-status")).to_have_attribute(
+        "data-status", "running", timeout=20000
+    )
+    session = await db_sync_to_async(Session.objects.get)(owner=owner)
+    pod = f"craft-sandbox-{session.sandbox_id}"
+    folder = kube_server.workspace("craft-browser", pod) / "sessions" / str(session.pk)
+
+    # A folder chosen with the folder picker, through pod exec, its structure kept.
+    chosen = tmp_path / "site"
+    (chosen / "css").mkdir(parents=True)
+    (chosen / "index.html").write_text("<p>pod</p>")
+    (chosen / "css" / "main.css").write_text("p {}")
+    await page.click("#workspace-toggle")
+    await page.set_input_files("#upload-folder-input", chosen)
+    rows = page.locator("#upload-list li.upload")
+    await expect(rows.locator(".upload-state")).to_have_text(["Done"] * 2)
+    assert (folder / "site" / "index.html").read_text() == "<p>pod</p>"
+    assert (folder / "site" / "css" / "main.css").read_text() == "p {}"
+    await expect(page.locator("#file-tree").get_by_role("button", name="site/")).to_be_visible()
+    # The same name again is asked about; Skip leaves the pod's file as it was.
+    await page.locator("#file-tree").get_by_role("button", name="site/").click()
+    await page.set_input_files(
+        "#upload-input",
+        files=[{"name": "index.html", "mimeType": "text/html", "buffer": b"other"}],
+    )
+    await page.get_by_role("button", name="Skip").click()
+    assert (folder / "site" / "index.html").read_text() == "<p>pod</p>"
+
+    # A file dropped on the composer is uploaded to the pod and reaches the agent as a link.
+    await page.evaluate(DROP, ["#prompt", [{"name": "notes.txt", "text": "from the page"}]])
+    await expect(page.locator("#attachments li")).to_contain_text(["uploads/notes.txt"])
+    await page.fill("#prompt", "look at this")
+    await page.press("#prompt", "Enter")
+    await expect(page.locator(REPLY).last).to_contain_text("link to notes.txt")
+    assert (folder / "uploads" / "notes.txt").read_text() == "from the page"
+    await snap(page, "k8s-uploads")
