@@ -198,6 +198,7 @@ def turn_diff(request: SignedInRequest, session_id: UUID, seq: int) -> HttpRespo
 REVERT_STATUS = {
     "turn_running": 409,
     "conflict": 409,
+    "nothing_to_revert": 409,
     "no_checkpoint": 404,
     "not_found": 404,
     "sandbox_unavailable": 503,

@@ -215,8 +215,9 @@ class SessionCheckpoints:
         """Put the workspace back as it was before change `seq` (a turn, or a revert): all of
         it, one file, or one hunk of one file; store it as a `workspace_reverted` event (under
         the runner's `fence`). The runner calls it only between turns. Raises Refused saying
-        why not."""
+        why not (`nothing_to_revert` when the files are already so: nothing is stored)."""
         await self.settle()
+        known = self._last  # the latest checkpoint the log knows
         before, after = await db_sync_to_async(checkpoints_of)(self.session_id, seq)
         if not before or (path and not after):
             raise Refused("no_checkpoint", "there is no checkpoint of the files around that turn")
@@ -230,7 +231,12 @@ class SessionCheckpoints:
             current = workspace.checkpoint(f"before reverting {what}")
             workspace.revert(before, after, path, hunk)
             reverted = workspace.checkpoint(f"revert of {what}")
-            return current, reverted, workspace.changes(current.commit, reverted.commit, MAX_FILES)
+            changes = workspace.changes(current.commit, reverted.commit, MAX_FILES)
+            if not changes["files"] and known and known != current.commit:
+                # The files were already so, but the log may not know it (a revert whose
+                # event could not be stored): what changed since the checkpoint it knows.
+                changes = workspace.changes(known, reverted.commit, MAX_FILES)
+            return current, reverted, changes
 
         try:
             current, reverted, changes = await self._in_workspace(revert)
@@ -242,6 +248,12 @@ class SessionCheckpoints:
             ) from None
         finally:
             self._last = None  # whatever happened, the store says which is the latest
+        if not changes["files"]:
+            # Already as it was (reverted before, say): no event, so no "0 files changed".
+            self._last = reverted.commit
+            raise Refused(
+                "nothing_to_revert", "the files are already as they were before that change"
+            )
         data: dict[str, Any] = {"turn": seq, "files": changes["files"],
                                 "truncated": changes["truncated"]}  # fmt: skip
         if path:

@@ -144,19 +144,32 @@ async def test_a_turns_changes_are_reviewed_and_reverted_by_hunk_file_and_turn(
     await first.get_by_role("button", name="Confirm: revert turn").click()
     await expect(chips).to_have_count(5)
     assert not (folder / "f.txt").exists() and not (folder / "g.txt").exists()
-    # And undo that revert from its own entry.
-    undo = page.locator("#change-list li.change").last
+    # What is reverted offers no revert of it again.
+    await expect(first.locator(".change-reverted")).to_have_text("Reverted")
+    await expect(first.get_by_role("button", name="Revert turn")).to_have_count(0)
+    # And undo that revert from its own entry: the turn is revertable again.
+    undo = page.locator("#change-list li.change").nth(4)
     await undo.get_by_role("button", name="Undo this revert").click()
     await undo.get_by_role("button", name="Confirm: undo this revert").click()
     await expect(chips).to_have_count(6)
     assert (folder / "g.txt").read_text() == "gee"
-    # Revert one file of a turn while other files stay.
+    await expect(undo.locator(".change-reverted")).to_have_text("Undone")
+    await expect(first.get_by_role("button", name="Revert turn")).to_be_visible()
+    # Revert one file of a turn while other files stay; the file offers no second revert.
     third = page.locator("#change-list li.change").nth(2)
     await third.locator("summary").first.click()
     await third.get_by_role("button", name="Revert file").click()
     await third.get_by_role("button", name="Confirm: revert file").click()
     await expect(chips).to_have_count(7)
     assert not (folder / "g.txt").exists() and (folder / "f.txt").exists()
+    third = page.locator("#change-list li.change").nth(2)
+    await expect(third.locator(".file-reverted")).to_have_text("reverted")
+    await expect(third.locator(".change-reverted")).to_have_text("Reverted")  # its one file
+    await third.locator("summary").first.click()
+    await expect(third.locator(".file-diff")).to_be_visible()
+    await expect(third.get_by_role("button", name="Revert file")).to_have_count(0)
+    await expect(third.get_by_role("button", name="Revert hunk")).to_have_count(0)
+    await snap(page, "workspace-reverted-file")
 
 
 async def test_a_revert_while_the_agent_works_is_refused_and_says_why(page, craft_server, session):

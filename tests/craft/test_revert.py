@@ -145,6 +145,23 @@ def test_a_turn_is_reverted_and_the_revert_is_reverted_in_turn(person, session):
     assert WorkspaceRevert.objects.filter(session=session).count() == 3
 
 
+def test_a_revert_that_would_change_nothing_is_refused_and_stores_nothing(person, session):
+    first = person.turn("write notes.txt hello")
+    assert person.revert(first, path="notes.txt") == (204, {})
+    person.socket.until(of_kind("workspace_reverted"))
+    assert not (folder_of(session) / "notes.txt").exists()
+    for again in ({"path": "notes.txt"}, {}):
+        status, body = person.revert(first, **again)
+        assert status == 409, again
+        assert body["error"]["code"] == "nothing_to_revert"
+    assert WorkspaceRevert.objects.filter(session=session).count() == 1
+    # Changed again since, the same revert has something to do.
+    person.turn("write notes.txt again")
+    assert person.revert(first) == (204, {})
+    person.socket.until(of_kind("workspace_reverted"))
+    assert not (folder_of(session) / "notes.txt").exists()
+
+
 def test_a_revert_whose_checkpoints_cannot_be_stored_leaves_no_event(person, session):
     """The event and the checkpoints that make it revertible are one transaction: the fault
     is a row that already holds the seq the revert's event would get."""

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { createFold } from "../../static/craft/session/fold.mjs";
+import { createFold, revertedFile, revertedWhole } from "../../static/craft/session/fold.mjs";
 import { workspacePaths } from "../../static/craft/session/paths.mjs";
 
 const SESSION = "0f6b9a52-3c1e-4c57-9a4e-2f0d8c1b7e11";
@@ -528,6 +528,33 @@ describe("turn changes", () => {
     const again = fold("workspace_reverted", { turn: reverted.seq, files: [], truncated: false });
     assert.equal(again.block.text, "Reverted the files to before a revert: 0 files changed");
     assert.equal(fold.state.changes.length, 3);
+  });
+
+  test("a reverted file, or turn, is marked so the panel offers no revert of it again; an undo clears it", () => {
+    const fold = session();
+    fold("user_message", { id: "p", text: "write two files" }); // seq 1
+    fold("turn_end", { stop_reason: "end_turn" });
+    const file = (path) => ({ path, status: "added", added: 1, removed: 0, binary: false });
+    fold("turn_changes", { turn: 1, files: [file("a.txt"), file("b.txt")], truncated: false });
+    const turn = fold.state.changes[0];
+    assert.equal(revertedWhole(turn), false);
+    const one = fold("workspace_reverted", { turn: 1, path: "a.txt", files: [file("a.txt")], truncated: false });
+    assert.deepEqual(one.block.affects, [1]);
+    assert.equal(revertedFile(turn, "a.txt"), true);
+    assert.equal(revertedFile(turn, "b.txt"), false);
+    assert.equal(revertedWhole(turn), false);
+    // A hunk is no whole file: the file may still be reverted.
+    fold("workspace_reverted", { turn: 1, path: "b.txt", hunk: 0, files: [file("b.txt")], truncated: false });
+    assert.equal(revertedFile(turn, "b.txt"), false);
+    const other = fold("workspace_reverted", { turn: 1, path: "b.txt", files: [file("b.txt")], truncated: false });
+    assert.equal(revertedWhole(turn), true); // file by file
+    // Undoing the revert of b.txt brings it back: revertable again, and the undo is marked.
+    const undo = fold("workspace_reverted", { turn: other.seq, files: [file("b.txt")], truncated: false });
+    assert.deepEqual(undo.block.affects, [other.seq, 1]);
+    assert.equal(revertedFile(turn, "b.txt"), false);
+    assert.equal(revertedFile(turn, "a.txt"), true);
+    assert.equal(revertedWhole(other.block), true);
+    assert.equal(revertedWhole(undo.block), false);
   });
 
   test("a diff is shown once: in the tool card once it has one, not in its permission card too", () => {

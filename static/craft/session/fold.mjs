@@ -47,6 +47,17 @@ export const MAX_TERMINAL_CHARS = 2_000_000;
  *  `repository` is the session's repository as the page was rendered with it (the API's
  *  `repository` of a session: {url, path, branch, base, status, detail, failure, commit,
  *  pull_request}), or null for a session that is not on one: its events are folded over it. */
+/** Return whether `path` of `change` (a "changes" block) was reverted since (and not undone). */
+export function revertedFile(change, path) {
+  return change.revertedBy.some((r) => !r.path || r.path === path);
+}
+
+/** Return whether the whole of `change` was reverted since: at once, or file by file. */
+export function revertedWhole(change) {
+  if (change.revertedBy.some((r) => !r.path)) return true;
+  return !change.truncated && change.files.length > 0 && change.files.every((f) => revertedFile(change, f.path));
+}
+
 export function createFold({ paths, now = Date.now, repository = null }) {
   const fold = {
     lastSeq: 0, // the highest seq applied: it advances for every event, shown or not
@@ -572,9 +583,27 @@ export function createFold({ paths, now = Date.now, repository = null }) {
       kind: "changes", seq: reverted ? event.seq : turnSeq, turn: turnSeq, reverted,
       prompt: reverted ? "" : prompts.get(turnSeq) || "", path: reverted ? str(data.path) : "",
       files, truncated, leftOut, skipped, text, detail: skipped || lines.join("\n"),
+      revertedBy: [], affects: [],
     };
+    if (reverted && !Number.isSafeInteger(data.hunk)) markReverted(block);
     fold.changes.push(block);
     return append(block);
+  }
+
+  // A revert of a whole change or of one file of it: that change (or file) is as it was
+  // before, so the panel offers no revert of it again. Undoing a revert (a revert of the
+  // revert) brings back what that revert had set aside. `affects` names the changes whose
+  // items the panel draws again.
+  function markReverted(block) {
+    const target = fold.changes.find((c) => c.seq === block.turn);
+    if (!target) return;
+    target.revertedBy.push({ path: block.path, by: block.seq });
+    block.affects.push(target.seq);
+    if (!target.reverted) return;
+    const undone = fold.changes.find((c) => c.seq === target.turn);
+    if (!undone) return;
+    undone.revertedBy = undone.revertedBy.filter((r) => r.by !== target.seq);
+    block.affects.push(undone.seq);
   }
 
   function revertedWhat(data, turnSeq) {

@@ -13,6 +13,7 @@
 
 import { $, el } from "./dom.mjs";
 import { hunkCounts, parseDiff } from "./diff.mjs";
+import { revertedFile, revertedWhole } from "./fold.mjs";
 import { fetchJson } from "./history.mjs";
 import { highlight, renderMarkdown } from "./markdown.mjs";
 import { formatBytes } from "./words.mjs";
@@ -29,6 +30,7 @@ const REVERT_ERRORS = {
   turn_running: "The agent is working: revert once its turn ends.",
   conflict: "That file changed since: this part no longer applies. Revert the whole file instead.",
   no_checkpoint: "There is no checkpoint of the files from before that turn.",
+  nothing_to_revert: "Already reverted: the files are as they were before that change.",
 };
 
 /** Start the panel of the session whose API lives at `api` (".../api/sessions/<id>/").
@@ -253,7 +255,16 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
       return;
     }
     if (shownChanges === 0) changeList.replaceChildren();
-    for (; shownChanges < changes.length; shownChanges++) changeList.appendChild(changeItem(changes[shownChanges]));
+    for (; shownChanges < changes.length; shownChanges++) {
+      const change = changes[shownChanges];
+      changeList.appendChild(changeItem(change));
+      // A revert: the change it reverted (or undid) offers no revert of what is back already.
+      for (const seq of change.affects) {
+        const shown = changeList.querySelector(`li.change[data-change="${seq}"]`);
+        const affected = changes.find((c) => c.seq === seq);
+        if (shown && affected) shown.replaceWith(changeItem(affected));
+      }
+    }
   }
 
   function changeItem(change) {
@@ -262,7 +273,13 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
     const head = li.appendChild(el("div", "change-head"));
     const title = change.reverted ? change.text : `Turn: ${change.prompt || `#${change.seq}`}`;
     head.appendChild(el("strong", "change-title", title));
-    if (!change.skipped) head.appendChild(confirmButton(change.reverted ? "Undo this revert" : "Revert turn", { seq: change.seq }));
+    if (change.skipped) {
+      // nothing to revert: no checkpoint after the turn
+    } else if (revertedWhole(change)) {
+      head.appendChild(el("span", "change-reverted muted", change.reverted ? "Undone" : "Reverted"));
+    } else {
+      head.appendChild(confirmButton(change.reverted ? "Undo this revert" : "Revert turn", { seq: change.seq }));
+    }
     if (change.skipped) li.appendChild(el("p", "muted", change.text));
     const files = li.appendChild(el("ul", "change-files"));
     for (const file of change.files) files.appendChild(fileItem(change, file));
@@ -278,6 +295,7 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
     summary.appendChild(el("span", `status ${file.status}`, file.status));
     summary.appendChild(el("span", "path", file.oldPath ? `${file.oldPath} → ${file.path}` : file.path));
     summary.appendChild(el("span", "counts", file.binary ? "binary" : `+${file.added} −${file.removed}`));
+    if (revertedFile(change, file.path)) summary.appendChild(el("span", "file-reverted muted", change.reverted ? "undone" : "reverted"));
     details.addEventListener("toggle", () => {
       if (details.open && !details.dataset.loaded) loadFileDiff(change, file, details);
     });
@@ -287,7 +305,8 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
   async function loadFileDiff(change, file, details) {
     details.dataset.loaded = "true";
     const body = details.appendChild(el("div", "file-diff"));
-    body.appendChild(confirmButton("Revert file", { seq: change.seq, path: file.path }));
+    const reverted = revertedFile(change, file.path);
+    if (!reverted) body.appendChild(confirmButton("Revert file", { seq: change.seq, path: file.path }));
     try {
       const response = await fetch(`${api}turns/${change.seq}/diff/?${new URLSearchParams({ path: file.path })}`, { cache: "no-store" });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
@@ -303,7 +322,7 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
         bar.appendChild(el("code", "", hunk.header));
         bar.appendChild(el("span", "counts", ` +${added} −${removed}`));
         // A renamed file's own diff shows it as added: its hunks are reverted with the file.
-        if (!file.oldPath) bar.appendChild(confirmButton("Revert hunk", { seq: change.seq, path: file.path, hunk: index }));
+        if (!file.oldPath && !reverted) bar.appendChild(confirmButton("Revert hunk", { seq: change.seq, path: file.path, hunk: index }));
         const pre = box.appendChild(el("pre", "diff-lines"));
         pre.tabIndex = 0; // it may scroll: keyboard users scroll it too
         for (const line of hunk.lines) pre.appendChild(el("span", line.kind, `${line.text}\n`));
