@@ -210,3 +210,17 @@ async def test_at_completes_files_of_the_workspace_never_mentioned(page, craft_s
     await expect(options).to_have_text(["@src/other.py"])
     await page.press("#prompt", "Tab")
     await expect(page.locator("#prompt")).to_have_value("look at @src/other.py ")
+
+
+async def test_the_tool_card_and_the_changes_panel_count_an_edit_alike(page, craft_server, session):
+    """An edit that adds lines after a last line with no newline: git counts that line as
+    changed, and so does the tool card."""
+    await open_page(page, craft_server, session)
+    await allowed_turn(page, "write h.txt one\ntwo", 1)
+    await allowed_turn(page, "write h.txt one\ntwo\nthree\nfour", 2)
+    card = page.locator("#transcript .tool .diff-stat").last
+    await expect(card).to_have_text(" · 1 line removed, 3 added")
+    await page.locator(CHIP).nth(1).click()
+    change = page.locator("#change-list li.change[data-change]").nth(1)
+    await expect(change.locator(".counts").first).to_have_text("+3 −1")
+    await snap(page, "workspace-counts-alike")

@@ -84,18 +84,26 @@ function splitLines(text) {
   return lines;
 }
 
+/** Return whether line `i` of `lines` (split from `text`) is a last line with no newline. */
+function lastOpen(text, lines, i) {
+  return i === lines.length - 1 && typeof text === "string" && !text.endsWith("\n");
+}
+
 function diffView(item, paths) {
   const box = el("div", "diff");
   box.appendChild(el("div", "diff-path", paths.relPath(item.path) || "file"));
   const before = splitLines(item.oldText);
   const after = splitLines(item.newText);
+  // A last line without a newline differs from the same line with one, as git counts it (so
+  // the card and the Changes panel count an edit alike: "b" then "b\nc" is +2 −1).
+  const same = (i, j) => before[i] === after[j] && lastOpen(item.oldText, before, i) === lastOpen(item.newText, after, j);
   // Common lines at both ends are context; what lies between changed. Cheap (linear) and
   // exact for the one-hunk edits agents usually propose.
   let start = 0;
-  while (start < before.length && start < after.length && before[start] === after[start]) start++;
+  while (start < before.length && start < after.length && same(start, start)) start++;
   let endBefore = before.length;
   let endAfter = after.length;
-  while (endBefore > start && endAfter > start && before[endBefore - 1] === after[endAfter - 1]) {
+  while (endBefore > start && endAfter > start && same(endBefore - 1, endAfter - 1)) {
     endBefore--;
     endAfter--;
   }
