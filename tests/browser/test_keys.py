@@ -105,11 +105,16 @@ async def test_a_missing_key_is_named_with_a_link_and_storing_it_lets_the_prompt
     assert SECRET not in await page.content()
     await snap(page, "keys-stored")
 
+    # Back on the session's page (by its link, not the browser's back): the message is kept.
     await page.goto(f"{keyed_server.url}/sessions/{session.pk}/")
     await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
-    await page.fill("#prompt", "hello from the page")
+    await expect(page.locator("#prompt")).to_have_value("hello from the page")
     await page.press("#prompt", "Enter")
     await expect(page.locator("#transcript .turn-end .label")).to_have_text("Done")
+    await expect(page.locator("#prompt")).to_have_value("")
+    await page.reload()  # once sent, it is not kept
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+    await expect(page.locator("#prompt")).to_have_value("")
     await expect(page.locator("#transcript")).to_contain_text("hello from the page")
 
 

@@ -27,11 +27,34 @@ function mentionedFiles(text) {
   return [...paths].map((path) => ({ type: "file", path }));
 }
 
+/** Keep what is typed in `box` in this tab's sessionStorage under `key` until it is sent, so
+ *  that leaving the page (to store a key on the Keys page, say) and coming back finds it
+ *  there; put it back now if the box is empty. */
+function createDraft(key, box) {
+  try {
+    const kept = sessionStorage.getItem(key);
+    if (kept && !box.value) box.value = kept;
+  } catch {
+    // storage refused (private mode, quota): drafts are not kept
+  }
+  return {
+    keep() {
+      try {
+        if (box.value) sessionStorage.setItem(key, box.value);
+        else sessionStorage.removeItem(key);
+      } catch {
+        // as above
+      }
+    },
+  };
+}
+
 /** Start the composer; `connection` sends frames (socket.mjs). While the agent works (or the
  *  sandbox starts), what is sent waits in the session's queue (queue.mjs). */
-export function createComposer({ connection, status, attachments, palette, fold, workspace }) {
+export function createComposer({ connection, status, attachments, palette, fold, workspace, sessionId }) {
   const form = $("composer");
   const promptBox = $("prompt");
+  const draft = createDraft(`craft.draft.${sessionId}`, promptBox);
   let pendingPrompt = null; // {id, text, key} until its user_message (or prompt_queued) arrives
   let recalled = null; // ↑ and ↓ through your earlier prompts: {index, draft}
   let checking = false; // the mentioned files are being looked up
@@ -122,7 +145,10 @@ export function createComposer({ connection, status, attachments, palette, fold,
     promptBox.setSelectionRange(end, end);
     return true;
   }
-  promptBox.addEventListener("input", () => (recalled = null));
+  promptBox.addEventListener("input", () => {
+    recalled = null;
+    draft.keep();
+  });
 
   promptBox.addEventListener("keydown", (event) => {
     if (palette.handleKey(event)) return;
@@ -160,6 +186,7 @@ export function createComposer({ connection, status, attachments, palette, fold,
   /** Put an earlier prompt in the box to be edited and sent as a new one. */
   function edit(text) {
     promptBox.value = text;
+    draft.keep();
     promptBox.focus();
     promptBox.setSelectionRange(text.length, text.length);
     status.announce("Your message is in the box: change it, then send it as a new message.");
@@ -174,6 +201,7 @@ export function createComposer({ connection, status, attachments, palette, fold,
       if (!pendingPrompt || pendingPrompt.id !== block.promptId) return;
       pendingPrompt = null;
       if (promptBox.value === block.text) promptBox.value = "";
+      draft.keep();
       attachments.clear();
     },
   };

@@ -144,6 +144,7 @@ const uploads = createUploads({
 const attachments = createAttachments({ fold, status, uploads });
 const composer = createComposer({
   connection, status, attachments, fold, workspace, palette: createPalette({ fold, workspace }),
+  sessionId,
 });
 const queue = createQueue({ fold, send: connection.send, status, waitReason: repository.waitReason });
 
