@@ -52,6 +52,18 @@ async def test_an_agent_error_shows_everyone_what_the_agent_said(page, craft_ser
     )
     await expect(error.locator("details")).to_have_count(0)  # nothing hidden behind staff
     await expect(page.locator(TURN_END)).to_have_text("Ended with an error")
+    # Said once, by the card: no toast repeats it over the Retry under it.
+    footer = page.locator("#transcript .turn-end").last
+    await expect(footer).to_have_text("Ended with an error · Retry")
+    await expect(page.locator("#frame-error")).to_be_hidden()
+    retry = footer.get_by_role("button", name="Retry: send the same message again")
+    box = await retry.bounding_box()
+    assert box is not None
+    on_top = await page.evaluate(
+        "([x, y]) => document.elementFromPoint(x, y)?.className",
+        [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2],
+    )
+    assert on_top == "turn-retry"
     await snap(page, "status-agent-error")
 
 

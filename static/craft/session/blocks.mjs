@@ -180,6 +180,7 @@ export function blockDrawing({ paths, staff, keysUrl = "" }) {
       record.element.appendChild(el("span", "label", block.label));
       if (block.took) record.element.appendChild(el("span", "turn-meta", ` · ${block.took}`));
       if (block.retry) {
+        record.element.appendChild(el("span", "turn-meta", " · ")).setAttribute("aria-hidden", "true");
         const retry = record.element.appendChild(el("button", "turn-retry", "Retry"));
         retry.type = "button";
         retry.setAttribute("aria-label", "Retry: send the same message again");

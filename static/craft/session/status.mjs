@@ -118,7 +118,9 @@ export function createStatus({ root, turnStartedAt, paths }) {
 
   /** An agent error arrived live: say so, and when the sandbox was stopped, show it. */
   function showAgentError(block) {
-    showFrameError(block.summary);
+    // Said by its card in the transcript (with Retry under it), which a toast would repeat
+    // and cover: read out to screen readers only.
+    announce(block.summary);
     if (block.cause === "sandbox_stopped" || block.cause === "sandbox_stopped_by_staff") {
       const detail = block.cause === "sandbox_stopped_by_staff" ? STOPPED_BY_STAFF : "terminated";
       setSandbox({ status: "terminated", detail });
