@@ -21,12 +21,26 @@
     if (node && window.htmx) window.htmx.trigger(node, "craft:refresh");
   }
 
+  // On a phone the list is a drawer: its button opens and closes it, and so do its own
+  // Close button and Esc (taken before the page's Esc, which would stop the agent).
   const toggle = document.getElementById("sidebar-toggle");
   if (toggle) {
-    toggle.addEventListener("click", () => {
-      const open = document.body.classList.toggle("sidebar-open");
+    const setOpen = (open) => {
+      document.body.classList.toggle("sidebar-open", open);
       toggle.setAttribute("aria-expanded", String(open));
-    });
+    };
+    const close = () => {
+      setOpen(false);
+      toggle.focus();
+    };
+    toggle.addEventListener("click", () => setOpen(!document.body.classList.contains("sidebar-open")));
+    document.getElementById("sidebar-close")?.addEventListener("click", close);
+    document.addEventListener("keydown", (event) => {
+      if (event.key !== "Escape" || !document.body.classList.contains("sidebar-open")) return;
+      if (event.target.closest && event.target.closest("details[open]")) return; // closes its menu
+      event.preventDefault();
+      close();
+    }, true);
   }
 
   // A list that is in use is fetched once it is no longer (a swap would close its menu or

@@ -222,5 +222,5 @@ async def test_the_tool_card_and_the_changes_panel_count_an_edit_alike(page, cra
     await expect(card).to_have_text(" · 1 line removed, 3 added")
     await page.locator(CHIP).nth(1).click()
     change = page.locator("#change-list li.change[data-change]").nth(1)
-    await expect(change.locator(".counts").first).to_have_text("+3 −1")
+    await expect(change.locator(".counts").first).to_have_text("+3 \u22121")
     await snap(page, "workspace-counts-alike")
