@@ -391,7 +391,7 @@ export function blockDrawing({ paths, staff, keysUrl = "" }) {
   function renderBody(block, record) {
     if (block.kind === "user") fillCollapsible(record.body, block.text, writePlain);
     else if (block.kind === "tool") renderToolBody(record.body, block.call, paths, block.terminal);
-    else if (block.kind === "permission") renderToolBody(record.body, block.details, paths);
+    else if (block.kind === "permission") renderToolBody(record.body, block.details, paths, null, { terminals: false });
     else if (block.kind === "plan") renderPlan(block, record);
   }
 

@@ -8,7 +8,7 @@ import { formatBytes } from "./words.mjs";
 
 /** Draw what is known of a tool call (`call`: ACP's kind, title, content, locations, rawInput;
  *  `terminal`: its live command output, as fold.mjs keeps it from the call's `_meta`). */
-export function renderToolBody(body, call, paths, terminal = null) {
+export function renderToolBody(body, call, paths, terminal = null, { terminals = true } = {}) {
   body.replaceChildren();
   const command = commandOf(call, paths);
   if (command) body.appendChild(el("pre", "command", `$ ${command}`));
@@ -16,7 +16,8 @@ export function renderToolBody(body, call, paths, terminal = null) {
   const items = Array.isArray(call.content) ? call.content : [];
   let shown = terminal ? 1 : 0;
   for (const item of items) {
-    if (terminal && isObject(item) && item.type === "terminal") continue; // drawn above
+    // Drawn above; and a permission card leaves it to its tool card (`terminals` false).
+    if ((terminal || !terminals) && isObject(item) && item.type === "terminal") continue;
     const node = contentItem(item, paths);
     if (node) {
       body.appendChild(node);
