@@ -92,8 +92,13 @@ def _page_context(request: SignedInRequest, session: Session | None) -> dict[str
         **_list_context(request, session),
         "sandbox": _current_sandbox(request.user),
         "session": session,
-        # What "New session" offers: (agent, the keys the person still has to store).
+        # What "New session" offers: (agent, the keys the person still has to store), the
+        # agent of their newest session chosen (the choice is not reset by each new session).
         "agents": credentials.agents_for(request.user),
+        "last_agent": Session.objects.filter(owner=request.user)
+        .order_by("-created_at")
+        .values_list("agent", flat=True)
+        .first(),
     }
 
 
@@ -160,6 +165,10 @@ def session_page(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         upload_max_bytes=settings.CRAFT_UPLOAD_MAX_BYTES,
         # Which of the catalog's agents it talks to (shown when there is a choice).
         session_agent=getattr(catalog.agent(session.agent), "title", session.agent),
+        # The empty session's hint names the demo agent's commands to that agent only.
+        demo_agent=getattr(catalog.agent(session.agent), "is_demo", False),
+        # Said as the page opens, not only once a message is refused for it.
+        keys_missing=str(credentials.missing_in(session) or ""),
         history_pages=[f"{events_url}?after={a}&limit={MAX_EVENTS_PAGE}" for a in pages][:8],
     )
     return render(request, "craft/session.html", context)

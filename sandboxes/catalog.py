@@ -38,6 +38,14 @@ class Agent:
     def credential_names(self) -> list[str]:
         return [credential.name for credential in self.credentials]
 
+    @property
+    def is_demo(self) -> bool:
+        """Whether it runs Craft's demo agent (`sandboxes.demo_agent`, `craft-demo-agent`)."""
+        return any(
+            part == "sandboxes.demo_agent" or part.rsplit("/", 1)[-1] == "craft-demo-agent"
+            for part in self.command
+        )
+
 
 @dataclass(frozen=True)
 class Launch:

@@ -14,6 +14,7 @@ import pytest_asyncio
 from playwright.async_api import expect
 
 from craft.storage.db import db_sync_to_async
+from tests.catalog import KEY, catalog, catalog_toml
 from tests.ready import open_ready_session
 
 from .conftest import serve, signed_in_page, snap
@@ -77,3 +78,59 @@ async def test_a_permission_card_under_a_command_s_live_output_does_not_deny_sho
     await expect(card).to_contain_text("$ npm test")
     await expect(card).not_to_contain_text("Terminal output is not shown here")
     await snap(page, "audit-agents-permission-under-output")
+
+
+async def test_an_agent_other_than_the_demo_is_not_offered_the_demo_s_commands(
+    scripted_page, scripted_server, owner
+):
+    session = await db_sync_to_async(open_ready_session)(owner, "Not the demo")
+    await open_page(scripted_page, scripted_server, session)
+    await expect(scripted_page.locator("#empty-transcript")).to_have_text("Say hello to the agent.")
+
+
+@pytest.fixture(scope="module")
+def keyed_server(django_db_setup, tmp_path_factory):
+    """Two agents, one of which needs a key (tests/catalog.py)."""
+    folder = tmp_path_factory.mktemp("keyed")
+    (folder / "agents.toml").write_text(catalog_toml())
+    with serve({"CRAFT_AGENTS_FILE": str(folder / "agents.toml")}, folder / "sandboxes") as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def keyed_page(browser, keyed_server, owner, settings):
+    settings.CRAFT_AGENTS = catalog()  # the same catalog in this process
+    page = await signed_in_page(browser, keyed_server, owner)
+    yield page
+    await page.context.close()
+
+
+async def test_the_picker_keeps_the_last_choice_and_a_missing_key_is_said_on_opening(
+    keyed_page, keyed_server
+):
+    page = keyed_page
+    await page.goto(f"{keyed_server.url}/")
+    picker = page.locator("#new-session-agent")  # the sidebar's
+    await expect(picker).to_have_value("demo")
+    await picker.select_option("keyed")
+    await page.get_by_role("button", name="+ New session").click()
+    await page.wait_for_url("**/sessions/*/")
+    # The picker remembers; the page says at once that the agent's key is missing.
+    await expect(page.locator("#new-session-agent")).to_have_value("keyed")
+    missing = page.locator("#keys-missing")
+    await expect(missing).to_contain_text(
+        f"Keyed agent needs your Provider API key ({KEY}), which you have not stored."
+    )
+    await expect(missing.get_by_role("link", name="Open Keys")).to_have_attribute("href", "/keys/")
+    # Its agent runs the demo agent's program? No: no demo commands in its hint.
+    await expect(page.locator("#empty-transcript")).to_have_text("Say hello to the agent.")
+    picker_box = await page.locator("#new-session-agent").bounding_box()
+    assert picker_box is not None and picker_box["height"] >= 30  # a control, not a sliver
+    await snap(page, "audit-agents-key-missing")
+    # A demo agent's session: its commands, and no word of keys.
+    await page.locator("#new-session-agent").select_option("demo")
+    await page.get_by_role("button", name="+ New session").click()
+    await expect(page.locator("#session-agent")).to_have_text("Demo agent")
+    await expect(page.locator("#empty-transcript")).to_contain_text("Try demo, plan or")
+    await expect(page.locator("#keys-missing")).to_have_count(0)
+    await expect(page.locator("#new-session-agent")).to_have_value("demo")

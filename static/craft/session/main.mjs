@@ -154,7 +154,10 @@ function applyEvent(event, live = false) {
   if (!step) return;
   view.draw(step);
   pin.seen(step);
-  if (step.block.kind === "user") composer.promptStored(step.block);
+  if (step.block.kind === "user") {
+    composer.promptStored(step.block);
+    if (live) $("keys-missing")?.remove(); // a prompt went through: the keys are there now
+  }
   if (step.title) {
     status.setTitle(step.title);
     attention.titleChanged();
