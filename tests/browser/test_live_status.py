@@ -144,6 +144,29 @@ async def test_the_sandbox_s_state_reaches_the_page_pushed_not_polled(
     assert await line.get_attribute("hx-trigger") == "craft:refresh"
 
 
+async def test_the_home_page_s_list_is_live_too(page, craft_server, owner):
+    """The home page has no session socket: its status socket keeps the list live."""
+    there = await db_sync_to_async(open_ready_session)(owner, "Elsewhere")
+    await page.goto(f"{craft_server.url}/")
+    item = page.locator(f"#session-{there.pk} .session-link")
+    await expect(item).to_have_attribute("data-state", "idle")
+    elsewhere = await off_the_loop(socket_to, craft_server, owner, there)
+    elsewhere.send({"type": "resume", "after": 0})
+    elsewhere.send({"type": "prompt", "id": "h1", "text": "slow 40 0.1"})
+    await expect(item).to_have_attribute("data-state", "working")
+    await snap(page, "live-home-list-working")
+    await asyncio.to_thread(elsewhere.until, is_turn_end)
+    await expect(item).to_have_attribute("data-state", "idle", timeout=1000)
+    await expect(item).to_contain_text("New")
+    # A session made elsewhere appears, without a reload.
+    made = await off_the_loop(
+        api, craft_server, owner, "POST", "/api/sessions/", {"title": "Made elsewhere"}
+    )
+    assert made[0] == 201
+    await expect(page.locator(f"#session-{made[1]['id']}")).to_contain_text("Made elsewhere")
+    elsewhere.close()
+
+
 async def test_the_session_list_shows_each_session_s_state_within_a_second(
     page, craft_server, owner
 ):
