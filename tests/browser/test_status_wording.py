@@ -22,7 +22,7 @@ from sandboxes import reaper
 from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
 
-from ..server import Daphne
+from ..server import Daphne, Socket
 from .conftest import OUTPUT, assert_accessible, signed_in_page, snap
 from .test_chat_page import open_page, send_prompt
 
@@ -106,6 +106,50 @@ async def test_a_server_restart_is_told_on_the_turn_and_on_its_open_question(
         await expect(card).not_to_contain_text("Cancelled")
         await expect(page.locator(TURN_END)).to_have_text("Interrupted")
         await snap(page, "status-server-restarted")
+    finally:
+        await page.context.close()
+        first.stop()
+        if second is not None:
+            second.terminate(timeout=60)
+
+
+async def test_a_graceful_shutdown_s_ended_turn_and_one_closed_while_away_are_in_the_list(
+    browser, owner, session, tmp_path
+):
+    first = daphne(tmp_path / "sandboxes")
+    second = None
+    page = await signed_in_page(browser, first, owner)
+    try:
+        # Another session's longer turn keeps the server in its grace after this one ends.
+        other = await db_sync_to_async(open_ready_session)(owner, "Longer")
+        longer = await asyncio.to_thread(Socket, first, owner, other.pk)
+        longer.send({"type": "resume", "after": 0})
+        longer.send({"type": "prompt", "id": "g1", "text": "slow 150 0.1"})
+        await asyncio.to_thread(longer.until_kind, "user_message")
+        await open_page(page, first, session)
+        item = page.locator(f"#session-{session.pk} .session-link")
+        await send_prompt(page, "slow 30 0.1")
+        await expect(item).to_have_attribute("data-state", "working")
+        longer_item = page.locator(f"#session-{other.pk} .session-link")
+        await expect(longer_item).to_have_attribute("data-state", "working")
+        first.process.terminate()  # SIGTERM: the running turns may end within the grace
+        await expect(page.locator(TURN_END)).to_have_text("Done", timeout=RECONNECT)
+        # Said while the server still finishes the other turn.
+        await expect(item).to_have_attribute("data-state", "idle")
+        await expect(item).not_to_contain_text("Working")
+        assert first.process.poll() is None
+        await expect(longer_item).to_have_attribute("data-state", "working")
+        # Killed before the other turn ends: the next server closes that turn as it starts,
+        # while the page is not connected; once it is, its list says so.
+        first.stop()
+        longer.ws.shutdown()
+        second = daphne(tmp_path / "sandboxes", port=first.port)
+        await expect(page.locator("#conn")).to_have_attribute(
+            "data-state", "connected", timeout=RECONNECT
+        )
+        await expect(longer_item).not_to_have_attribute("data-state", "working")
+        await expect(item).to_have_attribute("data-state", "idle")
+        await snap(page, "status-graceful-shutdown")
     finally:
         await page.context.close()
         first.stop()

@@ -76,6 +76,10 @@ const connection = createConnection({
         sandboxFromSocket = true;
       }
       connection.send({ type: "follow_sessions" }); // the sidebar's list follows every session
+      // Back after a drop: what changed meanwhile was told to no one here (a turn the next
+      // server closed as it started, say): the whole list is read again.
+      if (helloSeen) sessionsChanged(null);
+      helloSeen = true;
       startAgentEarly();
       attention.looked();
     },
@@ -178,6 +182,7 @@ function applyEvent(event, live = false) {
 
 // Tell the sidebar (sidebar.js) which of the person's sessions changed what its list shows;
 // anything but a list of ids (a `sessions` frame without them): not known which, it reads all.
+let helloSeen = false;
 function sessionsChanged(ids) {
   const sessions = Array.isArray(ids) && ids.every((id) => typeof id === "string") ? ids : undefined;
   document.dispatchEvent(new CustomEvent("craft:sessions-changed", { detail: { sessions } }));
