@@ -60,6 +60,10 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+PAGE_STYLE = (
+    "<style>body { font: 15px/1.5 system-ui, sans-serif; margin: 1.5rem; color: #1d2433; }"
+    " h1 { font-size: 1.3rem; }</style>"
+)
 OPEN_FROM_CRAFT = "Open this preview from Craft: the Preview tab of its session."
 CONNECT_SECONDS = 10.0
 # An app may take its time (a dev server compiling on first load).
@@ -206,7 +210,8 @@ class Preview:
                 sandbox_services.preview_connect, sandbox, port, CONNECT_SECONDS
             )
         except SandboxError as exc:
-            raise Refused(502, f"Nothing answers on port {port} in the sandbox: {exc}") from exc
+            said = str(exc) or f"nothing answers on port {port} in the sandbox"
+            raise Refused(502, f"{said[0].upper()}{said[1:]}. Start the app, then reload.") from exc
         connection.setblocking(False)
         return await asyncio.open_connection(sock=connection, limit=MAX_HEAD)
 
@@ -424,14 +429,15 @@ class Preview:
         port = self.target.port
         body = (
             "<!doctype html><html lang=en><meta charset=utf-8>"
-            f"<title>Preview of port {port}</title>"
+            f"<title>Preview of port {port}</title>{PAGE_STYLE}"
             f"<body><h1>Preview of port {port}</h1><p>{html.escape(message)}</p></body></html>"
         ).encode()
         headers = [
             (b"content-type", b"text/html; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),
             (b"cache-control", b"no-store"),
-            (b"content-security-policy", b"default-src 'none'; frame-ancestors *"),
+            # Its own style only; framed by Craft's page (or any: it shows nothing of the app).
+            (b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'"),
         ]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
