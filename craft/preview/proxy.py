@@ -30,6 +30,7 @@ import contextlib
 import html
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -156,6 +157,9 @@ def _owned_sandbox(grant: Pass) -> Sandbox | None:
 
 
 owned_sandbox = db_sync_to_async(_owned_sandbox)
+# Connections to apps are made on threads of their own: a pod that does not answer holds one
+# for CONNECT_SECONDS, never a thread the rest of the server waits for.
+_connecting = ThreadPoolExecutor(max_workers=16, thread_name_prefix="craft-preview-connect")
 
 
 class Preview:
@@ -176,6 +180,7 @@ class Preview:
         self.send = send
         self.own_origin = origin.url(target.session, target.port)
         self.app_host = f"localhost:{target.port}"
+        self.started = False  # whether the answer's head went to the browser
 
     # --- who may see it -------------------------------------------------------------------
 
@@ -205,9 +210,10 @@ class Preview:
 
     async def _connect(self, sandbox: Sandbox) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         port = self.target.port
+        loop = asyncio.get_running_loop()
         try:
-            connection = await asyncio.to_thread(
-                sandbox_services.preview_connect, sandbox, port, CONNECT_SECONDS
+            connection = await loop.run_in_executor(
+                _connecting, sandbox_services.preview_connect, sandbox, port, CONNECT_SECONDS
             )
         except SandboxError as exc:
             said = str(exc) or f"nothing answers on port {port} in the sandbox"
@@ -260,6 +266,11 @@ class Preview:
             return
         try:
             await self._relay_http(grant, reader, writer)
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            # The app closed the connection while it was being sent the request.
+            logger.info("preview %s: the app went away: %s", self.target.port, exc)
+            if not self.started:
+                await self._page(502, f"The app on port {self.target.port} went away.")
         finally:
             writer.close()
             with contextlib.suppress(OSError):
@@ -382,6 +393,7 @@ class Preview:
         if chunked:
             out = [(key, value) for key, value in out if key != b"content-length"]
         out.append(self._frame_ancestors(grant))
+        self.started = True
         await self.send({"type": "http.response.start", "status": status, "headers": out})
         if method == "HEAD" or status in (204, 304) or status < 200:
             await self.send({"type": "http.response.body", "body": b""})
@@ -439,6 +451,7 @@ class Preview:
             # Its own style only; framed by Craft's page (or any: it shows nothing of the app).
             (b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'"),
         ]
+        self.started = True
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
 
