@@ -441,6 +441,7 @@ class Preview:
         port = self.target.port
         body = (
             "<!doctype html><html lang=en><meta charset=utf-8>"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>Preview of port {port}</title>{PAGE_STYLE}"
             f"<body><h1>Preview of port {port}</h1><p>{html.escape(message)}</p></body></html>"
         ).encode()

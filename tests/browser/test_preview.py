@@ -125,3 +125,58 @@ async def test_without_a_preview_origin_the_tab_says_previews_are_off(page, craf
     await expect(page.locator("#preview-reload")).to_be_disabled()
     await assert_accessible(page, "the Preview tab with previews off")
     await snap(page, "preview-off")
+
+
+POST_LINK = """async ([url, port]) => {
+    const token = document.querySelector("input[name=csrfmiddlewaretoken]").value;
+    const response = await fetch(url, {method: "POST", credentials: "same-origin",
+        headers: {"Content-Type": "application/json", "X-CSRFToken": token},
+        body: JSON.stringify({port})});
+    return [response.status, await response.json()];
+}"""
+
+
+@needs_root
+async def test_a_preview_is_refused_without_its_token_to_another_user_and_on_crafts_origin(
+    browser, preview_page, preview_server, owner, stranger
+):
+    page = preview_page
+    session = await db_sync_to_async(open_ready_session)(owner, "Preview")
+    await open_page(page, preview_server, session)
+    await send_prompt(page, "serve 8080")
+    await expect(page.locator(TURN_END)).to_have_count(1)
+    api = f"{preview_server.url}/api/sessions/{session.pk}/preview/"
+    status, given = await page.evaluate(POST_LINK, [api, 8080])
+    assert status == 200, given
+    app_origin = given["origin"]
+
+    # Without the token: a browser that never had the link gets the page saying where to go.
+    elsewhere = await browser.new_context()
+    try:
+        other = await elsewhere.new_page()
+        answer = await other.goto(f"{app_origin}/")
+        assert answer is not None and answer.status == 403
+        await expect(other.locator("p")).to_contain_text("Open this preview from Craft")
+        await snap(other, "preview-refused")
+    finally:
+        await elsewhere.close()
+
+    # Another user: no link to someone else's session, and no preview without one.
+    theirs = await signed_in_page(browser, preview_server, stranger)
+    try:
+        their_session = await db_sync_to_async(open_ready_session)(stranger, "Theirs")
+        await open_page(theirs, preview_server, their_session)
+        status, refused = await theirs.evaluate(POST_LINK, [api, 8080])
+        assert status == 404, refused
+        answer = await theirs.goto(f"{app_origin}/")
+        assert answer is not None and answer.status == 403
+    finally:
+        await theirs.context.close()
+
+    # Craft's own origin serves none of it; a preview host serves nothing of Craft.
+    craft_entry = given["url"].replace(app_origin, preview_server.url)
+    answer = await page.goto(craft_entry)
+    assert answer is not None and answer.status == 404
+    answer = await page.goto(f"{app_origin}/sessions/{session.pk}/")
+    assert answer is not None and answer.status == 403
+    await expect(page.locator("h1")).to_have_text("Preview of port 8080")
