@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from channels.security.websocket import WebsocketDenier
+from django.conf import settings
 
 from craft.models import Session
 from craft.preview import frames
@@ -97,6 +98,8 @@ SENDABLE_CLOSE = {1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, *range(3
 # The app's codes daphne can send on (autobahn sends 1000 and 3000-4999 only); others, and an
 # app gone without closing, reach the browser as 1000.
 DAPHNE_CLOSE = {1000, *range(3000, 5000)}
+# The close code of a preview websocket whose user lost the session, as Craft's sockets have.
+CLOSE_FORBIDDEN = 4403
 
 
 class PreviewDispatch:
@@ -465,7 +468,7 @@ class Preview:
                 # The cookie goes with a websocket from any page: only the preview's own may
                 # use it (cross-site websocket hijacking).
                 raise Refused(403, "not from the preview's own origin")
-            _grant, sandbox = await self._admitted()
+            grant, sandbox = await self._admitted()
             reader, writer = await self._connect(sandbox)
         except Refused as refused:
             logger.info("preview websocket refused: %s", refused.message)
@@ -481,12 +484,24 @@ class Preview:
         await self.send({"type": "websocket.accept", "subprotocol": subprotocol})
         to_app = asyncio.ensure_future(self._browser_to_app(writer))
         to_browser = asyncio.ensure_future(self._app_to_browser(reader, writer))
+        allowed = asyncio.ensure_future(self._while_allowed(grant))
         try:
-            await asyncio.wait({to_app, to_browser}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({to_app, to_browser, allowed}, return_when=asyncio.FIRST_COMPLETED)
+            if allowed.done() and not allowed.cancelled() and allowed.exception() is None:
+                # No longer the user's (or the user no longer active): as Craft's own sockets.
+                await self.send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})
         finally:
-            for task in (to_app, to_browser):
+            for task in (to_app, to_browser, allowed):
                 task.cancel()
             writer.close()
+
+    async def _while_allowed(self, grant: Pass) -> None:
+        """Return once the pass's user no longer owns the session or is no longer active,
+        looked at every CRAFT_SOCKET_AUTH_CHECK_SECONDS (as Craft's own sockets are)."""
+        while True:
+            await asyncio.sleep(settings.CRAFT_SOCKET_AUTH_CHECK_SECONDS)
+            if await owned_sandbox(grant) is None:
+                return
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

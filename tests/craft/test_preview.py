@@ -131,6 +131,7 @@ def preview(settings, machine, uid_base, owner):
         CRAFT_SANDBOX_UID_COUNT="1000",
         CRAFT_AGENT_COMMAND="craft-demo-agent",
         CRAFT_PREVIEW_ORIGIN=origin,
+        CRAFT_SOCKET_AUTH_CHECK_SECONDS="0.5",
     ).start()
     yield Preview(server, preview_port)
     server.stop()
@@ -346,3 +347,23 @@ def _kill_app(session) -> None:
                 pass
         assert time.monotonic() < deadline, "the app outlived SIGKILL"
         time.sleep(0.05)
+
+
+def test_a_preview_websocket_closes_once_its_user_is_no_longer_active(preview, serving, owner):
+    host = preview.host(serving.pk)
+    _, given = ask_url(preview.server, owner, serving.pk)
+    cookie = enter(preview, given["url"])
+    ws = websocket.create_connection(
+        f"ws://127.0.0.1:{preview.port}/ws", host=host, origin=f"http://{host}", cookie=cookie,
+        timeout=30,
+    )  # fmt: skip
+    try:
+        ws.send("hello")
+        assert ws.recv() == "echo: hello"
+        owner.is_active = False
+        owner.save(update_fields=["is_active"])
+        frame = ws.recv_frame()  # the re-check closes it (CRAFT_SOCKET_AUTH_CHECK_SECONDS)
+        assert frame.opcode == websocket.ABNF.OPCODE_CLOSE
+        assert int.from_bytes(frame.data[:2], "big") == 4403
+    finally:
+        ws.shutdown()
