@@ -314,7 +314,8 @@ class Preview:
         there only with SameSite=None, which browsers take only with Secure (https, or
         `*.localhost`, which Chromium counts as secure: `make run`). Partitioned (CHIPS) keeps
         the iframe's cookie to Craft's top-level site, and lets it work where third-party
-        cookies are blocked; a tab of its own gets a cookie of its own. On plain http under
+        cookies are blocked (Chromium as the tests run it drops an unpartitioned one); a tab of
+        its own gets a cookie of its own. On plain http under
         another name the cookie is SameSite=Lax: the preview then works in a tab of its own.
         """
         host = _header(self.scope, b"host").rsplit(":", 1)[0]

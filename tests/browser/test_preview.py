@@ -180,3 +180,30 @@ async def test_a_preview_is_refused_without_its_token_to_another_user_and_on_cra
     answer = await page.goto(f"{app_origin}/sessions/{session.pk}/")
     assert answer is not None and answer.status == 403
     await expect(page.locator("h1")).to_have_text("Preview of port 8080")
+
+
+@needs_root
+async def test_the_frame_works_where_third_party_cookies_are_blocked(preview_server, owner):
+    """The frame's cookie is partitioned (CHIPS): Chromium keeps it for Craft's site even with
+    third-party cookies blocked, as Chrome's phase-out blocks them."""
+    from playwright.async_api import async_playwright
+
+    from .conftest import CHROMIUM, CHROMIUM_ARGS
+
+    async with async_playwright() as playwright:
+        strict = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[*CHROMIUM_ARGS, "--test-third-party-cookie-phaseout"],
+        )
+        try:
+            page = await signed_in_page(strict, preview_server, owner)
+            session = await db_sync_to_async(open_ready_session)(owner, "Strict")
+            await open_page(page, preview_server, session)
+            await send_prompt(page, "serve 8080")
+            await expect(page.locator(TURN_END)).to_have_count(1)
+            await open_preview_tab(page)
+            app = page.frame_locator(APP)
+            await expect(app.locator("#echo")).to_have_text("echo: hello over the websocket")
+        finally:
+            await strict.close()
