@@ -45,10 +45,15 @@ migrate: venv secrets-key
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py collectstatic --noinput -v 0
 
+# Previews (docs/workbench.md) are served by the same daphne on the next port, on names under
+# .localhost (every browser sends those to loopback): never on Craft's own origin.
+PREVIEW_PORT ?= $(shell echo $$(($(PORT) + 1)))
+run: export CRAFT_PREVIEW_ORIGIN ?= http://{port}-{session}.localhost:$(PREVIEW_PORT)
 run: migrate isolation
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py ensure_admin
-	@echo "Serving Craft on http://127.0.0.1:$(PORT)/"
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/daphne $(DAPHNE_OPTIONS) -b 127.0.0.1 -p $(PORT) craft.asgi:application
+	@echo "Serving Craft on http://127.0.0.1:$(PORT)/ (previews on port $(PREVIEW_PORT))"
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/daphne $(DAPHNE_OPTIONS) -b 127.0.0.1 -p $(PORT) \
+	  -e tcp:port=$(PREVIEW_PORT):interface=127.0.0.1 craft.asgi:application
 
 # Several daphne workers behind HAProxy on PostgreSQL and Redis (docs/deployment.md):
 # WORKERS=3 by default; DATABASE_URL and REDIS_URL may point elsewhere.

@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP goes to Django, websockets to the Channels consumers."""
+"""ASGI entry point: HTTP goes to Django, websockets to the Channels consumers, preview hosts
+to the preview."""
 
 import os
 
@@ -19,16 +20,21 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from craft.live.auth import SessionAuthMiddleware  # noqa: E402
 from craft.live.origins import OriginCheck  # noqa: E402
 from craft.live.routing import websocket_urlpatterns  # noqa: E402
+from craft.preview.proxy import PreviewDispatch  # noqa: E402
 from craft.static_files import StaticFiles  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        # Static files answered again from memory (see the module); everything else: Django.
-        "http": StaticFiles(django_application),
-        # The Origin check (scheme, host and port) is the cross-site websocket hijacking
-        # protection: keep it.
-        "websocket": OriginCheck(SessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
-    }
+# Requests and websockets to a preview host (CRAFT_PREVIEW_ORIGIN) go to the preview, never to
+# Craft; Craft's own never to the preview (craft/preview/proxy.py).
+application = PreviewDispatch(
+    ProtocolTypeRouter(
+        {
+            # Static files answered again from memory (see the module); everything else: Django.
+            "http": StaticFiles(django_application),
+            # The Origin check (scheme, host and port) is the cross-site websocket hijacking
+            # protection: keep it.
+            "websocket": OriginCheck(SessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
+        }
+    )
 )
 
 from craft.lifecycle import install_in_daphne  # noqa: E402

@@ -10,7 +10,8 @@ debug error pages (`DJANGO_DEBUG` on, status 400 and up) have inline code: they 
 
 Django 5.2 has no policy of its own and the header is a few words; the only part that varies
 is the websocket origin, added to `connect-src` per request because browsers differ on
-whether 'self' covers ws: and wss:.
+whether 'self' covers ws: and wss:. With previews on, `frame-src` allows the preview origin
+(every session's and port's, as one wildcard source) and nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
+
+from craft.preview.origin import preview_origin
 
 HEADER = "Content-Security-Policy"
 DIRECTIVES = (
@@ -45,7 +48,11 @@ def policy(request: HttpRequest) -> str:
         pass  # an error page for a host Craft does not serve: 'self' is enough there
     else:
         connect += f" {'wss' if request.is_secure() else 'ws'}://{host}"
-    return "; ".join((*DIRECTIVES, connect))
+    origin = preview_origin()
+    if origin is None:
+        return "; ".join((*DIRECTIVES, connect))
+    # The Preview tab frames an app of the sandbox, on the preview origin only.
+    return "; ".join((*DIRECTIVES, connect, f"frame-src {origin.frame_source()}"))
 
 
 class ContentSecurityPolicyMiddleware:

@@ -305,6 +305,31 @@ def env_endpoints(name: str) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv
     return endpoints
 
 
+def env_preview_origin(name: str) -> str:
+    """Return a preview origin template (see CRAFT_PREVIEW_ORIGIN), or "" (previews off)."""
+    raw = os.environ.get(name, "").strip().rstrip("/")
+    if not raw:
+        return ""
+    match = re.fullmatch(r"(https?)://([A-Za-z0-9.{}-]+)(:[0-9]{1,5})?", raw)
+    host = match[2] if match else ""
+    labels = host.split(".")
+    marked = [i for i, label in enumerate(labels) if "{" in label]
+    if (
+        match is None
+        or host.count("{port}") != 1
+        or host.count("{session}") != 1
+        or host.replace("{port}", "").replace("{session}", "").count("{")
+        or marked != list(range(len(marked)))  # the leading labels, for a wildcard name
+        or len(labels) - len(marked) < 1
+    ):
+        raise ImproperlyConfigured(
+            f"{name} must be an http(s) origin whose leading host labels hold {{port}} and "
+            f"{{session}} once each, e.g. https://{{port}}-{{session}}.preview.example.com, "
+            f"got {raw!r}"
+        )
+    return raw
+
+
 def env_choice(name: str, default: str, choices: set[str]) -> str:
     """Return a variable that must be one of `choices`."""
     value = os.environ.get(name, default).strip()
@@ -697,6 +722,15 @@ CRAFT_K8S_EGRESS_BLOCKED = env_list(
         "::1/128",
     ],
 )
+
+# Previews (docs/workbench.md): the origin an app served in a sandbox is shown on, never
+# Craft's own: a URL with `{port}` and `{session}` (32 hex digits) in its host, e.g.
+# `https://{port}-{session}.preview.example.com` (a wildcard name and certificate). Empty:
+# previews off. `make run` sets `http://{port}-{session}.localhost:<its port + 1>`.
+CRAFT_PREVIEW_ORIGIN = env_preview_origin("CRAFT_PREVIEW_ORIGIN")
+# The namespace Craft's own pods run in (labelled app.kubernetes.io/name=craft): with previews
+# on, the only pods sandbox pods accept connections from (their NetworkPolicy).
+CRAFT_K8S_SERVER_NAMESPACE = env_str("CRAFT_K8S_SERVER_NAMESPACE", "craft")
 
 # Reaping (see docs/reliability.md). Each server process stops its own idle agents every few
 # seconds and runs a sandbox pass every CRAFT_REAPER_INTERVAL_SECONDS; `manage.py reap` runs

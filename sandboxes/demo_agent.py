@@ -1648,6 +1648,178 @@ def scenario_withdraw(turn: Turn) -> None:
         turn.chunk(f"The client answered before I withdrew: {json.dumps(response.get('result'))}.")
 
 
+SERVE_USAGE = "serve [port=8080] [address=127.0.0.1]"
+SERVE_START_SECONDS = 10.0
+APP_PAGE = """<!doctype html>
+<html lang="en">
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Demo app on port {port}</title>
+<style>
+body {{ font: 16px/1.5 system-ui, sans-serif; margin: 2rem; color: #1d2433; }}
+code {{ background: #eef1f6; padding: 0 .3em; }}
+#echo {{ font-weight: 600; }}
+</style>
+<h1>Demo app on port {port}</h1>
+<p>Served by the Craft demo agent's <code>serve</code> scenario, in the sandbox.</p>
+<p>Websocket: <span id="echo">connecting</span></p>
+<script>
+const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+const socket = new WebSocket(scheme + location.host + "/ws");
+const echo = document.getElementById("echo");
+socket.onopen = () => socket.send("hello over the websocket");
+socket.onmessage = (event) => {{ echo.textContent = event.data; }};
+socket.onclose = () => {{ if (!echo.textContent.startsWith("echo")) echo.textContent = "closed"; }};
+</script>
+</html>
+"""
+
+
+def scenario_serve(turn: Turn) -> None:
+    """Start a small web app (a page and a websocket echo) on a port of the sandbox, left
+    running after the turn: a detached child of the agent, so still in its sandbox."""
+    import subprocess
+
+    words = turn.args.split()
+    if len(words) > 2 or (words and not words[0].isdigit()):
+        raise UsageError(SERVE_USAGE)
+    port = int(words[0]) if words else 8080
+    address = words[1] if len(words) > 1 else "127.0.0.1"
+    if not 0 < port < 65536:
+        raise UsageError(SERVE_USAGE)
+    folder = str(Path(__file__).resolve().parent)
+    code = (
+        f"import sys; sys.path.append({folder!r}); import demo_agent; "
+        f"demo_agent.serve_app({port}, {address!r})"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", code],
+        cwd=turn.cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        # Its own session: the agent's end does not signal it. It stays in the sandbox (its
+        # jail, user and budget) all the same, and goes when the sandbox's processes go.
+        start_new_session=True,
+    )
+    assert child.stdout is not None
+    said = child.stdout.readline().decode("utf-8", "replace").strip()
+    child.stdout.close()
+    if said != "listening":
+        child.wait(SERVE_START_SECONDS)
+        turn.chunk(f"I could not serve on {address}:{port}: {said or 'the app exited'}.")
+        return
+    log(f"serving a demo app on {address}:{port} (pid {child.pid})")
+    turn.chunk(
+        f"I started a demo app on http://{address}:{port}/ (pid {child.pid}): a page and a "
+        "websocket echo at /ws. It keeps running after this turn."
+    )
+
+
+def serve_app(port: int, address: str) -> None:
+    """Serve the demo app on `address`:`port` until killed; say "listening" (or why not) on
+    stdout first, then let stdout go."""
+    import base64
+    import hashlib
+    import http.server
+    import socket
+    import socketserver
+    import struct
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
+                self.websocket()
+                return
+            if self.path not in ("/", "/index.html"):
+                self.answer(404, b"not found\n", "text/plain")
+                return
+            self.answer(200, APP_PAGE.format(port=port).encode(), "text/html; charset=utf-8")
+
+        def do_HEAD(self) -> None:
+            self.answer(200, b"", "text/html; charset=utf-8")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            self.answer(200, b"got " + str(len(body)).encode() + b" bytes\n", "text/plain")
+
+        def answer(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def websocket(self) -> None:
+            """Echo each message back as "echo: <message>" (RFC 6455, text and binary)."""
+            key = self.headers.get("Sec-WebSocket-Key", "")
+            guid = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+            accept = base64.b64encode(hashlib.sha1(key.encode() + guid).digest()).decode()
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", accept)
+            offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+            if "echo" in offered:
+                self.send_header("Sec-WebSocket-Protocol", "echo")
+            self.end_headers()
+            self.close_connection = True
+            while True:
+                head = self.rfile.read(2)
+                if len(head) < 2:
+                    return
+                opcode, length = head[0] & 0x0F, head[1] & 0x7F
+                if length == 126:
+                    (length,) = struct.unpack("!H", self.rfile.read(2))
+                elif length == 127:
+                    (length,) = struct.unpack("!Q", self.rfile.read(8))
+                mask = self.rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+                data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(length)))
+                if opcode == 0x8:  # close: answered with its code
+                    self.frame(0x8, data[:2])
+                    return
+                if opcode == 0x9:
+                    self.frame(0xA, data)
+                elif opcode in (0x1, 0x2):
+                    if data == b"close 4000":  # the app closes with a code of its own
+                        self.frame(0x8, struct.pack("!H", 4000))
+                        return
+                    self.frame(opcode, b"echo: " + data)
+
+        def frame(self, opcode: int, data: bytes) -> None:
+            length = len(data)
+            if length < 126:
+                head = struct.pack("!BB", 0x80 | opcode, length)
+            elif length < 1 << 16:
+                head = struct.pack("!BBH", 0x80 | opcode, 126, length)
+            else:
+                head = struct.pack("!BBQ", 0x80 | opcode, 127, length)
+            self.wfile.write(head + data)
+            self.wfile.flush()
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+
+    try:
+        server = Server((address, port), Handler)
+    except OSError as exc:
+        print(exc.strerror or exc, flush=True)
+        return
+    print("listening", flush=True)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    server.serve_forever()
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A prompt's first word mapped to what the agent does."""
@@ -1700,6 +1872,9 @@ SCENARIOS: dict[str, Scenario] = {
         scenario_elicit,
         "elicit [form|url|unknown|unknown-required|many|html]",
         "ask for information with elicitation/create",
+    ),
+    "serve": Scenario(
+        scenario_serve, SERVE_USAGE, "start a web app with a websocket echo, left running"
     ),
     "withdraw": Scenario(
         scenario_withdraw,

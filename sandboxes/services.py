@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from django.utils import timezone
 from . import warm
 from .acp import AgentConnection, AgentError
 from .backends import Health, SandboxError, WarmUnusable, get_backend, warm_pool
+from .backends.base import Previews
 from .backends.budget import format_size
 from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
@@ -482,6 +484,27 @@ def session_repository(sandbox: Sandbox, session_id: UUID) -> Repository:
     """Return the session's workspace as a git repository (`sandboxes.repository`): Craft's
     own git, run where its agents run. The caller checked that the sandbox runs."""
     return get_backend(sandbox.backend).repository(sandbox, session_id)
+
+
+def _previews(sandbox: Sandbox) -> Previews:
+    backend = get_backend(sandbox.backend)
+    if not isinstance(backend, Previews):
+        raise SandboxError(f"the {backend.name} backend has no previews")
+    return backend
+
+
+def preview_ports(sandbox: Sandbox) -> list[int]:
+    """Return the TCP ports the sandbox's processes listen on (docs/workbench.md). Raises
+    SandboxUnavailable unless the sandbox is running (read from the database again)."""
+    require_running(sandbox)
+    return _previews(sandbox).listening_ports(sandbox)
+
+
+def preview_connect(sandbox: Sandbox, port: int, timeout: float) -> socket.socket:
+    """Return a blocking socket connected to `port` in the sandbox, whose status the caller
+    just read (`check_running`); SandboxError says why not."""
+    check_running(sandbox.status, sandbox.error)
+    return _previews(sandbox).preview_connect(sandbox, port, timeout)
 
 
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:

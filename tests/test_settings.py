@@ -94,6 +94,10 @@ def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
             "CRAFT_LOGIN_FAILURES_PER_ADDRESS must be an integer",
         ),
         ("CRAFT_LOGIN_COOLOFF_SECONDS", "0", "CRAFT_LOGIN_COOLOFF_SECONDS must be at least 1"),
+        ("CRAFT_PREVIEW_ORIGIN", "https://preview.example.com", "CRAFT_PREVIEW_ORIGIN must be"),
+        ("CRAFT_PREVIEW_ORIGIN", "https://x.{port}-{session}.example.com", "leading host"),
+        ("CRAFT_PREVIEW_ORIGIN", "ftp://{port}-{session}.example.com", "an http(s) origin"),
+        ("CRAFT_PREVIEW_ORIGIN", "https://{port}-{session}.example.com/a", "an http(s) origin"),
     ],
 )
 def test_a_bad_value_fails_at_start_naming_the_variable(name, value, message):

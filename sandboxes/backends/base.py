@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from uuid import UUID
 
 if TYPE_CHECKING:
+    import socket
+
     from sandboxes.acp import AgentProcess
     from sandboxes.catalog import Launch
     from sandboxes.models import Sandbox
@@ -154,3 +156,17 @@ class WarmPool(Protocol):
 
     def remove_warm(self, sandbox_id: UUID) -> None:
         """Delete a warm sandbox's resources; gone already counts as removed."""
+
+
+@runtime_checkable
+class Previews(Protocol):
+    """A backend that lets the sandbox's owner see an app served in the sandbox (a preview,
+    docs/workbench.md): the ports listening there, and a connection to one of them."""
+
+    def listening_ports(self, sandbox: "Sandbox") -> list[int]:
+        """Return the TCP ports the sandbox's own processes listen on, in order."""
+
+    def preview_connect(self, sandbox: "Sandbox", port: int, timeout: float) -> "socket.socket":
+        """Return a blocking socket connected to `port` in the sandbox, within `timeout`
+        seconds. Raise SandboxError when nothing of the sandbox listens there (the message
+        is fit to show)."""

@@ -26,6 +26,7 @@ import ipaddress
 import json
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from urllib3.exceptions import HTTPError
 from ..catalog import Launch, default_agent
 from ..repository import Repository
 from ..workspace import Workspace
+from . import ports
 from .base import Health, Progress, Resource, SandboxError, WarmState, WarmUnusable
 from .kubernetes_exec import ExecByteStream, ExecProcess, ExecResult
 
@@ -103,6 +105,8 @@ shift
 mkdir -p "$ws" && cd "$ws" && exec "$@"
 """
 
+# The pod's TCP tables (no IPv6 in the pod: the first alone).
+LISTENING_TABLES = "cat /proc/net/tcp; cat /proc/net/tcp6 2>/dev/null; true"
 # One policy per sandbox namespace, for every sandbox pod in it.
 NETWORK_POLICY = "craft-sandbox-isolation"
 SANDBOX_LABEL = {"app.kubernetes.io/name": "craft-sandbox"}
@@ -181,6 +185,8 @@ class KubernetesBackend:
         self._policy_namespaces: set[str] = set()  # where this process saw the policy exist
         # One fresh ApiClient per exec, so that no two streams ever share one either.
         self._exec_api_client = exec_api_client or (lambda: k8s.ApiClient(self.configuration))
+        # Each sandbox's pod address, by (sandbox id, pod reference): for previews.
+        self._pod_ips: dict[tuple[Any, str], str] = {}
 
     @property
     def namespace(self) -> str:
@@ -674,6 +680,41 @@ class KubernetesBackend:
             )
         return result
 
+    # --- previews (docs/workbench.md) -------------------------------------------------------
+
+    def listening_ports(self, sandbox: Sandbox) -> list[int]:
+        """Return the TCP ports listening in the pod (its network namespace's tables, read by
+        an exec in the sandbox's container)."""
+        result = self._run(sandbox, ["sh", "-c", LISTENING_TABLES])
+        return ports.ports(ports.parse(result.stdout.decode("ascii", "replace")))
+
+    def preview_connect(self, sandbox: Sandbox, port: int, timeout: float) -> socket.socket:
+        """Return a socket connected to `port` on the pod's IP (`status.podIP`, read once per
+        pod and again when a connection fails). The app must listen on the pod's interface
+        (0.0.0.0), not only on its loopback."""
+        for fresh in (False, True):
+            address = self._pod_ip(sandbox, fresh)
+            try:
+                return socket.create_connection((address, port), timeout=timeout)
+            except OSError as exc:
+                problem = exc
+        reason = problem.strerror or str(problem)
+        raise SandboxError(f"nothing answers on port {port} in the sandbox ({reason})")
+
+    def _pod_ip(self, sandbox: Sandbox, fresh: bool) -> str:
+        key = (sandbox.pk, sandbox.reference)
+        address = None if fresh else self._pod_ips.get(key)
+        if address is None:
+            try:
+                pod = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
+            except ApiException as exc:
+                raise SandboxError(f"cannot read the sandbox's pod: {_reason(exc)}") from exc
+            address = pod.status.pod_ip if pod.status is not None else None
+            if not address:
+                raise SandboxError("the sandbox's pod has no address yet")
+            self._pod_ips[key] = address
+        return address
+
     # --- manifests ------------------------------------------------------------------------
 
     def labels(self, sandbox: Sandbox) -> dict[str, str]:
@@ -796,7 +837,8 @@ class KubernetesBackend:
     def network_policy_manifest(self) -> dict[str, Any]:
         """Return the NetworkPolicy of every sandbox pod in the namespace.
 
-        No ingress at all (exec reaches a pod through the kubelet, not the pod network). Egress
+        No ingress (exec reaches a pod through the kubelet, not the pod network) but, with
+        previews on, from Craft's own pods (`_preview_ingress`). Egress
         to the cluster's DNS, and to every address except CRAFT_K8S_EGRESS_BLOCKED: the private
         ranges where pods, services, nodes and the Kubernetes API live, and link-local cloud
         metadata. Agents may still reach the internet (their model providers).
@@ -820,7 +862,7 @@ class KubernetesBackend:
             "spec": {
                 "podSelector": {"matchLabels": SANDBOX_LABEL},
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [],
+                "ingress": self._preview_ingress(),
                 "egress": [
                     {
                         "to": [cluster_dns],
@@ -846,6 +888,20 @@ class KubernetesBackend:
                 ],
             },
         }
+
+    @staticmethod
+    def _preview_ingress() -> list[dict[str, Any]]:
+        """Return who may connect to sandbox pods: with previews on (CRAFT_PREVIEW_ORIGIN),
+        Craft's own pods (their namespace, their label) and no one else; else no one."""
+        if not settings.CRAFT_PREVIEW_ORIGIN:
+            return []
+        craft = {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": settings.CRAFT_K8S_SERVER_NAMESPACE}
+            },
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "craft"}},
+        }
+        return [{"from": [craft]}]
 
     def service_manifest(self, sandbox: Sandbox) -> dict[str, Any]:
         """Return a headless Service: a stable DNS name for the sandbox (e.g. for previews)."""

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ from ..pipes import Lines, Outbox, pipes
 from ..repository import Repository
 from ..stderr_log import StderrLog
 from ..workspace import Workspace
-from . import budget, containment, firewall, jail, network
+from . import budget, containment, firewall, jail, network, ports
 from .base import Health, Progress, Resource, SandboxError
 
 if TYPE_CHECKING:
@@ -887,6 +888,50 @@ class LocalBackend:
             raise SandboxError(f"{folder} is not a sandbox folder of this server")
         # rmtree never follows links an agent may have planted (it works on folder fds).
         shutil.rmtree(folder, ignore_errors=True)
+
+    # --- previews (docs/workbench.md) -------------------------------------------------------
+
+    def listening_ports(self, sandbox: Sandbox) -> list[int]:
+        """Return the TCP ports the sandbox's processes listen on.
+
+        With a network of its own: every port of its namespace but those pasta holds for the
+        allowed loopback endpoints. Otherwise the sandbox shares this machine's loopback with
+        everything else on it, so only its own sockets count: those of its user, or (without
+        sandbox users) those held by processes working in its folder.
+        """
+        root = self._root(sandbox)
+        if not root.is_dir():
+            raise SandboxError("the sandbox's folder is gone")
+        if self._isolated_network():
+            tables = network.run_inside(self.pool.first, sandbox.pk, ports.read_tables_here)
+            forwarded = network.loopback_forwards(settings.CRAFT_SANDBOX_ALLOW)
+            return ports.ports(ports.parse(tables), exclude=forwarded)
+        listening = ports.parse(ports.read_tables())
+        if self.uids:
+            uid = self.pool.user_of(root).uid
+            return ports.ports(socket for socket in listening if socket.uid == uid)
+        inodes = ports.socket_inodes_under(root)
+        return ports.ports(socket for socket in listening if socket.inode in inodes)
+
+    def preview_connect(self, sandbox: Sandbox, port: int, timeout: float) -> socket.socket:
+        """Return a socket connected to `port` on the sandbox's loopback (its own namespace's,
+        made by a thread inside it; else this machine's, once the port is found to be one of
+        the sandbox's own), IPv4 first, then IPv6."""
+        if self._isolated_network():
+            pool = self.pool
+
+            def make(family: socket.AddressFamily) -> socket.socket:
+                return network.run_inside(
+                    pool.first, sandbox.pk, lambda: socket.socket(family, socket.SOCK_STREAM)
+                )
+        else:
+            if port not in self.listening_ports(sandbox):
+                raise SandboxError(f"nothing of the sandbox listens on port {port}")
+
+            def make(family: socket.AddressFamily) -> socket.socket:
+                return socket.socket(family, socket.SOCK_STREAM)
+
+        return ports.connect_loopback(make, port, timeout)
 
 
 class LocalGitRunner:

@@ -36,6 +36,7 @@ network lies in `/run` (root's): it is gone after a reboot, and made again at th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import ipaddress
 import json
@@ -45,8 +46,9 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from .base import SandboxError
@@ -228,6 +230,41 @@ def sandbox_ids(first_uid: int) -> list[UUID]:
                 with contextlib.suppress(ValueError):
                     found.append(UUID(entry.name.removeprefix(prefix)))
     return found
+
+
+# --- reaching into the namespace ----------------------------------------------------------
+
+T = TypeVar("T")
+CLONE_NEWNET = 0x40000000
+# The one thread that enters sandboxes' namespaces (setns moves the calling thread only). It
+# does nothing else, so it never needs to come back to this machine's namespace: each job
+# enters the namespace it needs first.
+_entering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-netns")
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def run_inside(first_uid: int, sandbox_id: UUID, job: Callable[[], T]) -> T:
+    """Return what `job` returns, run by a thread inside the sandbox's network namespace.
+
+    What it makes there stays there: a socket it creates connects within the namespace (to
+    the sandbox's own loopback) from whichever thread uses it later, and `/proc/thread-self/
+    net` is the namespace's. Raise SandboxError when the sandbox has no network (yet).
+    """
+    return _entering.submit(_enter_and_run, path(first_uid, sandbox_id), job).result()
+
+
+def _enter_and_run(netns: Path, job: Callable[[], T]) -> T:
+    try:
+        fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxError("the sandbox's network is not up (its agent has not started)") from exc
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            error = ctypes.get_errno()
+            raise SandboxError(f"cannot enter the sandbox's network: {os.strerror(error)}")
+    finally:
+        os.close(fd)
+    return job()
 
 
 # --- pasta ----------------------------------------------------------------------------------

@@ -66,6 +66,13 @@ def test_over_https_the_websocket_origin_is_wss(client, owner):
     assert directives(response)["connect-src"] == ["'self'", "wss://testserver"]
 
 
+def test_with_previews_on_only_the_preview_origin_may_be_framed(client, owner, settings):
+    settings.CRAFT_PREVIEW_ORIGIN = "https://{port}-{session}.preview.example.com"
+    client.force_login(owner)
+    response = client.get(reverse("home"))
+    assert directives(response) == {**STRICT, "frame-src": ["https://*.preview.example.com"]}
+
+
 def test_error_pages_have_it_and_only_django_s_debug_pages_go_without(client, settings):
     assert directives(client.get("/no/such/page/")) == STRICT
     settings.DEBUG = True  # its technical 404 page is inline styles

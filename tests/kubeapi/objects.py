@@ -444,6 +444,8 @@ class Cluster:
         reason = "" if ready else "ContainersNotReady"
         pod.obj["status"].update(
             phase="Running",
+            # Exec'd processes run on this machine: the pod's address is its loopback.
+            podIP="127.0.0.1",
             conditions=[
                 _condition("Initialized", True),
                 _condition("Ready", ready, reason, unready),

@@ -19,6 +19,7 @@
 //   scroll.mjs       following the newest event, unless the person scrolled up
 //   permission-pin.mjs  an open permission request, pinned beside the composer
 //   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
+//   preview.mjs      the Preview tab: an app the sandbox serves, on the preview origin
 //   repository.mjs   a session on a repository: its clone in the header, commit, push, pull
 //                    request and update in the Changes tab
 //
@@ -34,6 +35,7 @@ import { createFold } from "./fold.mjs";
 import { fetchJson, loadHistory } from "./history.mjs";
 import { createPalette } from "./palette.mjs";
 import { createPermissionPin } from "./permission-pin.mjs";
+import { createPreview } from "./preview.mjs";
 import { createQueue } from "./queue.mjs";
 import { createRepository } from "./repository.mjs";
 import { workspacePaths } from "./paths.mjs";
@@ -114,6 +116,7 @@ const workspace = createWorkspace({
   changesShown: () => repository.panelShown(),
 });
 const repository = createRepository({ fold, status, workspace, announce: status.announce });
+const preview = createPreview({ announce: status.announce });
 const view = createView({
   transcript, fold, paths, scroll,
   staff: root.dataset.staff === "true",
@@ -230,6 +233,7 @@ function followLive(kind, block, data) {
       break;
     case "turn_end":
       workspace.changed();
+      preview.turnEnded();
       status.setRunning(false);
       status.announce(STOP_REASONS[block.reason] || "The turn ended.");
       attention.turnEnded(STOP_REASONS[block.reason] || "The turn ended");

@@ -1,5 +1,5 @@
 // The workspace panel beside the transcript (a sheet on phones): what the agent did to the
-// session's files. Two tabs:
+// session's files. Two tabs of its own (others, Preview say, are their modules'):
 //
 //   Files    a tree loaded folder by folder, a preview of the file picked (text highlighted,
 //            Markdown rendered and sanitised, images), download of one file or of all
@@ -45,7 +45,11 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
   const changeList = $("change-list");
   const problem = $("workspace-error");
   const revertNote = $("revert-note");
-  const tabs = { files: $("tab-files"), changes: $("tab-changes") };
+  // Every tab of the panel, by name ("tab-<name>"): Files and Changes are this module's; the
+  // others' modules hear "workspace-tab" on the panel when theirs is shown.
+  const tabs = Object.fromEntries(
+    [...$("workspace-tabs").querySelectorAll('[role="tab"]')].map((tab) => [tab.id.replace(/^tab-/, ""), tab]),
+  );
   const listings = new Map(); // folder path -> {entries, at}: for "@" suggestions
   let shownChanges = 0;
   let stale = true; // the tree must be loaded (again) when next shown
@@ -87,6 +91,7 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
       drawChanges();
       changesShown();
     }
+    panel.dispatchEvent(new CustomEvent("workspace-tab", { detail: tab }));
   }
 
   function showProblem(text) {
@@ -402,7 +407,9 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
   for (const [name, button] of Object.entries(tabs)) button.addEventListener("click", () => select(name));
   $("workspace-tabs").addEventListener("keydown", (event) => {
     if (event.key !== "ArrowLeft" && event.key !== "ArrowRight") return;
-    const next = tabs.files.getAttribute("aria-selected") === "true" ? "changes" : "files";
+    const names = Object.keys(tabs);
+    const now = names.findIndex((name) => tabs[name].getAttribute("aria-selected") === "true");
+    const next = names[(now + (event.key === "ArrowRight" ? 1 : names.length - 1)) % names.length];
     select(next);
     tabs[next].focus();
   });
