@@ -20,10 +20,13 @@ from collections.abc import Callable, Iterable
 
 from django.conf import settings
 
+from sandboxes.stderr_text import EARLIER_CUT
+
 agent_stderr = logging.getLogger("craft.agent.stderr")
 
-# How many of the last lines `tail()` returns (error messages quote them).
-TAIL_LINES = 20
+# How many of the last lines `tail()` returns (error messages quote them): a Python traceback
+# of a few chained exceptions, whole.
+TAIL_LINES = 60
 
 
 class StderrLog:
@@ -57,6 +60,7 @@ class StderrLog:
         self._filled_at = clock()
         self._dropped_lines = 0
         self._dropped_bytes = 0
+        self._earlier = False  # lines came before the tail's first one
 
     def feed(self, data: bytes) -> None:
         """Take the next bytes of the stream; log the lines they complete."""
@@ -77,11 +81,15 @@ class StderrLog:
     def note(self, text: str) -> None:
         """Add a line of Craft's own (the exec's status, say) to the tail, not to the log."""
         raw = text.encode("utf-8", errors="replace")
+        self._earlier = self._earlier or len(self._tail) == self._tail.maxlen
         self._tail.append((raw, len(raw)))
 
     def tail(self) -> str:
-        """Return the last lines, as cut, for an error message."""
-        return "\n".join(self._text(raw, size) for raw, size in list(self._tail))
+        """Return the last lines, as cut, for an error message; when earlier lines are no
+        longer kept, the first line says so (`stderr_text.EARLIER_CUT`), so that what is
+        shown never seems to start where the agent's output did."""
+        lines = [self._text(raw, size) for raw, size in list(self._tail)]
+        return "\n".join([EARLIER_CUT, *lines] if self._earlier else lines)
 
     def close(self) -> None:
         """End the stream: log its last line if it had no newline, and what was not logged."""
@@ -93,6 +101,7 @@ class StderrLog:
         raw, size = bytes(self._line), self._size
         self._line.clear()
         self._size = 0
+        self._earlier = self._earlier or len(self._tail) == self._tail.maxlen
         self._tail.append((raw, size))
         if self.rate and not self._take(len(raw)):
             self._dropped_lines += 1

@@ -96,12 +96,22 @@ def clean(text: str) -> str:
 def kept(text: str) -> str:
     """Return what is stored of the kept stderr: cleaned, at most KEPT_CHARS, the latest
     lines first to stay (the earliest are cut whole, and the cut is said)."""
-    text = clean(text)
-    if len(text) <= KEPT_CHARS:
-        return text
+    cut, text = without_earlier(clean(text))
+    if len(text) <= KEPT_CHARS - (len(EARLIER_CUT) + 1 if cut else 0):
+        return f"{EARLIER_CUT}\n{text}" if cut else text
     rest = text[-(KEPT_CHARS - len(EARLIER_CUT) - 1) :]
     newline = rest.find("\n")
     return f"{EARLIER_CUT}\n{rest[newline + 1 :] if newline >= 0 else rest}"
+
+
+def without_earlier(text: str) -> tuple[bool, str]:
+    """Return whether `text` (a kept stderr) starts by saying earlier lines were cut, and the
+    text without that line."""
+    if text == EARLIER_CUT:
+        return True, ""
+    if text.startswith(EARLIER_CUT + "\n"):
+        return True, text[len(EARLIER_CUT) + 1 :]
+    return False, text
 
 
 def written_after(before: str, now: str) -> str:
@@ -111,6 +121,7 @@ def written_after(before: str, now: str) -> str:
     the lines written since. The longest end of `before` that `now` starts with is taken for
     what was there; lines written again identically may so be taken for old ones.
     """
+    before, now = without_earlier(before)[1], without_earlier(now)[1]
     if not before:
         return now
     if now == before:
@@ -149,7 +160,7 @@ def meaningful_lines(text: str) -> list[str]:
     in_traceback = False  # a Python traceback's frames, until its exception's line
     in_require_stack = False
     panic_next = False
-    for raw in clean(text).split("\n"):
+    for raw in without_earlier(clean(text))[1].split("\n"):
         line = raw.strip()
         if in_object:
             in_object = line != "}"

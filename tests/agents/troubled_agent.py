@@ -4,7 +4,8 @@ Standard library only. Started with `--broken`, it dies at start of an import th
 real Python traceback on stderr, exit code 1). Otherwise the prompt's first word picks:
 
   crash      writes a log line to stderr, then dies of an uncaught exception mid-turn (a real
-             traceback, exit code 1); the turn's prompt is never answered
+             traceback, exit code 1); the turn's prompt is never answered. `crash deep`
+             logs 100 lines first: more than the tail Craft keeps
   error      logs the model provider's 401 to stderr, then answers the prompt with JSON-RPC
              error -32603 "Internal error", as Codex does with a wrong key
   quiet      writes "retrying the model call (attempt 1/5): 503 Service Unavailable" to stderr
@@ -65,7 +66,9 @@ def quiet(request_id: int) -> None:
     send({"jsonrpc": "2.0", "id": request_id, "result": {"stopReason": "cancelled"}})
 
 
-def crash() -> None:
+def crash(chatter: int = 0) -> None:
+    for n in range(chatter):
+        log(f"step {n + 1} of {chatter}: fetched the context (12 files, 4,096 tokens)")
     log("calling the model")
     raise RuntimeError("the model provider closed the connection")
 
@@ -86,7 +89,8 @@ def main() -> None:
             cancelled.clear()
             word = (message["params"]["prompt"][0].get("text") or "").split()[:1]
             if word == ["crash"]:
-                crash()
+                deep = "deep" in (message["params"]["prompt"][0].get("text") or "")
+                crash(100 if deep else 0)
             elif word == ["error"]:
                 log('ERROR model: unexpected status 401 Unauthorized: {"error": "invalid api key"}')
                 error = {"code": -32603, "message": "Internal error"}

@@ -128,6 +128,27 @@ async def test_an_agent_that_dies_mid_turn_says_its_last_exception(
     await snap(page, "trouble-died")
 
 
+async def test_stderr_longer_than_the_kept_tail_says_its_start_was_cut(
+    server_with, owner_page, session
+):
+    server = server_with([sys.executable, str(AGENTS / "troubled_agent.py")])
+    page = await owner_page(server)
+    await open_page(page, server, session)
+    await send_prompt(page, "crash deep")
+    error = page.locator(ERROR)
+    await expect(error.locator(".error-wrote")).to_have_text(
+        "Its error output says: RuntimeError: the model provider closed the connection"
+    )
+    await error.locator("details.tech summary").click()
+    shown = await error.locator("pre.stderr").text_content()
+    assert shown is not None
+    first, second = shown.split("\n")[:2]
+    assert first == "[… earlier lines cut]"
+    assert second.startswith("step ") and second.endswith("4,096 tokens)"), second  # whole
+    assert shown.endswith("RuntimeError: the model provider closed the connection")
+    await snap(page, "trouble-long-traceback")
+
+
 async def test_an_agent_that_wants_a_sign_in_names_the_key_and_links_the_keys_page(
     server_with, owner_page, owner, tmp_path
 ):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.stderr_log import StderrLog
+from sandboxes import stderr_text
+from sandboxes.stderr_log import TAIL_LINES, StderrLog
 
 from .agents import reply_text, run_turn, start_demo_agent
 from .test_acp_connection import HOSTILE
@@ -129,3 +130,25 @@ def test_a_line_is_cut_to_the_limit_and_a_last_line_without_newline_is_kept():
         "no ne [cut: a line of 10 bytes]",
     ]
     assert re.fullmatch(r"[^\n]*", log.tail().splitlines()[0])
+
+
+def test_a_tail_past_its_lines_says_earlier_lines_were_cut_and_starts_on_a_whole_line():
+    """The audit's bug 8 (issue 46): a long traceback's details started in its middle."""
+    log = StderrLog("agent", rate=0)
+    lines = [f'  File "app.py", line {n}, in step_{n}' for n in range(TAIL_LINES + 15)]
+    log.feed(("\n".join(lines) + "\n").encode())
+    tail = log.tail().split("\n")
+    assert tail[0] == stderr_text.EARLIER_CUT
+    assert tail[1:] == lines[-TAIL_LINES:]
+    # Stored once, whatever is cut later; what a turn wrote is told apart all the same.
+    assert stderr_text.kept(log.tail()).count(stderr_text.EARLIER_CUT) == 1
+    before = log.tail()
+    log.feed(b"RuntimeError: the model provider closed the connection\n")
+    assert stderr_text.written_after(before, log.tail()) == (
+        "RuntimeError: the model provider closed the connection"
+    )
+    assert stderr_text.said(log.tail()) == "RuntimeError: the model provider closed the connection"
+    # A short tail has no such line.
+    short = StderrLog("agent", rate=0)
+    short.feed(b"one\ntwo\n")
+    assert short.tail() == "one\ntwo"
