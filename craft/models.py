@@ -374,3 +374,27 @@ class SessionRepository(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} {self.url} ({self.status})"
+
+
+class SearchEntry(models.Model):
+    """Text of a session that search finds (craft.storage.search): a prompt, an agent's reply
+    (its chunks joined), or a tool card (its title, command and output), with the event a
+    match jumps to. Written after each turn, off the turn's way."""
+
+    class Kind(models.TextChoices):
+        PROMPT = "prompt"
+        REPLY = "reply"
+        TOOL = "tool"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="search_entries")
+    seq = models.PositiveBigIntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    text = models.TextField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="search_entry_unique_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.seq} {self.kind}"

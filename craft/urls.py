@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from craft import api, health, preview_api, repository_api, views, workspace_api
+from craft import api, health, preview_api, repository_api, search_api, views, workspace_api
 
 urlpatterns = [
     path("healthz", health.alive, name="healthz"),
@@ -26,6 +26,10 @@ urlpatterns = [
         "api/sessions/<uuid:session_id>/events/<int:seq>/",
         api.session_event,
         name="api_session_event",
+    ),
+    path("api/search/", search_api.sessions, name="api_search"),
+    path(
+        "api/sessions/<uuid:session_id>/search/", search_api.in_session, name="api_session_search"
     ),
     path("api/sessions/<uuid:session_id>/files/", workspace_api.files, name="api_files"),
     path("api/sessions/<uuid:session_id>/files/raw", workspace_api.raw, name="api_file_raw"),
