@@ -208,8 +208,9 @@ def snippet(text: str, words: list[str]) -> str:
 
 
 def search_sessions(user: Any, query: str, limit: int = 20) -> list[dict[str, Any]]:
-    """Return the user's sessions that match `query`, by title first, then by text, newest
-    match first; each with up to MATCHES_PER_SESSION matches to jump to."""
+    """Return the user's sessions that match `query`, by title first, then by text, the one
+    with the newest match first; each with its latest MATCHES_PER_SESSION matches to jump to,
+    oldest first."""
     words = words_of(query)
     if not words:
         return []
@@ -230,8 +231,8 @@ def search_sessions(user: Any, query: str, limit: int = 20) -> list[dict[str, An
     for pk in missing:  # in the order of their newest match
         if pk in sessions:
             found[pk] = _result(sessions[pk])
-    for pk, result in found.items():
-        result["matches"] = [m.__dict__ for m in matches.get(pk, [])]
+    for pk, result in found.items():  # a session's matches in its order: the first opens it
+        result["matches"] = [m.__dict__ for m in sorted(matches.get(pk, []), key=lambda m: m.seq)]
     return list(found.values())
 
 

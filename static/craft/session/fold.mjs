@@ -268,7 +268,7 @@ export function createFold({ paths, now = Date.now, repository = null }) {
     if (!card) {
       card = {
         kind: "tool", toolCallId: id, status: "pending", label: "Tool", title: "Tool call",
-        badge: TOOL_STATUS.pending, call: {}, contentSeq: null,
+        badge: TOOL_STATUS.pending, call: {}, contentSeq: null, firstSeq: event.seq,
       };
       tools.set(key, card);
       turnTools.push(card);

@@ -282,8 +282,23 @@ function startAgentEarly() {
   startAsked = connection.send({ type: "start_agent" });
 }
 
+// A search result of this session (search.mjs), or a link to one of its events
+// (`#event-<seq>`, what search opens): that event's block is brought into view.
+function jumpToHash() {
+  const match = /^#event-(\d+)$/.exec(location.hash);
+  if (match && view.jumpTo(Number(match[1]))) return true;
+  return false;
+}
+document.addEventListener("craft:jump", (event) => {
+  if (!view.jumpTo(Number(event.detail && event.detail.seq))) status.showFrameError("That message is not in this session any more.");
+});
+
 function firstLoadDone() {
   if (!view.firstLoadDone()) return;
+  if (jumpToHash()) {
+    startAgentEarly();
+    return;
+  }
   startAgentEarly();
   if (!fold.lastSeq || document.activeElement === document.body) promptBox.focus({ preventScroll: true });
 }

@@ -318,8 +318,26 @@ export function createView({ transcript, fold, paths, staff, keysUrl, scroll, li
     }
   }
 
+  /** Bring the block that holds event `seq` (a message, a reply's chunk, a tool card's first
+   *  event) into view, marked for a moment and focused; false when no block holds it. */
+  function jumpTo(seq) {
+    const block = fold.blocks.find((b) => b.firstSeq === seq || b.seq === seq
+      || (Array.isArray(b.parts) && b.parts.some((part) => part.seq === seq)));
+    const record = block && drawn.get(block);
+    if (!record) return false;
+    const element = record.element;
+    if (block.kind === "agent") renderMessage(block, true); // its Markdown, before it is seen
+    element.scrollIntoView({ block: "center" });
+    scroll.reveal(element); // and the page stops following the newest event
+    element.classList.add("jumped");
+    setTimeout(() => element.classList.remove("jumped"), 2500);
+    if (!element.hasAttribute("tabindex")) element.tabIndex = -1;
+    element.focus({ preventScroll: true });
+    return true;
+  }
+
   return {
-    draw, scheduleFlush, startLoad, firstLoadDone, reopenElicitations,
+    draw, scheduleFlush, startLoad, firstLoadDone, reopenElicitations, jumpTo,
     get loaded() {
       return loaded;
     },
