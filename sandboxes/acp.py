@@ -39,11 +39,10 @@ import dataclasses
 import itertools
 import json
 import logging
-import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -821,19 +820,6 @@ class AgentConnection:
         )
         if self.modes is not None:
             self.modes = {**self.modes, "currentModeId": mode_id}
-
-    def iter_prompt(self, text: str, timeout: float | None = None) -> Iterator[TurnItem]:
-        """Run a turn and yield its items (blocking); permission requests must be answered."""
-        items: queue.SimpleQueue[TurnItem] = queue.SimpleQueue()
-        self.prompt(text, items.put)
-        while True:
-            try:
-                item = items.get(timeout=timeout)
-            except queue.Empty:
-                raise AgentError(f"no message from the agent within {timeout} s") from None
-            yield item
-            if isinstance(item, TurnEnd | TurnFailed):
-                return
 
     def cancel(self) -> None:
         """Cancel the running turn: notify the agent, answer its open permission requests.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+from collections.abc import Iterator
 from pathlib import Path
 
 from sandboxes.acp import AgentConnection, PermissionRequest, TurnEnd, TurnFailed, TurnItem, Update
@@ -19,12 +21,29 @@ def start_demo_agent(workspace: Path, argv: list[str] | None = None) -> AgentCon
     return connection
 
 
+def iter_prompt(
+    connection: AgentConnection, text: str, timeout: float | None = None
+) -> Iterator[TurnItem]:
+    """Run a turn and yield its items as they come (blocking); permission requests must be
+    answered. Fails when nothing comes within `timeout`."""
+    items: queue.SimpleQueue[TurnItem] = queue.SimpleQueue()
+    connection.prompt(text, items.put)
+    while True:
+        try:
+            item = items.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no message from the agent within {timeout} s") from None
+        yield item
+        if isinstance(item, TurnEnd | TurnFailed):
+            return
+
+
 def run_turn(
     connection: AgentConnection, text: str, answer: str | None = "allow", timeout: float = 15
 ) -> list[TurnItem]:
     """Run a turn to its end, answering permission requests with `answer`; return its items."""
     items = []
-    for item in connection.iter_prompt(text, timeout=timeout):
+    for item in iter_prompt(connection, text, timeout=timeout):
         items.append(item)
         if isinstance(item, PermissionRequest):
             connection.answer_permission(item.request_id, answer)

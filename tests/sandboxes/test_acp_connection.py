@@ -22,7 +22,7 @@ from sandboxes.acp import (
 )
 from sandboxes.backends.local import LocalAgentProcess
 
-from .agents import ending, reply_text, run_turn, start_demo_agent
+from .agents import ending, iter_prompt, reply_text, run_turn, start_demo_agent
 
 
 def is_message(item):
@@ -383,7 +383,7 @@ def test_updates_that_are_objects_are_delivered_whatever_their_kind(hostile):
 
 def test_permission_options_with_odd_ids_become_strings_and_the_agent_hears_its_own_id(hostile):
     items = []
-    for item in hostile.iter_prompt("permission", timeout=15):
+    for item in iter_prompt(hostile, "permission", timeout=15):
         items.append(item)
         if isinstance(item, PermissionRequest):
             request = item

@@ -23,7 +23,7 @@ from sandboxes.acp import (
     Update,
 )
 
-from .agents import reply_text, start_demo_agent
+from .agents import iter_prompt, reply_text, start_demo_agent
 
 # This checkout's demo agent (the console script on PATH may be another checkout's).
 DEMO = [sys.executable, str(Path(demo_agent.__file__))]
@@ -39,7 +39,7 @@ def agent(tmp_path):
 def run(connection, text, answer=None, timeout=20):
     """Run a turn; `answer(item)` is called for each elicitation request."""
     items = []
-    for item in connection.iter_prompt(text, timeout=timeout):
+    for item in iter_prompt(connection, text, timeout=timeout):
         items.append(item)
         if isinstance(item, ElicitationRequest) and answer is not None and not item.refused:
             answer(item)
@@ -136,7 +136,7 @@ def test_a_field_of_an_unknown_type_is_shown_as_unsupported(agent):
 
 def test_a_cancelled_turn_cancels_its_open_elicitation(agent):
     items = []
-    for item in agent.iter_prompt("elicit", timeout=20):
+    for item in iter_prompt(agent, "elicit", timeout=20):
         items.append(item)
         if isinstance(item, ElicitationRequest):
             agent.cancel()
@@ -194,7 +194,7 @@ def test_an_agent_that_wants_authentication_says_how(tmp_path):
 
 
 def test_a_prompt_answered_with_auth_required_names_the_agent_s_methods(agent):
-    items = list(agent.iter_prompt("signin", timeout=20))
+    items = list(iter_prompt(agent, "signin", timeout=20))
     failed = items[-1]
     assert isinstance(failed, TurnFailed)
     assert failed.details == {"reason": "auth_required", "authMethods": [], "keys": []}
