@@ -243,7 +243,7 @@ class Terminals:
         """The terminal closed: drop it, make sure its shell is gone, tell its sockets."""
         with self._lock:
             self._by_id.pop(terminal.id, None)
-        code = terminal.process.wait(EXIT_CODE_SECONDS)
+        code = terminal.process.wait_exit(EXIT_CODE_SECONDS)
         try:
             terminal.process.terminate()  # what may hold on (a jail, a cgroup): gone too
         except Exception:

@@ -75,7 +75,7 @@ class TerminalProcess(Protocol):
     def resize(self, cols: int, rows: int) -> None:
         """Set the terminal's size; its foreground programs hear of it (SIGWINCH)."""
 
-    def wait(self, timeout: float) -> int | None:
+    def wait_exit(self, timeout: float) -> int | None:
         """Wait at most `timeout` seconds for the shell's exit code (None: not known)."""
 
     def terminate(self) -> None:

@@ -397,7 +397,7 @@ class LocalTerminal:
             with contextlib.suppress(OSError):
                 _set_size(self._master, cols, rows)
 
-    def wait(self, timeout: float) -> int | None:
+    def wait_exit(self, timeout: float) -> int | None:
         try:
             return self._popen.wait(timeout)
         except subprocess.TimeoutExpired:
