@@ -244,6 +244,8 @@ class Terminals:
         with self._lock:
             self._by_id.pop(terminal.id, None)
         code = terminal.process.wait_exit(EXIT_CODE_SECONDS)
+        if code is not None and code < 0:
+            code = 128 - code  # killed by a signal: as a shell says it
         try:
             terminal.process.terminate()  # what may hold on (a jail, a cgroup): gone too
         except Exception:

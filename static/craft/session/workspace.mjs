@@ -1,11 +1,12 @@
 // The workspace panel beside the transcript (a sheet on phones): what the agent did to the
-// session's files. Two tabs:
+// session's files, and shells in its workspace. Three tabs:
 //
 //   Files    a tree loaded folder by folder, a preview of the file picked (text highlighted,
 //            Markdown rendered and sanitised, images), download of one file or of all
 //   Changes  each change (a turn's turn_changes, a revert's workspace_reverted) with its
 //            files, each file's diff in hunks, and "revert hunk", "revert file" and "revert
 //            turn", each behind a second click that confirms it
+//   Terminal shells in the workspace (terminal.mjs)
 //
 // Everything is read through the workspace API (docs/workspace.md), which reads the files
 // where the agent runs; names are shown as the API spells them. File content is untrusted:
@@ -35,7 +36,7 @@ const REVERT_ERRORS = {
  *  `fold` holds the changes; `tell(text)` puts text in the prompt box for the person to send;
  *  `changesShown()` is called whenever the Changes tab is shown (its Repository section, for a
  *  session on a repository, is repository.mjs's). */
-export function createWorkspace({ api, fold, announce, tell, changesShown = () => {} }) {
+export function createWorkspace({ api, fold, announce, tell, changesShown = () => {}, terminal = null }) {
   const panel = $("workspace");
   const toggle = $("workspace-toggle");
   const tree = $("file-tree");
@@ -43,7 +44,7 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
   const changeList = $("change-list");
   const problem = $("workspace-error");
   const revertNote = $("revert-note");
-  const tabs = { files: $("tab-files"), changes: $("tab-changes") };
+  const tabs = { files: $("tab-files"), changes: $("tab-changes"), terminal: $("tab-terminal") };
   const listings = new Map(); // folder path -> {entries, at}: for "@" suggestions
   let shownChanges = 0;
   let stale = true; // the tree must be loaded (again) when next shown
@@ -85,6 +86,8 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
       drawChanges();
       changesShown();
     }
+    if (tab === "terminal") terminal?.shown();
+    else terminal?.hidden();
   }
 
   function showProblem(text) {
@@ -383,12 +386,14 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
   for (const [name, button] of Object.entries(tabs)) button.addEventListener("click", () => select(name));
   $("workspace-tabs").addEventListener("keydown", (event) => {
     if (event.key !== "ArrowLeft" && event.key !== "ArrowRight") return;
-    const next = tabs.files.getAttribute("aria-selected") === "true" ? "changes" : "files";
+    const names = Object.keys(tabs);
+    const at = names.findIndex((name) => tabs[name].getAttribute("aria-selected") === "true");
+    const next = names[(at + (event.key === "ArrowRight" ? 1 : names.length - 1)) % names.length];
     select(next);
     tabs[next].focus();
   });
   panel.addEventListener("keydown", (event) => {
-    if (event.key !== "Escape") return;
+    if (event.key !== "Escape" || event.target.closest?.(".terminal-screen")) return; // a shell's Esc
     event.preventDefault(); // Esc in the panel closes it; it does not stop the agent
     close();
   });
