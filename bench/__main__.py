@@ -4,11 +4,11 @@ SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the 
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
 `bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.isolation`,
-`bench.scale`, `bench.repository`).
+`bench.scale`, `bench.repository`, `bench.terminal`).
 
     .venv/bin/python -m bench [--quick]
         [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,isolation,scale,
-                repository]
+                repository,terminal]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .harness import Figure, Site
 
 BENCHMARKS = [
     "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm",
-    "isolation", "scale", "repository",
+    "isolation", "scale", "repository", "terminal",
 ]  # fmt: skip
 
 
@@ -58,6 +58,7 @@ def main() -> None:
                 "warm": {"runs": 2 if args.quick else 3},
                 "isolation": {"rounds": 6 if args.quick else 15},
                 "repository": {"rounds": 3 if args.quick else 5},
+                "terminal": {"keystrokes": 100 if args.quick else 300},
                 "scale": {
                     "sessions": 100 if args.quick else 400,
                     "cluster_sessions": 150 if args.quick else 600,
