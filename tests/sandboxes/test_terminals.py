@@ -16,10 +16,15 @@ import time
 
 import pytest
 
-from sandboxes import services
+from craft.session_activity import session_activity
+from sandboxes import reaper, services
+from sandboxes.models import ReaperAction, Sandbox
 from sandboxes.terminals import DETACHED_SECONDS, SCROLLBACK_BYTES, Terminal, terminals, utf8_tail
 
+from .test_reaper import age
+
 pytestmark = pytest.mark.django_db(transaction=True)
+Kind = ReaperAction.Kind
 
 WAIT = 20.0
 
@@ -70,16 +75,14 @@ def open_terminal(workspace, cols: int = 80, rows: int = 24) -> tuple[Terminal, 
 
 
 def run(terminal: Terminal, screen: Screen, command: str, marker: str) -> str:
-    """Type `command` and return what it printed (after the terminal's echo of the line),
-    which ends with `marker`."""
+    """Type `command` and return what the terminal showed from then on, up to `marker`
+    (printed after it). What is typed is echoed too: tests look for what only the command's
+    output can show (`u''id=` typed shows `uid=` only when run)."""
     start = len(screen.data)
-    typed = f"{command}; echo {marker[:2]}''{marker[2:]}"
-    terminal.write(f"{typed}\r".encode())
-    # The line is echoed as it is typed, and again by the shell's prompt once it reads it.
+    terminal.write(f"{command}; echo {marker[:2]}''{marker[2:]}\r".encode())
     screen.wait_for(re.escape(marker) + r"\r\n")
     shown = screen.data[start:].decode(errors="replace")
-    shown = shown[: shown.index(marker + "\r\n")]
-    return shown[shown.rindex(typed + "\r\n") + len(typed) + 2 :]
+    return shown[: shown.index(marker + "\r\n")]
 
 
 @pytest.fixture(autouse=True)
@@ -90,10 +93,10 @@ def _no_terminal_left():
 
 def test_the_shell_runs_as_the_agent_in_the_session_s_workspace(workspace):
     terminal, screen = open_terminal(workspace)
-    shown = run(terminal, screen, "echo uid=$(id -u) gid=$(id -g) cwd=$(pwd) term=$TERM", "DONE1")
-    uid = int(re.search(r"uid=(\d+)", shown)[1])
-    cwd = re.search(r"cwd=(\S+)", shown)[1]
-    assert re.search(r"term=xterm-256color", shown)
+    shown = run(terminal, screen, "echo u''id=$(id -u) c''wd=$(pwd) t''erm=$TERM", "DONE1")
+    uid = int(re.search(r"uid=(\d+) ", shown)[1])
+    cwd = re.search(r"cwd=(\S+) ", shown)[1]
+    assert re.search(r"term=xterm-256color\r\n", shown)
     # (The test API server runs a pod's processes in the pod's folder on this machine.)
     assert cwd == str(workspace.folder)
     if workspace.backend == "local":
@@ -192,3 +195,29 @@ def test_the_scrollback_keeps_whole_characters():
     assert utf8_tail(data, 6) == ("é" * 3).encode()
     assert utf8_tail(b"abc", 10) == b"abc"
     assert SCROLLBACK_BYTES == 256 * 1024
+
+
+def test_an_open_terminal_keeps_its_sandbox_from_being_idle(workspace, settings):
+    settings.CRAFT_SANDBOX_IDLE_SECONDS = 60
+    terminal, screen = open_terminal(workspace)
+    run(terminal, screen, "true", "READY")
+    age(workspace.sandbox, 120)
+    report = reaper.reap_sandboxes(session_activity)
+    assert report.errors == [] and report.actions == []
+    assert Sandbox.objects.get(pk=workspace.sandbox.pk).status == Sandbox.Status.RUNNING
+    run(terminal, screen, "echo still", "THERE")
+    terminal.write(b"exit\r")
+    screen.ended_with()
+    age(workspace.sandbox, 120)
+    report = reaper.reap_sandboxes(session_activity)
+    assert [(a.kind, a.sandbox_id) for a in report.actions] == [
+        (Kind.TERMINATED_IDLE, workspace.sandbox.pk)
+    ]
+
+
+def test_the_reaper_closes_the_terminals_of_a_sandbox_another_process_stopped(workspace):
+    terminal, screen = open_terminal(workspace)
+    run(terminal, screen, "true", "READY")
+    Sandbox.objects.filter(pk=workspace.sandbox.pk).update(status=Sandbox.Status.FAILED)
+    reaper.stop_idle_agents(session_activity)
+    screen.ended_with()
