@@ -239,7 +239,7 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
         if kind == "input" and isinstance(frame.get("data"), str):
             await self.handle_input(frame["data"])
         elif kind == "resize" and _side(frame.get("cols")) and _side(frame.get("rows")):
-            self.terminal.resize(frame["cols"], frame["rows"])
+            await self._blocking(self.terminal.resize, frame["cols"], frame["rows"])
         elif kind in ("input", "resize"):
             what = "a string 'data'" if kind == "input" else f"'cols' and 'rows' of 1 to {MAX_SIDE}"
             await self.send_error("bad_frame", f"an {kind!r} frame needs {what}")
@@ -255,12 +255,19 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
             return
         raw = data.encode("utf-8", errors="replace")
         try:
-            if self.terminal.process.writes_block:
-                await asyncio.to_thread(self.terminal.write, raw)
-            else:
-                self.terminal.write(raw)
+            await self._blocking(self.terminal.write, raw)
         except OSError as exc:
             await self.send_error("input_refused", f"the terminal took no input: {exc}")
+
+    async def _blocking(self, call: Any, *args: Any) -> None:
+        """Run `call` on a thread when the terminal's writes may wait (a pod exec's
+        websocket), else at once (a local terminal's never block). Frames are handled one at
+        a time, so keystrokes keep their order either way."""
+        assert self.terminal is not None
+        if self.terminal.process.writes_block:
+            await asyncio.to_thread(call, *args)
+        else:
+            call(*args)
 
     # --- helpers ----------------------------------------------------------------------------
 

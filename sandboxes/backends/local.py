@@ -409,14 +409,16 @@ class LocalTerminal:
         if self._closed:
             return
         self._closed = True
-        self._signal_group(signal.SIGHUP)
-        self._signal_group(signal.SIGCONT)
-        try:
-            self._popen.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            self._signal_group(signal.SIGKILL)
-            self._popen.wait()
-        self._signal_group(signal.SIGKILL)
+        # Once the shell is reaped its pid may be another's: its group is signalled only
+        # while it runs (the jail's PID namespace and the cgroup end the rest).
+        if self._popen.poll() is None:
+            self._signal_group(signal.SIGHUP)
+            self._signal_group(signal.SIGCONT)
+            try:
+                self._popen.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self._popen.wait()
         leaf, self._leaf = self._leaf, None
         if leaf is not None:
             leaf.close()
