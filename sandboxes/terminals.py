@@ -96,7 +96,7 @@ class Terminal:
             if not self.closed:
                 self._listeners.append(listener)
                 self.detached_since = None
-            return bytes(self._scrollback), not self.closed
+            return utf8_tail(self._scrollback, SCROLLBACK_BYTES), not self.closed
 
     def detach(self, listener: Listener) -> None:
         with self._lock:

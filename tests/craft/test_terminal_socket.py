@@ -24,9 +24,13 @@ import websocket
 
 from craft.models import Event
 from sandboxes.backends import budget, firewall, network
+from sandboxes.terminals import SCROLLBACK_BYTES
+from tests.catalog import KEY
+from tests.ready import running_sandbox
 
 from ..conftest import OPEN_SOCKETS
-from ..server import Daphne, api, close_code
+from ..server import Daphne, api, ask, close_code
+from ..server import open_session as open_agent_session
 from .wsclient import session_cookie
 
 pytestmark = [
@@ -213,3 +217,49 @@ def test_keystrokes_are_stored_nowhere(server, owner):
     assert secret not in server.log.read_text()
     stored = Event.objects.filter(session_id=session).values_list("data", flat=True)
     assert all(secret not in json.dumps(data) for data in stored)
+
+
+def test_the_scrollback_is_the_last_256_kib_whole_characters_first(server, owner):
+    session = open_session(server, owner)
+    first = Term(connect(server, owner, session))
+    # 400,000 bytes of two-byte characters, then a mark.
+    first.type("head -c 400000 /dev/zero | tr '\\0' a | sed 's/a/\\xc3\\xa9/g'; echo EN''D\r")
+    first.wait_for("END")
+    first.ws.close()
+    again = Term(connect(server, owner, session, f"?terminal={first.id}"))
+    again.wait_for("END")
+    assert "\ufffd" not in again.shown  # no character cut in two
+    assert SCROLLBACK_BYTES - 4 <= len(again.shown.encode()) <= SCROLLBACK_BYTES
+    again.type("exit\r")
+    again.until("exit")
+
+
+def test_another_server_process_says_the_terminal_is_not_there(server, owner, tmp_path):
+    session = open_session(server, owner)
+    term = Term(connect(server, owner, session))
+    other = Daphne(tmp_path, DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost").start()
+    try:
+        refused = connect(other, owner, session, f"?terminal={term.id}")
+        assert json.loads(refused.recv())["code"] == "no_terminal"
+        assert close_code(refused) == 4404
+    finally:
+        other.stop()
+    term.type("echo st''ill-here\r")
+    term.wait_for("still-here")  # the first process's shell goes on
+    term.type("exit\r")
+    term.until("exit")
+
+
+def test_a_terminal_gets_none_of_its_owner_s_keys(catalog_server, owner):
+    key = "sk-olivia-terminal-0123456789"
+    server = catalog_server()
+    assert api(server, owner, "PUT", f"/api/credentials/{KEY}/", {"value": key})[0] == 200
+    agent = open_agent_session(server, owner, "keyed")
+    running_sandbox(owner)
+    assert json.loads(ask(agent, "env"))[KEY] == key  # the agent has it
+    term = Term(connect(server, owner, agent.hello["session"]))
+    term.type(f"echo k''ey=${KEY}-; env; echo EN''D\r")
+    assert term.wait_for(r"key=(\S*)-")[1] == ""
+    term.wait_for("END")
+    assert key not in term.shown
+    agent.close()
