@@ -43,6 +43,16 @@ SCROLLBACK_BYTES = 256 * 1024
 DETACHED_SECONDS = 600.0
 # How long the end of a terminal waits for its shell's exit code.
 EXIT_CODE_SECONDS = 5.0
+# Flow control: the terminal is read no further while a socket has this much of its output
+# taken but not sent yet (the shell then waits on a full terminal, as on a slow one). A socket
+# that stops reading is closed by its consumer, which frees the terminal; at worst the wait
+# gives up after STALL_SECONDS.
+IN_FLIGHT_BYTES = 256 * 1024
+STALL_SECONDS = 30.0
+# With no socket attached, a terminal's output is read at a pace (a pause after each big
+# read): a runaway program costs the server little while nobody watches.
+DETACHED_PAUSE_SECONDS = 0.005
+BIG_READ = 4096
 
 # Where a terminal's end is heard: waiting for the exit code must not hold the pipes' thread.
 _ends = ThreadPoolExecutor(max_workers=2, thread_name_prefix="craft-terminal-ends")
@@ -54,7 +64,8 @@ class TooManyTerminals(SandboxError):
 
 class Listener(Protocol):
     """A socket attached to a terminal. Both are called on the terminal's reading thread (or
-    the one that ends it) and must not block."""
+    the one that ends it) and must not block. The socket tells the terminal what of the
+    output it has sent (`Terminal.sent`): until it has, the terminal is not read further."""
 
     def output(self, data: bytes) -> None: ...
 
@@ -83,8 +94,10 @@ class Terminal:
         self.session_id = session_id
         self.process = process
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
         self._scrollback = bytearray()
         self._listeners: list[Listener] = []
+        self._in_flight: dict[int, int] = {}  # id of a listener: bytes taken, not sent
         self.detached_since: float | None = time.monotonic()
         self.closed = False
         self.code: int | None = None
@@ -95,6 +108,7 @@ class Terminal:
         with self._lock:
             if not self.closed:
                 self._listeners.append(listener)
+                self._in_flight[id(listener)] = 0
                 self.detached_since = None
             return utf8_tail(self._scrollback, SCROLLBACK_BYTES), not self.closed
 
@@ -102,8 +116,17 @@ class Terminal:
         with self._lock:
             if listener in self._listeners:
                 self._listeners.remove(listener)
+            self._in_flight.pop(id(listener), None)
             if not self._listeners and self.detached_since is None:
                 self.detached_since = time.monotonic()
+            self._drained.notify_all()
+
+    def sent(self, listener: Listener, count: int) -> None:
+        """`listener` has sent `count` bytes of what it took (flow control)."""
+        with self._lock:
+            if id(listener) in self._in_flight:
+                self._in_flight[id(listener)] = max(0, self._in_flight[id(listener)] - count)
+                self._drained.notify_all()
 
     def write(self, data: bytes) -> None:
         """Type into the terminal (blocks when `process.writes_block`)."""
@@ -113,20 +136,35 @@ class Terminal:
         self.process.resize(cols, rows)
 
     def _output(self, data: bytes) -> None:
+        """Keep `data` and hand it to every socket; then wait while one of them is behind
+        (on the terminal's own reading thread: the shell waits meanwhile)."""
         with self._lock:
             self._scrollback += data
             if len(self._scrollback) > SCROLLBACK_BYTES + SCROLLBACK_BYTES // 4:
                 # Cut now and then, not at every chunk: each cut copies the scrollback.
                 self._scrollback = bytearray(utf8_tail(self._scrollback, SCROLLBACK_BYTES))
             listeners = list(self._listeners)
+            for listener in listeners:
+                self._in_flight[id(listener)] += len(data)
         for listener in listeners:
             _tell(listener.output, data)
+        if not listeners:
+            if len(data) >= BIG_READ:
+                time.sleep(DETACHED_PAUSE_SECONDS)
+            return
+        with self._lock:
+            self._drained.wait_for(
+                lambda: self.closed or max(self._in_flight.values(), default=0) <= IN_FLIGHT_BYTES,
+                STALL_SECONDS,
+            )
 
     def _ended(self, code: int | None) -> None:
         with self._lock:
             self.closed = True
             self.code = code
             listeners, self._listeners = self._listeners, []
+            self._in_flight.clear()
+            self._drained.notify_all()
         for listener in listeners:
             _tell(listener.ended, code)
 

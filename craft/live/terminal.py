@@ -157,6 +157,7 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
         self._wake = asyncio.Event()
         self._exit: object = _OPEN
         self._too_slow = False
+        self._live = 0  # bytes of live output taken and not sent yet (the terminal waits)
         scrollback, still_open = terminal.attach(self)
         self._pending = bytearray(scrollback)
         self.terminal = terminal
@@ -190,6 +191,7 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
             self._too_slow = True  # it comes back to the scrollback
         else:
             self._pending += data
+            self._live += len(data)
         self._wake.set()
 
     def _take_exit(self, code: int | None) -> None:
@@ -207,9 +209,12 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
             if self._pending:
                 data = bytes(self._pending)
                 self._pending.clear()
+                live, self._live = self._live, 0
                 text = self._decoder.decode(data)
                 if text:
                     await self.send_json({"type": "output", "data": text})
+                if self.terminal is not None:
+                    self.terminal.sent(self, live)
                 if (unsent_bytes(self.base_send) or 0) > limit:
                     logger.info("terminal socket: the client stopped reading; closing")
                     await self.close(code=CLOSE_TOO_SLOW)

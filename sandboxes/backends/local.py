@@ -15,6 +15,7 @@ import fcntl
 import io
 import logging
 import os
+import select
 import shutil
 import signal
 import struct
@@ -73,6 +74,8 @@ TOOL_NICENESS = 10
 STDIN_WAITING_BYTES = 16 << 20
 # What may wait for a terminal's shell to read its input (a paste): past it, the write fails.
 TERMINAL_INPUT_BYTES = 1 << 20
+# One read of a terminal's output takes what it holds, up to this.
+TERMINAL_READ_BYTES = 1 << 16
 # How often, at most, an agent's output makes Craft look whether the kernel killed one of
 # its processes for want of memory (one small read of its cgroup).
 MEMORY_WATCH_SECONDS = 1.0
@@ -335,9 +338,9 @@ class LocalTerminal:
     """A shell on a pseudo-terminal of this machine (`SandboxBackend.start_terminal`).
 
     `argv` makes the terminal the shell's controlling one (`setsid -w -c`, inside the jail
-    when there is one); its master side is read by the agents' pipes thread and written
-    through an `Outbox`, so that nothing here blocks the event loop. With a budget, the
-    cgroup `leaf` the argv enters first is killed and removed with the terminal.
+    when there is one); its master side is read by a thread of its own and written through
+    an `Outbox` (the agents' pipes thread), so that nothing here blocks the event loop. With
+    a budget, the cgroup `leaf` the argv enters first is killed and removed with the terminal.
     """
 
     writes_block = False
@@ -379,15 +382,42 @@ class LocalTerminal:
             os.close(slave)
         self.ident = str(self._popen.pid)
         self._master = master
-        # The pipes thread serves one file object per descriptor: the writer has its own.
-        self._output = os.fdopen(master, "rb", buffering=0)
         self._input = Outbox(
             os.fdopen(os.dup(master), "wb", buffering=0), TERMINAL_INPUT_BYTES, pipes
         )
 
     def listen(self, output: Callable[[bytes], None], end: Callable[[], None]) -> None:
-        # A read of the master side fails (EIO) once no process holds the terminal: the end.
-        pipes.watch(self._output, output, end)
+        # A thread of its own, not the agents' pipes thread: the terminal waits for slow
+        # sockets (flow control), and no agent's output may wait with it.
+        reader = threading.Thread(
+            target=self._read, args=(output, end), name=f"terminal-{self.ident}", daemon=True
+        )
+        reader.start()
+
+    def _read(self, output: Callable[[bytes], None], end: Callable[[], None]) -> None:
+        """Read the master side until no process holds the terminal (a read fails with EIO)
+        or it is terminated; then close it and call `end`."""
+        # The descriptor is non-blocking (shared with the Outbox's): wait for it (poll, not
+        # select: a busy server's descriptors run past select's 1024).
+        waiting = select.poll()
+        waiting.register(self._master, select.POLLIN)
+        try:
+            while not self._closed:
+                if not waiting.poll(1000):
+                    continue
+                try:
+                    chunk = os.read(self._master, TERMINAL_READ_BYTES)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                output(chunk)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._master)
+            end()
 
     def write(self, data: bytes) -> None:
         self._input.write(data)
@@ -422,8 +452,7 @@ class LocalTerminal:
         leaf, self._leaf = self._leaf, None
         if leaf is not None:
             leaf.close()
-        self._input.close()
-        pipes.close(self._output)
+        self._input.close()  # the reader closes the master side within a second
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -19,7 +19,14 @@ import pytest
 from craft.session_activity import session_activity
 from sandboxes import reaper, services
 from sandboxes.models import ReaperAction, Sandbox
-from sandboxes.terminals import DETACHED_SECONDS, SCROLLBACK_BYTES, Terminal, terminals, utf8_tail
+from sandboxes.terminals import (
+    DETACHED_SECONDS,
+    IN_FLIGHT_BYTES,
+    SCROLLBACK_BYTES,
+    Terminal,
+    terminals,
+    utf8_tail,
+)
 
 from .test_reaper import age
 
@@ -221,3 +228,29 @@ def test_the_reaper_closes_the_terminals_of_a_sandbox_another_process_stopped(wo
     Sandbox.objects.filter(pk=workspace.sandbox.pk).update(status=Sandbox.Status.FAILED)
     reaper.stop_idle_agents(session_activity)
     screen.ended_with()
+
+
+def test_a_terminal_is_read_no_further_than_its_sockets_send(workspace):
+    terminal, screen = open_terminal(workspace)
+    run(terminal, screen, "true", "READY")
+    terminal.sent(screen, len(screen.data))
+    acked = len(screen.data)
+    behind = 0  # the most the terminal was ever ahead of what the socket sent
+    terminal.write(b"head -c 4000000 /dev/zero | tr '\\0' x; echo; echo DO''NE\r")
+
+    start = acked
+
+    def done() -> bool:
+        return screen.data.find(b"DONE\r\n", start) >= 0
+
+    # The socket sends only once the terminal is as far ahead as flow control lets it be.
+    while not done():
+        with screen._changed:
+            assert screen._changed.wait_for(
+                lambda acked=acked: len(screen.data) - acked >= IN_FLIGHT_BYTES or done(), WAIT
+            ), "the terminal stalled"
+            size = len(screen.data)
+        behind = max(behind, size - acked)
+        terminal.sent(screen, size - acked)
+        acked = size
+    assert IN_FLIGHT_BYTES <= behind <= IN_FLIGHT_BYTES + (64 << 10)
