@@ -1,6 +1,7 @@
 """The Terminal tab as a person uses it in Chromium, against daphne as root with sandbox users:
 a shell that runs `id` as the sandbox's user, survives a dropped socket (back to the same shell,
-its scrollback kept), attaches its selected text to the message, and dies with the sandbox.
+its scrollback kept), attaches its selected text to the message, and dies with the sandbox;
+another person's page cannot open it.
 The page keeps its Content-Security-Policy throughout (the browser fixture fails on any
 violation), and the screenshots are of each new state, on a laptop and on a phone."""
 
@@ -19,7 +20,7 @@ from sandboxes.backends import budget, firewall, network
 
 from ..craft.test_live_status import admin_terminate
 from ..craft.test_terminal_socket import open_session
-from .conftest import assert_accessible, serve, snap
+from .conftest import assert_accessible, serve, signed_in_page, snap
 from .test_live_status import off_the_loop
 
 pytestmark = [
@@ -142,3 +143,21 @@ def _sandbox_of(session_id: str):
     from craft.models import Session
 
     return Session.objects.get(pk=session_id).sandbox
+
+
+async def test_another_person_s_terminal_socket_is_refused(browser, craft_server, owner, stranger):
+    session_id = await off_the_loop(open_session, craft_server, owner)
+    page = await signed_in_page(browser, craft_server, stranger)
+    try:
+        await page.goto(f"{craft_server.url}/")
+        code = await page.evaluate(
+            """(session) => new Promise((done) => {
+                const ws = new WebSocket(`ws://${location.host}/ws/sessions/${session}/terminals/`);
+                ws.onmessage = () => done("a frame came");
+                ws.onclose = (event) => done(event.code);
+            })""",
+            session_id,
+        )
+    finally:
+        await page.context.close()
+    assert code == 4403
