@@ -5,7 +5,9 @@ session's agent runs); `?terminal=<tid>` goes back to one this process holds: it
 then live output. Authenticated and checked as the session socket is (the session cookie, the
 Origin, the account followed), and only the session's owner. The shell's output is sent as
 it is read (what piles up while a send is under way goes in the next frame), decoded as UTF-8
-across reads; what the person types is written to the terminal and kept nowhere.
+across reads, and the terminal is read further only once the client has taken what was sent
+(past CRAFT_SOCKET_BUFFER_BYTES unread for CRAFT_SOCKET_STALL_SECONDS, the socket is closed,
+4408); what the person types is written to the terminal and kept nowhere.
 """
 
 from __future__ import annotations
@@ -213,12 +215,12 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 text = self._decoder.decode(data)
                 if text:
                     await self.send_json({"type": "output", "data": text})
-                if self.terminal is not None:
-                    self.terminal.sent(self, live)
-                if (unsent_bytes(self.base_send) or 0) > limit:
+                if not await self._client_keeps_up(limit):
                     logger.info("terminal socket: the client stopped reading; closing")
                     await self.close(code=CLOSE_TOO_SLOW)
                     return
+                if self.terminal is not None:
+                    self.terminal.sent(self, live)  # the terminal is read further
             if self._exit is not _OPEN:
                 text = self._decoder.decode(b"", final=True)
                 if text:
@@ -226,6 +228,20 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
                 await self.send_json({"type": "exit", "code": self._exit})
                 await self.close()
                 return
+
+    async def _client_keeps_up(self, limit: int) -> bool:
+        """Hold on while the client has more than `limit` bytes not read yet (the terminal
+        waits meanwhile: it is read no faster than the client reads); False when it read
+        nothing for CRAFT_SOCKET_STALL_SECONDS."""
+        if (unsent_bytes(self.base_send) or 0) <= limit:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.CRAFT_SOCKET_STALL_SECONDS
+        while (unsent_bytes(self.base_send) or 0) > limit // 2:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     # --- from the client ------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from tests.catalog import KEY
 from tests.ready import running_sandbox
 
 from ..conftest import OPEN_SOCKETS
-from ..server import Daphne, api, ask, close_code
+from ..server import Daphne, api, ask, close_code, wait_for_log
 from ..server import open_session as open_agent_session
 from .wsclient import session_cookie
 
@@ -54,6 +54,9 @@ def server(django_db_setup, tmp_path_factory):
         CRAFT_SANDBOX_UID_BASE=str(base),
         CRAFT_SANDBOX_UID_COUNT="1000",
         CRAFT_MAX_TERMINALS_PER_USER=str(LIMIT),
+        # A client that stops reading is found out within a second.
+        CRAFT_SOCKET_BUFFER_BYTES="65536",
+        CRAFT_SOCKET_STALL_SECONDS="1",
         DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
     )
     try:
@@ -263,3 +266,35 @@ def test_a_terminal_gets_none_of_its_owner_s_keys(catalog_server, owner):
     term.wait_for("END")
     assert key not in term.shown
     agent.close()
+
+
+def test_a_client_that_stops_reading_is_closed_and_comes_back_to_the_scrollback(server, owner):
+    session = open_session(server, owner)
+    term = Term(connect(server, owner, session))
+    term.type("head -c 16000000 /dev/zero | tr '\\0' x; echo; echo EN''D\r")
+    # Nothing read from here: what the server could not send piles up, past its limit.
+    wait_for_log(server, "terminal socket: the client stopped reading; closing", count=1)
+    assert close_code(term.ws) == 4408
+    again = Term(connect(server, owner, session, f"?terminal={term.id}"))
+    read_until_end(again)  # the shell went on: the scrollback, then the rest
+    again.type("exit\r")
+    again.until("exit")
+
+
+def read_until_end(term: Term) -> int:
+    """Read a long output to its `END` line, keeping only its tail; return the x's read."""
+    received = 0
+    while not re.search(r"END\r\n", term.shown[-400:]):
+        frame = term.frame()
+        assert frame["type"] == "output", frame
+        received += frame["data"].count("x")
+        term.shown = term.shown[-400:]
+    return received
+
+
+def test_a_client_that_reads_gets_everything_however_fast_the_shell_prints(server, owner):
+    term = Term(connect(server, owner, open_session(server, owner)))
+    term.type("head -c 8000000 /dev/zero | tr '\\0' x; echo; echo EN''D\r")
+    assert read_until_end(term) >= 8_000_000  # (and the few of the typed line's echo)
+    term.type("exit\r")
+    term.until("exit")
