@@ -100,7 +100,9 @@ class Terminal:
         self._in_flight: dict[int, int] = {}  # id of a listener: bytes taken, not sent
         self.detached_since: float | None = time.monotonic()
         self.closed = False
+        self.stopping = False  # being terminated: its output is no longer held back
         self.code: int | None = None
+        self.ended = threading.Event()  # its end is told and what it held is gone
 
     def attach(self, listener: Listener) -> tuple[bytes, bool]:
         """Attach `listener`; return the scrollback (what it gets before live output) and
@@ -154,9 +156,19 @@ class Terminal:
             return
         with self._lock:
             self._drained.wait_for(
-                lambda: self.closed or max(self._in_flight.values(), default=0) <= IN_FLIGHT_BYTES,
+                lambda: (
+                    self.closed
+                    or self.stopping
+                    or max(self._in_flight.values(), default=0) <= IN_FLIGHT_BYTES
+                ),
                 STALL_SECONDS,
             )
+
+    def _stop(self) -> None:
+        """Stop holding the output back: the terminal is being terminated."""
+        with self._lock:
+            self.stopping = True
+            self._drained.notify_all()
 
     def _ended(self, code: int | None) -> None:
         with self._lock:
@@ -165,6 +177,7 @@ class Terminal:
             listeners, self._listeners = self._listeners, []
             self._in_flight.clear()
             self._drained.notify_all()
+        self.ended.set()
         for listener in listeners:
             _tell(listener.ended, code)
 
@@ -227,15 +240,19 @@ class Terminals:
         return terminal
 
     def close(self, terminals: Iterable[Terminal]) -> int:
-        """Terminate the terminals (their sockets hear `ended` once the shells are gone)."""
-        count = 0
-        for terminal in list(terminals):
-            count += 1
+        """Terminate the terminals and wait (a few seconds at most) until each has ended:
+        its shell and what it held (its cgroup) gone, its sockets told."""
+        closing = list(terminals)
+        for terminal in closing:
+            terminal._stop()
             try:
                 terminal.process.terminate()
             except Exception:
                 logger.exception("terminating terminal %s failed", terminal.id)
-        return count
+        for terminal in closing:
+            if not terminal.ended.wait(EXIT_CODE_SECONDS + 5):
+                logger.warning("terminal %s did not end", terminal.id)
+        return len(closing)
 
     def close_sandbox(self, sandbox_id: UUID) -> int:
         return self.close(self._matching(lambda t: t.sandbox_id == sandbox_id))

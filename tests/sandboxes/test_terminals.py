@@ -92,9 +92,17 @@ def run(terminal: Terminal, screen: Screen, command: str, marker: str) -> str:
     return shown[: shown.index(marker + "\r\n")]
 
 
-@pytest.fixture(autouse=True)
-def _no_terminal_left():
-    yield
+# The conftest's fixtures, with this test's terminals closed (and waited for) before the
+# sandbox's machine is cleaned up: its cgroups go after the terminals' own.
+@pytest.fixture
+def workspace(workspace):
+    yield workspace
+    terminals.close_all()
+
+
+@pytest.fixture
+def local_workspace(local_workspace):
+    yield local_workspace
     terminals.close_all()
 
 
