@@ -4,11 +4,11 @@ SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the 
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
 `bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.isolation`,
-`bench.scale`, `bench.repository`, `bench.preview`, `bench.search`).
+`bench.scale`, `bench.repository`, `bench.preview`, `bench.search`, `bench.terminal`).
 
     .venv/bin/python -m bench [--quick]
         [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,isolation,scale,
-                repository,preview,search]
+                repository,preview,search,terminal]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .harness import Figure, Site
 
 BENCHMARKS = [
     "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm",
-    "isolation", "scale", "repository", "preview", "search",
+    "isolation", "scale", "repository", "preview", "search", "terminal",
 ]  # fmt: skip
 
 
@@ -63,6 +63,7 @@ def main() -> None:
                     "events": 20_000 if args.quick else 100_000,
                     "rounds": 5 if args.quick else 20,
                 },
+                "terminal": {"keystrokes": 100 if args.quick else 300},
                 "scale": {
                     "sessions": 100 if args.quick else 400,
                     "cluster_sessions": 150 if args.quick else 600,

@@ -605,6 +605,9 @@ CRAFT_SOCKET_AUTH_CHECK_SECONDS = env_float("CRAFT_SOCKET_AUTH_CHECK_SECONDS", 5
 # The most session websockets one person may hold in one server process (0: no limit); one
 # more is closed with 4429, and the others go on.
 CRAFT_MAX_SOCKETS_PER_USER = env_int("CRAFT_MAX_SOCKETS_PER_USER", 100)
+# The most terminals (shells in a session's workspace) one person may have open in one server
+# process (0: no limit); one more is refused with a `too_many_terminals` error.
+CRAFT_MAX_TERMINALS_PER_USER = env_int("CRAFT_MAX_TERMINALS_PER_USER", 4)
 # What one turn may store; past it the turn is stopped and what the agent still sends is
 # counted, not stored (the turn's end says how much).
 CRAFT_MAX_TURN_BYTES = env_int("CRAFT_MAX_TURN_BYTES", 256 * 1024 * 1024, minimum=65536)

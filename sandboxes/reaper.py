@@ -57,6 +57,7 @@ from .backends import Resource, SandboxError, get_backend
 from .connections import agent_connections
 from .models import ReaperAction, Sandbox
 from .signals import announce_change
+from .terminals import terminals as open_terminals
 from .warm_agents import warm_agents
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def stop_idle_agents(sessions: Sessions) -> list[ReaperAction]:
     (checked again under its lock), and so does `sessions` (a turn that is starting).
     """
     warm_agents.replace_dead()
+    _close_terminals()
     keys = agent_connections.keys()
     if not keys:
         return []
@@ -133,6 +135,22 @@ def stop_idle_agents(sessions: Sessions) -> list[ReaperAction]:
     return actions
 
 
+def _close_terminals() -> None:
+    """Close this process's terminals left without a socket for `terminals.DETACHED_SECONDS`,
+    and those of sandboxes no longer running (terminated by another process)."""
+    open_terminals.close_abandoned()
+    open_in = open_terminals.sandboxes()
+    if not open_in:
+        return
+    stopped = (
+        Sandbox.objects.filter(pk__in=open_in)
+        .exclude(status=Sandbox.Status.RUNNING)
+        .values_list("pk", flat=True)
+    )
+    for sandbox_id in stopped:
+        open_terminals.close_sandbox(sandbox_id)
+
+
 # --- sandboxes ----------------------------------------------------------------------------
 
 
@@ -164,8 +182,9 @@ def _check_isolation(sessions: Sessions, now: datetime, report: Report) -> None:
 
 
 def _mark_live_agents(sessions: Sessions, now: datetime, report: Report) -> None:
-    """Mark sandboxes with live agents in this process as active now (for other processes)."""
-    live = agent_connections.sandboxes()
+    """Mark sandboxes with live agents or open terminals in this process as active now (for
+    other processes)."""
+    live = agent_connections.sandboxes() | open_terminals.sandboxes()
     if live:
         Sandbox.objects.filter(pk__in=live, last_activity_at__lt=now).update(last_activity_at=now)
 
@@ -234,6 +253,7 @@ def _terminate_idle(sessions: Sessions, now: datetime, report: Report) -> None:
             not sandbox.is_idle(now, idle, activity.get(sandbox.pk))
             or sandbox.pk in busy
             or agent_connections.count(sandbox.pk, warm=False)
+            or sandbox.pk in open_terminals.sandboxes()
         ):
             continue
         # Claimed with a conditional update: a sandbox used since it was read is spared.

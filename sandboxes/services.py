@@ -34,6 +34,7 @@ from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
 from .repository import Repository
 from .signals import announce_change
+from .terminals import terminals
 from .warm_agents import warm_agents
 from .workspace import Workspace
 
@@ -407,7 +408,11 @@ def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
     if sandbox.status == Sandbox.Status.TERMINATED:
         return sandbox
     stopped = agent_connections.stop_sandbox(sandbox.pk)
-    logger.info("terminating sandbox %s: stopped %d agent connection(s)", sandbox.pk, stopped)
+    closed = terminals.close_sandbox(sandbox.pk)
+    logger.info(
+        "terminating sandbox %s: stopped %d agent connection(s), closed %d terminal(s)",
+        sandbox.pk, stopped, closed,
+    )  # fmt: skip
     try:
         get_backend(sandbox.backend).terminate(sandbox)
     except Exception as exc:
@@ -508,9 +513,11 @@ def preview_connect(sandbox: Sandbox, port: int, timeout: float) -> socket.socke
 
 
 def remove_session_workspace(sandbox: Sandbox, session_id: UUID) -> None:
-    """Stop the session's agent connection (if any) and remove its workspace; the sandbox's
-    disk use is measured again at the reaper's next pass."""
+    """Stop the session's agent connection (if any), close its terminals (this process's)
+    and remove its workspace; the sandbox's disk use is measured again at the reaper's next
+    pass."""
     agent_connections.stop_session(sandbox.pk, session_id)
+    terminals.close_session(sandbox.pk, session_id)
     if sandbox.status in (Sandbox.Status.RUNNING, Sandbox.Status.FAILED):
         get_backend(sandbox.backend).remove_workspace(sandbox, session_id)
         Sandbox.objects.filter(pk=sandbox.pk).update(disk_measured_at=None)

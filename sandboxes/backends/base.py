@@ -58,6 +58,32 @@ class Resource:
         return f"{self.kind} {self.name}"
 
 
+class TerminalProcess(Protocol):
+    """A shell on a pseudo-terminal, run where and as the sandbox's agents run
+    (`SandboxBackend.start_terminal`). Its output is bytes as the terminal shows them."""
+
+    ident: str
+    # Whether `write` may wait (a websocket send): async callers then write from a thread.
+    writes_block: bool
+
+    def listen(self, output: Callable[[bytes], None], end: Callable[[], None]) -> None:
+        """Call `output(chunk)` with what the terminal shows, in order, from one thread, then
+        `end()` once when it closes (the shell and what holds the terminal are gone). Until
+        this is called, output waits. Neither callback may block."""
+
+    def write(self, data: bytes) -> None:
+        """Type `data` into the terminal (raises OSError once it is closed)."""
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Set the terminal's size; its foreground programs hear of it (SIGWINCH)."""
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Wait at most `timeout` seconds for the shell's exit code (None: not known)."""
+
+    def terminate(self) -> None:
+        """Hang the terminal up and kill what runs on it; idempotent."""
+
+
 class SandboxBackend(Protocol):
     """Where a sandbox lives. Methods block; async callers run them in a thread."""
 
@@ -104,6 +130,15 @@ class SandboxBackend(Protocol):
     def make_workspace(self, sandbox: "Sandbox", session_id: UUID) -> None:
         """Create the session's workspace if it does not exist (what `start_agent` does
         first), for a warm agent about to open the session there."""
+
+    def start_terminal(
+        self, sandbox: "Sandbox", session_id: UUID, cols: int, rows: int
+    ) -> TerminalProcess:
+        """Start a shell (`bash`, else `sh`; TERM=xterm-256color) on a terminal of `cols` by
+        `rows` in the session's workspace, created if need be, exactly where and as its
+        agent runs (the jail as the sandbox's user, the pod), in the agent's environment
+        without its owner's credentials. The terminal is the shell's controlling one, so job
+        control and Ctrl-C work."""
 
     def workspace(self, sandbox: "Sandbox", session_id: UUID) -> "Workspace":
         """Return the session's workspace, read with the agent's rights where the agent runs

@@ -43,7 +43,7 @@ from ..repository import Repository
 from ..workspace import Workspace
 from . import ports
 from .base import Health, Progress, Resource, SandboxError, WarmState, WarmUnusable
-from .kubernetes_exec import ExecByteStream, ExecProcess, ExecResult
+from .kubernetes_exec import ExecByteStream, ExecProcess, ExecResult, ExecTerminal
 
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
@@ -77,6 +77,12 @@ FATAL_WAITING_REASONS = {
 # constant, the workspace and the agent's argv are its positional arguments.
 # The session's workspace is made at its agent's first start (a new session touches nothing).
 CD_AND_EXEC = 'mkdir -p "$1" && cd "$1" && shift && exec "$@"'
+# A terminal's shell, in the session's workspace: bash if the image has it, else sh.
+TERMINAL_SHELL = (
+    'mkdir -p "$1" && cd "$1" && export TERM=xterm-256color && '
+    "if command -v bash >/dev/null 2>&1; then SHELL=$(command -v bash) exec bash; fi; "
+    "SHELL=/bin/sh exec sh"
+)
 # Where the sandbox's Secret (its owner's credentials) is mounted in the pod.
 CREDENTIALS = "/run/craft/credentials"
 # The agent's start when it needs credentials: for each `NAME=revision` before `--`, wait
@@ -573,6 +579,23 @@ class KubernetesBackend:
         argv = ["sh", "-c", CREDENTIALS_AND_EXEC, "sh", workspace, CREDENTIALS, wait]
         redact = list(launch.secrets.values())
         return self.exec(sandbox, [*argv, *wanted, "--", *command], redact=redact)
+
+    def start_terminal(
+        self, sandbox: Sandbox, session_id: UUID, cols: int, rows: int
+    ) -> ExecTerminal:
+        """Start a shell on a terminal in the session's workspace by pod exec with a TTY, in
+        the agent's container (its user, its environment; no credentials in the exec)."""
+        return ExecTerminal(
+            self._exec_api_client(),
+            cols=cols,
+            rows=rows,
+            namespace=self.namespace,
+            pod=pod_name(sandbox),
+            container=CONTAINER,
+            argv=["sh", "-c", TERMINAL_SHELL, "sh", self.workspace_path(sandbox, session_id)],
+            handshake_timeout=settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT,
+            idle_timeout=settings.CRAFT_K8S_EXEC_IDLE_TIMEOUT,
+        )
 
     def _ensure_credentials_secret(self, sandbox: Sandbox) -> None:
         """Create the sandbox's (empty) credentials Secret unless it exists."""

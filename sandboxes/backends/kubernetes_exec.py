@@ -44,7 +44,7 @@ from .base import SandboxError
 logger = logging.getLogger(__name__)
 
 # Channels: the first byte of every frame (v5 adds CLOSE, which half-closes a stream).
-STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
+STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 V5_PROTOCOL = "v5.channel.k8s.io"
 
 
@@ -79,6 +79,7 @@ class ExecProcess:
         handshake_timeout: float,
         idle_timeout: float,
         redact: Iterable[str] = (),
+        tty: bool = False,
     ) -> None:
         self.ident = f"{pod}/exec-{id(self):x}"
         self._idle_timeout = idle_timeout
@@ -90,7 +91,9 @@ class ExecProcess:
         self._status: dict[str, Any] | None = None
         self._exit_code: int | None = None
         self._done = threading.Event()
-        self._ws = self._handshake(api_client, namespace, pod, container, argv, handshake_timeout)
+        self._ws = self._handshake(
+            api_client, namespace, pod, container, argv, handshake_timeout, tty
+        )
         self.protocol = _subprotocol(self._ws)
         # recv() wakes up at least this often, to ping and to check for idleness.
         self._ws.settimeout(max(0.5, idle_timeout / 3))
@@ -105,6 +108,7 @@ class ExecProcess:
         container: str,
         argv: list[str],
         timeout: float,
+        tty: bool = False,
     ) -> WebSocket:
         """Open the exec websocket within `timeout` seconds, or close it and fail clearly.
 
@@ -125,7 +129,7 @@ class ExecProcess:
             # runs under the deadline too.
             configuration = api_client.configuration
             url, headers = exec_request(
-                api_client, namespace=namespace, pod=pod, container=container, argv=argv
+                api_client, namespace=namespace, pod=pod, container=container, argv=argv, tty=tty
             )
             ws = WebSocket(sslopt=_ssl_options(configuration, url), skip_utf8_validation=False)
             opened.append(ws)
@@ -414,11 +418,88 @@ class ExecByteStream(ExecProcess):
             self._frames.put_nowait(b"")  # and wakes one waiting to get: the end
 
 
+class ExecTerminal(ExecProcess):
+    """A shell in a pod on a terminal (exec with `tty=true`), as a `TerminalProcess`.
+
+    Its stdout is the terminal's output, handed on as it comes (never cut into lines); a
+    resize is a frame on the resize channel (`{"Width": cols, "Height": rows}`), which the
+    kubelet applies to the terminal; the shell dies when the exec's websocket closes.
+    """
+
+    def __init__(self, api_client: k8s.ApiClient, *, cols: int, rows: int, **options: Any):
+        self._listening = threading.Lock()
+        self._early: list[bytes] = []  # output before `listen`
+        self._output: Callable[[bytes], None] | None = None
+        self._end: Callable[[], None] | None = None
+        self._ended = False
+        super().__init__(api_client, tty=True, **options)
+        self.resize(cols, rows)
+
+    def listen(self, output: Callable[[bytes], None], end: Callable[[], None]) -> None:
+        with self._listening:  # the reader waits: what came first goes first
+            for chunk in self._early:
+                output(chunk)
+            self._early.clear()
+            self._output, self._end = output, end
+            ended = self._ended
+        if ended:
+            end()
+
+    def resize(self, cols: int, rows: int) -> None:
+        size = json.dumps({"Width": cols, "Height": rows}).encode()
+        with contextlib.suppress(OSError):
+            self._send(RESIZE, size)
+
+    def wait_exit(self, timeout: float) -> int | None:
+        self._done.wait(timeout)
+        return self._exit_code
+
+    def terminate(self, timeout: float = 5.0) -> None:
+        self._close_socket()
+        self._done.wait(timeout)
+
+    def write(self, data: bytes) -> None:
+        self._send(STDIN, data)
+
+    def _send(self, channel: int, data: bytes) -> None:
+        if self._done.is_set():
+            raise OSError("exec connection is closed")
+        try:
+            self._ws.send(bytes([channel]) + data, opcode=ABNF.OPCODE_BINARY)
+        except (WebSocketException, OSError) as exc:
+            raise OSError(f"exec connection failed: {exc}") from exc
+
+    def _on_stdout(self, payload: bytes) -> None:
+        if not payload:
+            return  # the priming frame
+        with self._listening:
+            output = self._output
+            if output is None:
+                self._early.append(payload)
+                return
+        output(payload)
+
+    def _finish(self) -> None:
+        super()._finish()
+        with self._listening:
+            self._ended = True
+            end = self._end
+        if end is not None:
+            end()
+
+
 def exec_request(
-    api_client: k8s.ApiClient, *, namespace: str, pod: str, container: str, argv: list[str]
+    api_client: k8s.ApiClient,
+    *,
+    namespace: str,
+    pod: str,
+    container: str,
+    argv: list[str],
+    tty: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """Return the websocket URL and the headers of an exec of `argv` in the pod's container
-    (stdin, stdout, stderr, no tty), the request the client's generated
+    (stdin, stdout, stderr, no tty; with `tty`, stdin and stdout on a terminal, which carries
+    what would go to stderr), the request the client's generated
     `CoreV1Api.connect_get_namespaced_pod_exec` would send.
 
     Why not that method: it sends its request only through `ApiClient.call_api`, and the
@@ -438,10 +519,10 @@ def exec_request(
         query_params=[
             ("command", argv),
             ("container", container),
-            ("stderr", True),
+            ("stderr", not tty),
             ("stdin", True),
             ("stdout", True),
-            ("tty", False),
+            ("tty", tty),
         ],
         header_params={},
         collection_formats={"command": "multi"},

@@ -11,14 +11,18 @@ and is not isolated.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -69,6 +73,10 @@ TOOL_NICENESS = 10
 # What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
 # answer to the agent's request a few hundred bytes. More means the agent stopped reading.
 STDIN_WAITING_BYTES = 16 << 20
+# What may wait for a terminal's shell to read its input (a paste): past it, the write fails.
+TERMINAL_INPUT_BYTES = 1 << 20
+# One read of a terminal's output takes what it holds, up to this.
+TERMINAL_READ_BYTES = 1 << 16
 # How often, at most, an agent's output makes Craft look whether the kernel killed one of
 # its processes for want of memory (one small read of its cgroup).
 MEMORY_WATCH_SECONDS = 1.0
@@ -325,6 +333,140 @@ class LocalToolProcess:
         leaf, self._leaf = self._leaf, None
         if leaf is not None:
             leaf.close()
+
+
+class LocalTerminal:
+    """A shell on a pseudo-terminal of this machine (`SandboxBackend.start_terminal`).
+
+    `argv` makes the terminal the shell's controlling one (`setsid -w -c`, inside the jail
+    when there is one); its master side is read by a thread of its own and written through
+    an `Outbox` (the agents' pipes thread), so that nothing here blocks the event loop. With
+    a budget, the cgroup `leaf` the argv enters first is killed and removed with the terminal.
+    """
+
+    writes_block = False
+
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        cols: int,
+        rows: int,
+        *,
+        umask: int = -1,
+        leaf: budget.Leaf | None = None,
+    ) -> None:
+        self._leaf = leaf
+        self._closed = False
+        master, slave = os.openpty()
+        try:
+            _set_size(master, cols, rows)
+            # From the spawner thread, as agents are: a jailed shell dies with its thread.
+            self._popen = _spawner.submit(
+                _spawn,
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                start_new_session=True,
+                umask=umask,
+            ).result()
+        except OSError as exc:
+            os.close(master)
+            if leaf is not None:
+                leaf.close()
+            raise SandboxError(f"cannot start a terminal: {exc}") from exc
+        finally:
+            os.close(slave)
+        self.ident = str(self._popen.pid)
+        self._master = master
+        self._input = Outbox(
+            os.fdopen(os.dup(master), "wb", buffering=0), TERMINAL_INPUT_BYTES, pipes
+        )
+
+    def listen(self, output: Callable[[bytes], None], end: Callable[[], None]) -> None:
+        # A thread of its own, not the agents' pipes thread: the terminal waits for slow
+        # sockets (flow control), and no agent's output may wait with it.
+        reader = threading.Thread(
+            target=self._read, args=(output, end), name=f"terminal-{self.ident}", daemon=True
+        )
+        reader.start()
+
+    def _read(self, output: Callable[[bytes], None], end: Callable[[], None]) -> None:
+        """Read the master side until no process holds the terminal (a read fails with EIO)
+        or it is terminated; then close it and call `end`."""
+        # The descriptor is non-blocking (shared with the Outbox's): wait for it (poll, not
+        # select: a busy server's descriptors run past select's 1024).
+        waiting = select.poll()
+        waiting.register(self._master, select.POLLIN)
+        try:
+            while not self._closed:
+                if not waiting.poll(1000):
+                    continue
+                try:
+                    chunk = os.read(self._master, TERMINAL_READ_BYTES)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                output(chunk)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._master)
+            end()
+
+    def write(self, data: bytes) -> None:
+        self._input.write(data)
+
+    def resize(self, cols: int, rows: int) -> None:
+        if not self._closed:
+            with contextlib.suppress(OSError):
+                _set_size(self._master, cols, rows)
+
+    def wait_exit(self, timeout: float) -> int | None:
+        try:
+            return self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def terminate(self) -> None:
+        """Hang up (SIGHUP to the group), then SIGKILL what is left: the jail, its PID
+        namespace and, with a budget, everything in the terminal's cgroup."""
+        if self._closed:
+            return
+        self._closed = True
+        # Once the shell is reaped its pid may be another's: its group is signalled only
+        # while it runs (the jail's PID namespace and the cgroup end the rest).
+        if self._popen.poll() is None:
+            self._signal_group(signal.SIGHUP)
+            self._signal_group(signal.SIGCONT)
+            try:
+                self._popen.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self._popen.wait()
+        leaf, self._leaf = self._leaf, None
+        if leaf is not None:
+            leaf.close()
+        self._input.close()  # the reader closes the master side within a second
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._popen.pid, sig)
+
+
+def _set_size(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def terminal_shell(path: str) -> str:
+    """Return the shell a terminal runs: bash if `path` has it, else sh."""
+    return shutil.which("bash", path=path) or shutil.which("sh", path=path) or "/bin/sh"
 
 
 def out_of_memory(limit: int) -> str:
@@ -644,6 +786,41 @@ class LocalBackend:
         if leaf is not None:
             argv = leaf.command(argv)
         return LocalAgentProcess(argv, cwd, env=env, umask=0o077, redact=redact, leaf=leaf)
+
+    def start_terminal(
+        self, sandbox: Sandbox, session_id: UUID, cols: int, rows: int
+    ) -> LocalTerminal:
+        """Start a shell on a terminal in the session's workspace as `run_setup` runs a
+        repository's set-up: the agent's jail, network and budget, as the sandbox's user, in
+        the agent's environment without its owner's credentials."""
+        self._refuse_unisolated()
+        root = self._root(sandbox)
+        cwd = self._workspace(sandbox, session_id)
+        if not root.is_dir():
+            raise SandboxError("the sandbox's folder does not exist")
+        user = self._user(sandbox)
+        if user is not None:
+            containment.close_server_files(self.sandbox_root)
+        try:
+            for parts in (("home",), ("tmp",), ("sessions", cwd.name)):
+                containment.private_folder(root, parts, user)
+        except OSError as exc:
+            raise SandboxError(f"cannot create the session's workspace: {exc}") from exc
+        self._install_tools()
+        env = containment.agent_environment(root, self.tools, user)
+        shell = terminal_shell(containment.SYSTEM_PATH)
+        env.update(TERM="xterm-256color", SHELL=shell)
+        setsid = shutil.which("setsid", path=containment.SYSTEM_PATH) or "setsid"
+        # bubblewrap's --new-session leaves the shell without a controlling terminal (and a
+        # process group leader, so setsid forks: -w waits and passes the exit code on).
+        argv = [setsid, "-w", "-c", shell]
+        if user is None:
+            return LocalTerminal(argv, cwd, env, cols, rows)
+        argv = self._agent_jail(sandbox, argv, root, cwd, user)
+        leaf = self.budget.agent_leaf(sandbox.pk) if self.budget is not None else None
+        if leaf is not None:
+            argv = leaf.command(argv)
+        return LocalTerminal(argv, cwd, env, cols, rows, umask=0o077, leaf=leaf)
 
     def _agent_jail(
         self,

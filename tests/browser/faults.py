@@ -3,8 +3,9 @@
 A browser test runs daphne in another process, so it cannot patch code there. This ASGI
 wrapper sits in front of the real application and disturbs it from outside, the way a flaky
 network or a slow server would: it can fail, slow down or hang session loads (the page's
-`GET /api/sessions/<id>/events/`), count them, and drop a session's websockets. The product
-code knows nothing about it. Tests drive it over HTTP under `/_faults/` (see `LiveServer`).
+`GET /api/sessions/<id>/events/`), count them, and drop a session's websockets (its
+terminals' too). The product code knows nothing about it. Tests drive it over HTTP under
+`/_faults/` (see `LiveServer`).
 
     daphne tests.browser.faults:application
 """
@@ -22,7 +23,8 @@ from urllib.parse import parse_qs
 from craft.asgi import application as craft_application
 
 LOAD_PATH = re.compile(r"^/api/sessions/(?P<session>[0-9a-f-]{36})/events/$")
-SOCKET_PATH = re.compile(r"^/ws/sessions/(?P<session>[0-9a-f-]{36})/$")
+# A session's sockets: its own, and its terminals'.
+SOCKET_PATH = re.compile(r"^/ws/sessions/(?P<session>[0-9a-f-]{36})/(terminals/)?$")
 # A hung load waits this long at most (the page gives up well before).
 HANG_SECONDS = 60.0
 # Close code of a dropped socket: any code the page does not treat as final.

@@ -3,7 +3,8 @@
 daphne runs with CRAFT_SANDBOX_BACKEND=kubernetes against the test Kubernetes API server; the
 pod takes a while to become Ready: "New session" opens the session's page at once, and the page
 shows the provisioning's progress until the sandbox runs. The workspace panel reads the pod's
-files and reverts a turn through pod exec, as the local backend does through its own tool.
+files and reverts a turn through pod exec, as the local backend does through its own tool, and
+its Terminal tab runs a shell in the pod by exec with a TTY.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from craft.storage.db import db_sync_to_async
 from tests.kubeapi import KubeTestServer
 from tests.sandboxes.kube import image_workspace_tool
 
+from ..craft.test_terminal_socket import open_session
 from .conftest import serve, snap
+from .test_live_status import off_the_loop
+from .test_terminal import SCREEN as TERMINAL_SCREEN
+from .test_terminal import open_terminal_tab, type_line
 from .test_uploads import DROP, REPLY
 from .test_workspace_panel import CHIP, allowed_turn
 
@@ -226,3 +231,21 @@ async def test_uploads_and_a_file_dropped_on_the_composer_land_in_the_pod(
     await expect(page.locator(REPLY).last).to_contain_text("link to notes.txt")
     assert (folder / "uploads" / "notes.txt").read_text() == "from the page"
     await snap(page, "k8s-uploads")
+
+
+async def test_a_terminal_runs_in_the_sandbox_s_pod_and_comes_back_after_a_drop(
+    page, craft_server, owner
+):
+    session_id = await off_the_loop(open_session, craft_server, owner)
+    await open_terminal_tab(page, craft_server, session_id)
+    await page.click("#terminal-new")
+    screen = page.locator(TERMINAL_SCREEN)
+    # Pod exec with a TTY, in the session's workspace (the test API server's pod folder).
+    await type_line(page, "echo in-$(basename $(pwd)) tty-$(tty | cut -c1-8)")
+    await expect(screen).to_contain_text(f"in-{session_id} tty-/dev/pts")
+    craft_server.hook(f"drop/{session_id}/")
+    await expect(page.locator("#terminal-state")).to_contain_text("Connected again")
+    await expect(screen).to_contain_text(f"in-{session_id}")  # the scrollback
+    await type_line(page, "exit 4")
+    await expect(page.locator("#terminal-state")).to_contain_text("code 4")
+    await snap(page, "terminal-kubernetes")

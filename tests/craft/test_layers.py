@@ -19,7 +19,15 @@ CRAFT = Path(__file__).resolve().parents[2] / "craft"
 # entry points (ASGI, apps, URLs, views, the APIs, the admin, the websocket consumer and its
 # routing, start-up, management commands).
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
-    {"entry": ("craft", "craft.live.consumer", "craft.live.status_consumer", "craft.live.routing")},
+    {
+        "entry": (
+            "craft",
+            "craft.live.consumer",
+            "craft.live.status_consumer",
+            "craft.live.terminal",
+            "craft.live.routing",
+        )
+    },
     {"services": ("craft.services",)},
     {"cluster": ("craft.cluster",), "turns": ("craft.turns",)},
     {"live": ("craft.live",)},

@@ -1,7 +1,7 @@
 """A websocket handshake to a path Craft does not serve is refused, through a real daphne.
 
-Found from outside: a handshake to `/ws/sessions/<id>/terminals/` (a path Craft does not serve
-yet) was answered HTTP 500: the router raised for a route it did not know.
+Found from outside: a handshake to `/ws/sessions/<id>/terminals/` (a path Craft did not serve
+then) was answered HTTP 500: the router raised for a route it did not know.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def test_a_handshake_to_a_path_craft_does_not_serve_is_refused_with_403(owner, t
     server = Daphne(tmp_path).start()
     try:
         unknown = [
-            f"/ws/sessions/{session.pk}/terminals/",
+            f"/ws/sessions/{session.pk}/previews/",
+            f"/ws/sessions/{session.pk}/terminals",
             f"/ws/sessions/{session.pk}",
             "/ws/sessions/not-a-session/",
             "/ws/",

@@ -4,16 +4,21 @@ An exec runs its argv as a process of this machine whose `/workspace` is the pod
 (`map_workspace`), wired to the channels of the protocol as a kubelet wires a container's
 process: the empty priming frame, stdout and stderr in frames of bounded size, stdin, the
 CLOSE signal that half-closes stdin, the exit status as a Status on channel 3, and the
-process group killed when the client goes away.
+process group killed when the client goes away. With `tty=true` the process runs on a
+pseudo-terminal of its own (its controlling one), stdout carries it, and resize frames
+(channel 4, `{"Width": C, "Height": R}`) set its size, as a kubelet does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import struct
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +29,7 @@ from aiohttp import WSMsgType, web
 from .objects import bad_request, internal_error, parse_go_bool
 
 V5_PROTOCOL = "v5.channel.k8s.io"
-STDIN, STDOUT, STDERR, ERROR, CLOSE = 0, 1, 2, 3, 255
+STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
 # The python client sends stdin as one websocket message, so messages of many megabytes
 # must be accepted (aiohttp's default limit is 4 MiB).
@@ -57,6 +62,7 @@ class ExecOptions:
     stdin: bool
     stdout: bool
     stderr: bool
+    tty: bool = False
 
 
 def negotiate_subprotocol(header: str | None) -> str:
@@ -94,8 +100,9 @@ def parse_exec_options(query: Any, pod_name: str, containers: list[str]) -> Exec
         stdout=flag("stdout", True),
         stderr=flag("stderr", True),
     )
-    if flag("tty", False):
-        raise bad_request("tty is not modelled by this test server")
+    options.tty = flag("tty", False)
+    if options.tty and options.stderr:
+        raise bad_request("stderr cannot be true when tty is true")
     if not options.command:
         raise bad_request("you must specify at least one command for the container")
     if not (options.stdin or options.stdout or options.stderr):
@@ -209,6 +216,7 @@ class ExecSession:
         self.mounts = mounts or {}
         self.frame_size = frame_size  # read on every read of the output, so tests can change it
         self.on_spawn = on_spawn
+        self.terminal = -1  # the pseudo-terminal's master side, with `tty`
 
     async def run(self) -> None:
         # The kubelet writes an empty message on the lowest writable channel as soon as the
@@ -228,13 +236,17 @@ class ExecSession:
         stdin_queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         reader = asyncio.create_task(self._read_client(stdin_queue))
         helpers = [reader]
-        if process.stdin is not None:
-            helpers.append(asyncio.create_task(self._feed_stdin(process, stdin_queue)))
-        pumps = [
-            asyncio.create_task(self._pump(stream, channel))
-            for stream, channel in ((process.stdout, STDOUT), (process.stderr, STDERR))
-            if stream is not None
-        ]
+        if self.terminal >= 0:
+            helpers.append(asyncio.create_task(self._feed_terminal(stdin_queue)))
+            pumps = [asyncio.create_task(self._pump_terminal())]
+        else:
+            if process.stdin is not None:
+                helpers.append(asyncio.create_task(self._feed_stdin(process, stdin_queue)))
+            pumps = [
+                asyncio.create_task(self._pump(stream, channel))
+                for stream, channel in ((process.stdout, STDOUT), (process.stderr, STDERR))
+                if stream is not None
+            ]
         finished = asyncio.create_task(self._wait_finished(process, pumps))
         helpers += [*pumps, finished]
         try:
@@ -256,9 +268,13 @@ class ExecSession:
                 await process.wait()
             if self.record.returncode is None:
                 self.record.returncode = process.returncode
+            if self.terminal >= 0:
+                os.close(self.terminal)
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         options = self.options
+        if options.tty:
+            return await self._spawn_on_terminal()
         pipe, devnull = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
         return await asyncio.create_subprocess_exec(
             *[map_workspace(arg, self.workspace, self.mounts) for arg in options.command],
@@ -269,6 +285,64 @@ class ExecSession:
             env=self.env,
             start_new_session=True,
         )
+
+    async def _spawn_on_terminal(self) -> asyncio.subprocess.Process:
+        """Start the command on a pseudo-terminal that becomes its controlling terminal."""
+        master, slave = os.openpty()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *[map_workspace(arg, self.workspace, self.mounts) for arg in self.options.command],
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=self.workspace,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_take_terminal,
+            )
+        except OSError:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        os.set_blocking(master, False)
+        self.terminal = master
+        return process
+
+    async def _pump_terminal(self) -> None:
+        """Send what the terminal shows until no process holds it (a read fails: EIO)."""
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                chunk = os.read(self.terminal, max(1, int(self.frame_size())))
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                loop.remove_reader(self.terminal)
+            chunks.put_nowait(chunk)
+
+        loop.add_reader(self.terminal, readable)
+        try:
+            connected = True
+            while chunk := await chunks.get():
+                if connected:
+                    connected = await self._send(STDOUT, chunk)
+        finally:
+            loop.remove_reader(self.terminal)
+
+    async def _feed_terminal(self, stdin_queue: asyncio.Queue[bytes | None]) -> None:
+        while (chunk := await stdin_queue.get()) is not None:
+            while chunk:
+                try:
+                    chunk = chunk[os.write(self.terminal, chunk) :]
+                except BlockingIOError:
+                    await asyncio.sleep(0.01)  # the terminal's input is full: the shell reads
+                except OSError:
+                    return
 
     async def _wait_finished(
         self, process: asyncio.subprocess.Process, pumps: list[asyncio.Task[None]]
@@ -290,12 +364,14 @@ class ExecSession:
             if not data:
                 continue
             channel, payload = data[0], data[1:]
-            if channel == STDIN and self.options.stdin:
+            if channel == RESIZE and self.terminal >= 0:
+                _resize(self.terminal, payload)
+            elif channel == STDIN and self.options.stdin:
                 stdin_queue.put_nowait(payload)
             elif channel == CLOSE and payload == bytes([STDIN]) and not self.record.stdin_closed:
                 self.record.stdin_closed = True
                 stdin_queue.put_nowait(None)
-            # Resize and unknown channels are ignored, as the kubelet does without a TTY.
+            # Unknown channels, and resizes without a TTY, are ignored, as the kubelet does.
 
     async def _feed_stdin(
         self, process: asyncio.subprocess.Process, stdin_queue: asyncio.Queue[bytes | None]
@@ -331,3 +407,18 @@ class ExecSession:
 
     async def _send_status(self, status: dict[str, Any]) -> None:
         await self._send(ERROR, json.dumps(status, separators=(",", ":")).encode())
+
+
+def _take_terminal() -> None:
+    """Make stdin, a terminal, the controlling terminal of the new session (in the child)."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _resize(terminal: int, payload: bytes) -> None:
+    """Apply a resize frame (`{"Width": C, "Height": R}`); a malformed one is ignored."""
+    try:
+        size = json.loads(payload)
+        cols, rows = int(size["Width"]), int(size["Height"])
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    except (ValueError, TypeError, KeyError, OSError, struct.error):
+        pass

@@ -170,7 +170,7 @@ export function createComposer({ connection, status, attachments, palette, fold,
   });
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape" || event.defaultPrevented || !status.running) return;
-    if (event.target.closest && event.target.closest(".sidebar, details[open] > summary")) return;
+    if (event.target.closest && event.target.closest(".sidebar, details[open] > summary, .terminal-screen")) return;
     event.preventDefault();
     stop();
   });

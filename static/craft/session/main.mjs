@@ -20,6 +20,7 @@
 //   permission-pin.mjs  an open permission request, pinned beside the composer
 //   workspace.mjs    the workspace panel: files, changes, revert (diff.mjs reads git's diffs)
 //   preview.mjs      the Preview tab: an app the sandbox serves, on the preview origin
+//   terminal.mjs     the panel's Terminal tab: shells in the workspace (xterm.js)
 //   repository.mjs   a session on a repository: its clone in the header, commit, push, pull
 //                    request and update in the Changes tab
 //
@@ -46,6 +47,7 @@ import { createStatus } from "./status.mjs";
 import { createUploads } from "./uploads.mjs";
 import { isObject, str } from "./values.mjs";
 import { FRAME_ERRORS, STOP_REASONS } from "./words.mjs";
+import { createTerminals } from "./terminal.mjs";
 import { createWorkspace } from "./workspace.mjs";
 
 const root = $("session");
@@ -107,12 +109,19 @@ const attention = createAttention({
   sessionTitle: () => $("session-title").textContent,
 });
 const controls = createControls({ fold, send: connection.send, status });
+function tell(text) {
+  promptBox.value = promptBox.value ? `${promptBox.value}\n${text}` : text;
+  promptBox.focus();
+}
+const terminal = createTerminals({
+  session: root.dataset.session,
+  libraries: (root.dataset.terminalLibraries || "").split(" ").filter(Boolean),
+  stylesheet: root.dataset.terminalStylesheet,
+  attach: tell,
+  announce: status.announce,
+});
 const workspace = createWorkspace({
-  api: root.dataset.apiUrl, fold, announce: status.announce,
-  tell(text) {
-    promptBox.value = promptBox.value ? `${promptBox.value}\n${text}` : text;
-    promptBox.focus();
-  },
+  api: root.dataset.apiUrl, fold, announce: status.announce, tell, terminal,
   changesShown: () => repository.panelShown(),
 });
 const repository = createRepository({ fold, status, workspace, announce: status.announce });

@@ -1,11 +1,12 @@
 // The workspace panel beside the transcript (a sheet on phones): what the agent did to the
-// session's files. Two tabs of its own (others, Preview say, are their modules'):
+// session's files, and shells in its workspace. Its tabs (others, Preview say, are their modules'):
 //
 //   Files    a tree loaded folder by folder, a preview of the file picked (text highlighted,
 //            Markdown rendered and sanitised, images), download of one file or of all
 //   Changes  each change (a turn's turn_changes, a revert's workspace_reverted) with its
 //            files, each file's diff in hunks, and "revert hunk", "revert file" and "revert
 //            turn", each behind a second click that confirms it
+//   Terminal shells in the workspace (terminal.mjs)
 //
 // Everything is read through the workspace API (docs/workspace.md), which reads the files
 // where the agent runs; names are shown as the API spells them. File content is untrusted:
@@ -37,7 +38,7 @@ const REVERT_ERRORS = {
  *  `fold` holds the changes; `tell(text)` puts text in the prompt box for the person to send;
  *  `changesShown()` is called whenever the Changes tab is shown (its Repository section, for a
  *  session on a repository, is repository.mjs's). */
-export function createWorkspace({ api, fold, announce, tell, changesShown = () => {} }) {
+export function createWorkspace({ api, fold, announce, tell, changesShown = () => {}, terminal = null }) {
   const panel = $("workspace");
   const toggle = $("workspace-toggle");
   const tree = $("file-tree");
@@ -92,6 +93,8 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
       changesShown();
     }
     panel.dispatchEvent(new CustomEvent("workspace-tab", { detail: tab }));
+    if (tab === "terminal") terminal?.shown();
+    else terminal?.hidden();
   }
 
   function showProblem(text) {
@@ -414,7 +417,7 @@ export function createWorkspace({ api, fold, announce, tell, changesShown = () =
     tabs[next].focus();
   });
   panel.addEventListener("keydown", (event) => {
-    if (event.key !== "Escape") return;
+    if (event.key !== "Escape" || event.target.closest?.(".terminal-screen")) return; // a shell's Esc
     event.preventDefault(); // Esc in the panel closes it; it does not stop the agent
     close();
   });
