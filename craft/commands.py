@@ -113,10 +113,22 @@ class Revert:
 @dataclass(frozen=True)
 class Fork:
     """Make session `new_id` from this one as it was just after turn `seq` (its user_message's
-    seq): the conversation and the workspace (craft.turns.going_back)."""
+    seq), or just before it (`before`): the conversation and the workspace
+    (craft.turns.going_back)."""
 
     seq: int
     new_id: str
+    before: bool = False
+
+
+@dataclass(frozen=True)
+class ForkRequest:
+    """What a fork request asks (HTTP): from turn `seq` (after it, or `before` it), and the
+    fork's first prompt (`text`, "" for none)."""
+
+    seq: int
+    before: bool = False
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -316,6 +328,14 @@ def parse_turn_seq(body: dict[str, Any]) -> int:
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq < 2**63:
         raise Refused("invalid", "'seq' must be the seq of a user message of the session")
     return seq
+
+
+def parse_fork(body: dict[str, Any]) -> ForkRequest:
+    """Check a fork request (HTTP): `seq`, and the optional `before` and `text`."""
+    seq, before, text = parse_turn_seq(body), body.get("before", False), body.get("text")
+    if not isinstance(before, bool):
+        raise Refused("invalid", "'before' must be true or false")
+    return ForkRequest(seq, before, "" if text is None else _prompt_text(text, "fork"))
 
 
 def _prompt(frame: dict[str, Any]) -> Prompt:

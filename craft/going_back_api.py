@@ -6,6 +6,8 @@ out by the session's runner between turns (`craft.turns.going_back`).
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
 from uuid import UUID
 
 from django.http import HttpResponse, JsonResponse
@@ -13,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 
 from craft import services
 from craft.api import error, json_body
-from craft.commands import parse_turn_seq
+from craft.commands import Prompt, parse_fork, parse_turn_seq
 from craft.errors import Refused
 from craft.http import SignedInRequest
 from craft.models import Session
@@ -48,7 +50,9 @@ async def _owned(request: SignedInRequest, session_id: UUID) -> Session | HttpRe
 @require_http_methods(["POST"])
 async def fork(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """`{"seq": N}`: a new session with the conversation and the workspace as they were just
-    after turn N (its user_message's seq): 201 `{"id"}`."""
+    after turn N (its user_message's seq), or just before it with `"before": true`; with
+    `"text"`, that is the new session's first prompt (an earlier message, edited): 201
+    `{"id"}`."""
     session = await _owned(request, session_id)
     if isinstance(session, HttpResponse):
         return session
@@ -56,12 +60,20 @@ async def fork(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     if body is None:
         return error(400, "bad_json", "the body must be a JSON object")
     try:
-        new_id = await services.fork_session(session, parse_turn_seq(body))
+        asked = parse_fork(body)
+        new_id = await services.fork_session(session, asked)
     except services.SessionLimit as exc:
         return error(409, "too_many_sessions", str(exc))
     except Refused as refused:
         return error(STATUS.get(refused.code, 400), refused.code, refused.message)
-    return JsonResponse({"id": str(new_id)}, status=201)
+    answer: dict[str, Any] = {"id": str(new_id)}
+    if asked.text:
+        # The fork exists whatever happens to its first prompt: a refusal is told beside it.
+        try:
+            await services.post_prompt(new_id, Prompt(uuid.uuid4().hex, asked.text))
+        except Refused as refused:
+            answer["prompt_error"] = {"code": refused.code, "message": refused.message}
+    return JsonResponse(answer, status=201)
 
 
 @require_http_methods(["POST"])

@@ -26,6 +26,7 @@ from craft.commands import (
     CommitRepository,
     EditQueued,
     Fork,
+    ForkRequest,
     OpenPullRequest,
     PrepareRepository,
     Prompt,
@@ -276,19 +277,20 @@ async def revert_workspace(session_id: uuid.UUID, revert: Revert) -> None:
     await forwarding.route(session_id, revert)
 
 
-async def fork_session(session: Session, seq: int) -> uuid.UUID:
+async def fork_session(session: Session, request: ForkRequest) -> uuid.UUID:
     """Make a new session of the same owner, sandbox and agent from `session` as it was just
-    after turn `seq`: its conversation (the agent's next session is given the transcript)
-    and its workspace (docs/workbench.md); return its id. Carried out by the source's runner
-    between turns: refused `turn_running` while one runs, `invalid` for a seq that is no
-    turn of the session, `too_many_sessions` at CRAFT_MAX_SESSIONS_PER_USER."""
+    after turn `request.seq` (or just before it): its conversation (the agent's next session
+    is given the transcript) and its workspace (docs/workbench.md); return its id (its
+    first prompt, the request's `text`, is the caller's to post). Carried out by the source's
+    runner between turns: refused `turn_running` while one runs, `invalid` for a seq that is
+    no turn of the session; SessionLimit at CRAFT_MAX_SESSIONS_PER_USER."""
     limit = settings.CRAFT_MAX_SESSIONS_PER_USER
     if limit and await _session_count(session.owner_id) >= limit:
         raise SessionLimit(
             f"you have {limit} sessions, the most one person can have: delete some first"
         )
     new_id = uuid.uuid4()
-    await forwarding.route(session.pk, Fork(seq, str(new_id)))
+    await forwarding.route(session.pk, Fork(request.seq, str(new_id), request.before))
     status.tell_user(session.owner_id, status.SESSIONS_CHANGED, session=str(new_id))
     return new_id
 

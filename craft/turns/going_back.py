@@ -122,16 +122,23 @@ class ForkPlan:
     commit: str
 
 
-def plan_fork(session_id: UUID, seq: int) -> ForkPlan:
-    """Return what a fork from turn `seq` copies: its events and its checkpoint."""
+def plan_fork(session_id: UUID, seq: int, before: bool = False) -> ForkPlan:
+    """Return what a fork from turn `seq` copies (up to its end, or to its start if
+    `before`): the events and the checkpoint."""
     span, spans, aside = _turn_at(session_id, seq)
     source = Session.objects.select_related("sandbox").get(pk=session_id)
-    commit = _checkpoint_after(session_id, span, spans)
+    if before:
+        commit = latest_checkpoint(session_id, before=span.prompt)
+        if not commit:
+            raise Refused("no_checkpoint", "there is no checkpoint of the files before that turn")
+    else:
+        commit = _checkpoint_after(session_id, span, spans)
+    last = span.prompt - 1 if before else span.end
     skipped = [(each.prompt, each.end or 2**63) for each in spans if each.prompt in aside]
     events = [
         (kind, data)
         for event_seq, kind, data in Event.objects.filter(
-            session_id=session_id, seq__lte=span.end, kind__in=COPIED
+            session_id=session_id, seq__lte=last, kind__in=COPIED
         )
         .order_by("seq")
         .values_list("seq", "kind", "data")
@@ -166,7 +173,7 @@ def take_first_checkpoint(workspace: Workspace, new_id: UUID) -> str:
 
 
 @transaction.atomic
-def store_fork(plan: ForkPlan, new_id: UUID, seq: int, checkpoint: str) -> Session:
+def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool, checkpoint: str) -> Session:
     """Create the fork: its row, the copied events renumbered from 1 and its `forked` event
     (with the checkpoint its workspace started from, as a revert's, so that a rewind or a
     revert in the fork finds it)."""
@@ -182,7 +189,9 @@ def store_fork(plan: ForkPlan, new_id: UUID, seq: int, checkpoint: str) -> Sessi
     )
     session.last_seq = len(plan.events)
     session.save(update_fields=["last_seq"])
-    forked = {"from": str(source.pk), "seq": seq, "title": source.title}
+    forked: dict[str, Any] = {"from": str(source.pk), "seq": seq, "title": source.title}
+    if before:
+        forked["before"] = True
     stored = append_events(new_id, [("forked", forked)])
     assert stored is not None
     if checkpoint:
@@ -314,11 +323,12 @@ def transcript_block(text: str, embedded_context: bool) -> dict[str, Any]:
 # --- carried out by the session's runner (on the event loop) --------------------------------
 
 
-async def fork(session_id: UUID, seq: int, new_id: UUID) -> None:
-    """Fork the session from turn `seq` as session `new_id` (see the module's docstring).
+async def fork(session_id: UUID, seq: int, new_id: UUID, before: bool = False) -> None:
+    """Fork the session from turn `seq` (just after it, or just `before` it) as session
+    `new_id` (see the module's docstring).
     Raises Refused: `invalid`, `no_checkpoint`, `sandbox_unavailable`, or the workspace
     tool's refusal."""
-    plan = await db_sync_to_async(plan_fork)(session_id, seq)
+    plan = await db_sync_to_async(plan_fork)(session_id, seq, before)
     loop = asyncio.get_running_loop()
     try:
         source, target = await db_sync_to_async(workspaces_for_fork)(plan, new_id)
@@ -330,7 +340,7 @@ async def fork(session_id: UUID, seq: int, new_id: UUID) -> None:
         raise Refused(exc.code, f"the files could not be copied: {exc}") from None
     except SandboxError as exc:
         raise Refused("workspace_unavailable", f"the files could not be copied: {exc}") from None
-    await db_sync_to_async(store_fork)(plan, new_id, seq, first)
+    await db_sync_to_async(store_fork)(plan, new_id, seq, before, first)
 
 
 async def rewind(session_id: UUID, seq: int, fence: Fence | None) -> None:

@@ -167,8 +167,8 @@ class SessionRunner:
                 await self.set_mode(mode)
             case Revert(seq=seq, path=path, hunk=hunk):
                 await self.revert(seq, path, hunk)
-            case Fork(seq=seq, new_id=new_id):
-                await self.fork(seq, UUID(new_id))
+            case Fork(seq=seq, new_id=new_id, before=before):
+                await self.fork(seq, UUID(new_id), before)
             case Rewind(seq=seq):
                 await self.rewind(seq)
             case EditQueued(id=client_id, text=text):
@@ -464,14 +464,15 @@ class SessionRunner:
                 raise Refused("turn_running", "the agent is working: revert once its turn ends")
             await self.checkpoints.revert(seq, path, hunk, fence=self.fence)
 
-    async def fork(self, seq: int, new_id: UUID) -> None:
-        """Make session `new_id` as this one was just after turn `seq` (craft.turns.going_back);
-        refused while a turn runs. The latest checkpoint is written first."""
+    async def fork(self, seq: int, new_id: UUID, before: bool = False) -> None:
+        """Make session `new_id` as this one was just after turn `seq`, or just `before` it
+        (craft.turns.going_back); refused while a turn runs. The latest checkpoint is written
+        first."""
         async with self._lock:
             if self.running:
                 raise Refused("turn_running", "the agent is working: fork once its turn ends")
             await self.checkpoints.settle()
-            await going_back.fork(self.session_id, seq, new_id)
+            await going_back.fork(self.session_id, seq, new_id, before)
 
     async def rewind(self, seq: int) -> None:
         """Take the session back to just after turn `seq` (craft.turns.going_back): its files,

@@ -242,3 +242,35 @@ def test_a_forks_files_are_written_as_the_sandboxs_user(contained, owner):
     source = Path(sandbox_services.workspace_path(fork.sandbox, talker.session.pk))
     assert owners == {os.lstat(source / "notes.txt").st_uid}
     assert owners.pop() >= 1_000_000_000  # the sandbox's user, never the server's
+
+
+def test_an_edited_earlier_message_becomes_a_fork_from_just_before_it_with_the_new_text(
+    server, talker, owner
+):
+    _, second, _, _ = a_history(talker)
+    body = {"seq": second, "before": True, "text": "remember cherry"}
+    status, answer = post(talker.server, talker.cookie, talker.csrf, talker.going("fork"), body)
+    assert status == 201 and set(answer) == {"id"}, answer
+    fork = Session.objects.get(pk=answer["id"])
+    # The workspace as it was before that message's turn: after the first.
+    assert files_of(fork) == {"notes.txt": "one"}
+    forked = Talker(server, owner, fork)
+    try:
+        # Its first prompt is the edited text, already sent: its agent got the one turn before.
+        frames = forked.socket.until_kind("turn_end", count=2)
+        assert "I was given the conversation so far (1 of your messages)" in said(frames)
+        assert "I will remember cherry." in said(frames)
+        _, recalled = forked.say("recall")
+        assert "You asked me to remember: cherry." in recalled
+    finally:
+        forked.socket.close()
+    prompts = list(
+        Event.objects.filter(session=fork, kind="user_message")
+        .order_by("seq")
+        .values_list("data__text", flat=True)
+    )
+    assert prompts == ["write notes.txt one", "remember cherry", "recall"]
+    assert Event.objects.get(session=fork, kind="forked").data["before"] is True
+    for bad in ({"seq": second, "text": "  "}, {"seq": second, "before": "yes"}):
+        status, answer = post(talker.server, talker.cookie, talker.csrf, talker.going("fork"), bad)
+        assert status == 400, answer
