@@ -895,6 +895,9 @@ def export(workspace: int, store: str, commit: str, out: BinaryIO) -> None:
         raise Refused("no_checkpoint", "the store has no such checkpoint")
     header(out, {})
     out.flush()
+    tree = git(store, "rev-parse", f"{commit}^{{tree}}").decode().strip()
+    if tree == EMPTY_TREE:
+        return  # no file: nothing (git's tar of nothing is one Python's tarfile cannot read)
     import subprocess
 
     done = subprocess.run(
@@ -915,6 +918,8 @@ def import_tar(workspace: int, limit: int, source: BinaryIO) -> dict[str, object
     os.fchdir(workspace)
     if any(entry.name not in STATE_FOLDERS for entry in os.scandir(".")):
         raise Refused("not_empty", "the workspace already holds files")
+    if not source.peek(1):  # type: ignore[attr-defined]
+        return {"files": 0, "bytes": 0}  # an export of a checkpoint without files
     folders: dict[tuple[bytes, ...], int] = {(): os.dup(workspace)}
 
     def folder_of(names: list[bytes]) -> int:

@@ -21,6 +21,7 @@ the turns kept, never in those set aside.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -183,8 +184,12 @@ def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool, checkpoint:
         id=new_id, owner_id=source.owner_id, sandbox_id=source.sandbox_id, title=title,
         agent=source.agent,
     )  # fmt: skip
+    # What the agent said of its workspace's paths names the source's workspace: the fork's
+    # is the same but for the session's id (and the page shows its own workspace's paths
+    # relative, never the host's).
+    here, there = f"/sessions/{source.pk}", f"/sessions/{new_id}"
     Event.objects.bulk_create(
-        Event(session=session, seq=number, kind=kind, data=data)
+        Event(session=session, seq=number, kind=kind, data=_moved(data, here, there))
         for number, (kind, data) in enumerate(plan.events, start=1)
     )
     session.last_seq = len(plan.events)
@@ -200,6 +205,12 @@ def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool, checkpoint:
             checkpoint_after=checkpoint,
         )  # fmt: skip
     return session
+
+
+def _moved(data: dict[str, Any], here: str, there: str) -> dict[str, Any]:
+    """Return `data` with every `here` in its strings (keys too) spelled `there`."""
+    text = json.dumps(data)
+    return json.loads(text.replace(here, there)) if here in text else data
 
 
 # --- rewind ---------------------------------------------------------------------------------

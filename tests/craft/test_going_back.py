@@ -121,6 +121,9 @@ def test_a_fork_has_the_files_and_the_conversation_as_they_were_and_the_original
     assert prompts == ["write notes.txt one", "remember apple"]
     assert sum(kind == "turn_end" for _, kind, _ in events) == 2
     assert not {kind for _, kind, _ in events} & {"permission_request", "permission_answer"}
+    # The agent's paths name the fork's workspace, never the source's.
+    copied = str(events[:-1])  # the `forked` event names the source, as it should
+    assert f"/sessions/{fork.pk}/notes.txt" in copied and str(source.pk) not in copied
     assert events[-1][1:] == ("forked", {"from": str(source.pk), "seq": second,
                                          "title": "going back"})  # fmt: skip
 

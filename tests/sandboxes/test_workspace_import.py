@@ -84,6 +84,12 @@ def test_it_never_writes_through_a_link_or_outside_the_workspace(tmp_path):
     assert list((tmp_path / "again" / "outside").iterdir()) == []
 
 
+def test_nothing_comes_for_a_checkpoint_without_files_and_nothing_is_written(tmp_path):
+    sandbox, workspace = a_sandbox(tmp_path)
+    assert run_import(sandbox, b"") == {"files": 0, "bytes": 0}
+    assert list(workspace.iterdir()) == []
+
+
 def test_it_refuses_a_workspace_that_holds_files_and_more_bytes_than_allowed(tmp_path):
     sandbox, workspace = a_sandbox(tmp_path)
     (workspace / "mine.txt").write_text("mine")
