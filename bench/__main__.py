@@ -4,11 +4,11 @@ SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the 
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
 `bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.isolation`,
-`bench.scale`, `bench.repository`, `bench.preview`).
+`bench.scale`, `bench.repository`, `bench.preview`, `bench.fork`).
 
     .venv/bin/python -m bench [--quick]
         [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,isolation,scale,
-                repository,preview]
+                repository,preview,fork]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .harness import Figure, Site
 
 BENCHMARKS = [
     "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm",
-    "isolation", "scale", "repository", "preview",
+    "isolation", "scale", "repository", "preview", "fork",
 ]  # fmt: skip
 
 
@@ -59,6 +59,7 @@ def main() -> None:
                 "isolation": {"rounds": 6 if args.quick else 15},
                 "repository": {"rounds": 3 if args.quick else 5},
                 "preview": {"rounds": 50 if args.quick else 200},
+                "fork": {"rounds": 3 if args.quick else 5},
                 "scale": {
                     "sessions": 100 if args.quick else 400,
                     "cluster_sessions": 150 if args.quick else 600,

@@ -168,16 +168,11 @@ def workspaces_for_fork(plan: ForkPlan, new_id: UUID) -> tuple[Workspace, Worksp
     return source, target
 
 
-def take_first_checkpoint(workspace: Workspace, new_id: UUID) -> str:
-    """Record the fork's workspace as its first checkpoint; return its commit."""
-    return workspace.checkpoint(f"session {new_id}: forked").commit
-
-
 @transaction.atomic
-def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool, checkpoint: str) -> Session:
-    """Create the fork: its row, the copied events renumbered from 1 and its `forked` event
-    (with the checkpoint its workspace started from, as a revert's, so that a rewind or a
-    revert in the fork finds it)."""
+def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool) -> Session:
+    """Create the fork: its row, the copied events renumbered from 1 and its `forked` event.
+    Its first checkpoint is taken as every session's is (when its agent starts, or before
+    its first turn): not on the fork's path."""
     source = plan.source
     title = clean_title(source.title[: 200 - len(FORK_SUFFIX)] + FORK_SUFFIX)
     session = Session.objects.create(
@@ -197,13 +192,7 @@ def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool, checkpoint:
     forked: dict[str, Any] = {"from": str(source.pk), "seq": seq, "title": source.title}
     if before:
         forked["before"] = True
-    stored = append_events(new_id, [("forked", forked)])
-    assert stored is not None
-    if checkpoint:
-        WorkspaceRevert.objects.create(
-            session=session, seq=stored.first_seq, checkpoint_before="",
-            checkpoint_after=checkpoint,
-        )  # fmt: skip
+    append_events(new_id, [("forked", forked)])
     return session
 
 
@@ -344,14 +333,13 @@ async def fork(session_id: UUID, seq: int, new_id: UUID, before: bool = False) -
     try:
         source, target = await db_sync_to_async(workspaces_for_fork)(plan, new_id)
         await loop.run_in_executor(checkpoint_calls, copy_workspace, source, target, plan.commit)
-        first = await loop.run_in_executor(checkpoint_calls, take_first_checkpoint, target, new_id)
     except sandbox_services.SandboxUnavailable as exc:
         raise Refused("sandbox_unavailable", str(exc)) from None
     except WorkspaceRefused as exc:
         raise Refused(exc.code, f"the files could not be copied: {exc}") from None
     except SandboxError as exc:
         raise Refused("workspace_unavailable", f"the files could not be copied: {exc}") from None
-    await db_sync_to_async(store_fork)(plan, new_id, seq, before, first)
+    await db_sync_to_async(store_fork)(plan, new_id, seq, before)
 
 
 async def rewind(session_id: UUID, seq: int, fence: Fence | None) -> None:
