@@ -4,11 +4,12 @@ SQLite by default; `BENCH_DATABASE_URL=postgres://user@host:port/name` runs the 
 benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is also a script
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
 `bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.isolation`,
-`bench.scale`, `bench.repository`, `bench.preview`, `bench.search`, `bench.terminal`).
+`bench.scale`, `bench.repository`, `bench.preview`, `bench.search`, `bench.terminal`,
+`bench.fork`).
 
     .venv/bin/python -m bench [--quick]
         [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,isolation,scale,
-                repository,preview,search,terminal]
+                repository,preview,search,terminal,fork]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .harness import Figure, Site
 
 BENCHMARKS = [
     "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm",
-    "isolation", "scale", "repository", "preview", "search", "terminal",
+    "isolation", "scale", "repository", "preview", "search", "terminal", "fork",
 ]  # fmt: skip
 
 
@@ -64,6 +65,7 @@ def main() -> None:
                     "rounds": 5 if args.quick else 20,
                 },
                 "terminal": {"keystrokes": 100 if args.quick else 300},
+                "fork": {"rounds": 3 if args.quick else 5},
                 "scale": {
                     "sessions": 100 if args.quick else 400,
                     "cluster_sessions": 150 if args.quick else 600,

@@ -111,6 +111,35 @@ class Revert:
 
 
 @dataclass(frozen=True)
+class Fork:
+    """Make session `new_id` from this one as it was just after turn `seq` (its user_message's
+    seq), or just before it (`before`): the conversation and the workspace
+    (craft.turns.going_back)."""
+
+    seq: int
+    new_id: str
+    before: bool = False
+
+
+@dataclass(frozen=True)
+class ForkRequest:
+    """What a fork request asks (HTTP): from turn `seq` (after it, or `before` it), and the
+    fork's first prompt (`text`, "" for none)."""
+
+    seq: int
+    before: bool = False
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """Take the session back to just after turn `seq`: its workspace, and its conversation
+    (the later turns are set aside)."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
 class EditQueued:
     """Replace the text of a queued prompt that has not started."""
 
@@ -202,8 +231,8 @@ class FollowSessions:
 # What the session's owner carries out; the others stay with the socket that received them.
 SessionCommand = (
     Prompt | Cancel | AnswerPermission | AnswerElicitation | SetConfigOption | SetMode | Revert
-    | EditQueued | RemoveQueued | SendNow | RunQueue | StartAgent | PrepareRepository
-    | CommitRepository | PushRepository | OpenPullRequest | UpdateRepository
+    | Fork | Rewind | EditQueued | RemoveQueued | SendNow | RunQueue | StartAgent
+    | PrepareRepository | CommitRepository | PushRepository | OpenPullRequest | UpdateRepository
     | RefreshPullRequest
 )  # fmt: skip
 Command = SessionCommand | Resume | Seen | FollowSessions
@@ -217,6 +246,8 @@ FRAME_TYPES: dict[type, str] = {
     SetConfigOption: "set_config_option",
     SetMode: "set_mode",
     Revert: "revert",  # over HTTP (POST .../turns/<seq>/revert/), not the socket
+    Fork: "fork",  # over HTTP (POST .../fork/), not the socket
+    Rewind: "rewind",  # over HTTP (POST .../rewind/), not the socket
     EditQueued: "edit_queued",
     RemoveQueued: "remove_queued",
     SendNow: "send_now",
@@ -289,6 +320,22 @@ def parse_revert(seq: int, body: dict[str, Any]) -> Revert:
     if hunk is not None and not path:
         raise Refused("invalid", "a hunk is reverted in one file: give its 'path'")
     return Revert(seq, path, hunk)
+
+
+def parse_turn_seq(body: dict[str, Any]) -> int:
+    """Check a fork or rewind request (HTTP): its `seq`, a turn's user_message's."""
+    seq = body.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq < 2**63:
+        raise Refused("invalid", "'seq' must be the seq of a user message of the session")
+    return seq
+
+
+def parse_fork(body: dict[str, Any]) -> ForkRequest:
+    """Check a fork request (HTTP): `seq`, and the optional `before` and `text`."""
+    seq, before, text = parse_turn_seq(body), body.get("before", False), body.get("text")
+    if not isinstance(before, bool):
+        raise Refused("invalid", "'before' must be true or false")
+    return ForkRequest(seq, before, "" if text is None else _prompt_text(text, "fork"))
 
 
 def _prompt(frame: dict[str, Any]) -> Prompt:

@@ -25,6 +25,8 @@ from craft.commands import (
     Cancel,
     CommitRepository,
     EditQueued,
+    Fork,
+    ForkRequest,
     OpenPullRequest,
     PrepareRepository,
     Prompt,
@@ -32,6 +34,7 @@ from craft.commands import (
     RefreshPullRequest,
     RemoveQueued,
     Revert,
+    Rewind,
     SendNow,
     SetConfigOption,
     SetMode,
@@ -41,6 +44,7 @@ from craft.commands import (
 from craft.errors import RepositoryRefused, SessionError, SessionLimit, UnknownAgent
 from craft.live import delivery, status
 from craft.models import Session, SessionRepository, Turn
+from craft.storage.db import db_sync_to_async
 from craft.storage.normalise import clean_title
 from craft.storage.titles import set_session_title
 from craft.turns.registry import runners
@@ -65,10 +69,12 @@ __all__ = [
     "cancel_turn",
     "change_queue",
     "delete_session",
+    "fork_session",
     "mark_seen",
     "open_session",
     "post_prompt",
     "revert_workspace",
+    "rewind_session",
     "set_config_option",
     "set_mode",
     "set_session_title",
@@ -269,6 +275,37 @@ async def revert_workspace(session_id: uuid.UUID, revert: Revert) -> None:
     file, or one hunk; stored as a `workspace_reverted` event (docs/workspace.md). Refused
     while a turn runs, and when the change has no checkpoints or the hunk no longer applies."""
     await forwarding.route(session_id, revert)
+
+
+async def fork_session(session: Session, request: ForkRequest) -> uuid.UUID:
+    """Make a new session of the same owner, sandbox and agent from `session` as it was just
+    after turn `request.seq` (or just before it): its conversation (the agent's next session
+    is given the transcript) and its workspace (docs/workbench.md); return its id (its
+    first prompt, the request's `text`, is the caller's to post). Carried out by the source's
+    runner between turns: refused `turn_running` while one runs, `invalid` for a seq that is
+    no turn of the session; SessionLimit at CRAFT_MAX_SESSIONS_PER_USER."""
+    limit = settings.CRAFT_MAX_SESSIONS_PER_USER
+    if limit and await _session_count(session.owner_id) >= limit:
+        raise SessionLimit(
+            f"you have {limit} sessions, the most one person can have: delete some first"
+        )
+    new_id = uuid.uuid4()
+    await forwarding.route(session.pk, Fork(request.seq, str(new_id), request.before))
+    status.tell_user(session.owner_id, status.SESSIONS_CHANGED, session=str(new_id))
+    return new_id
+
+
+@db_sync_to_async
+def _session_count(owner_id: int) -> int:
+    return Session.objects.filter(owner_id=owner_id).count()
+
+
+async def rewind_session(session_id: uuid.UUID, seq: int) -> None:
+    """Take the session back to just after turn `seq`: its workspace to the checkpoint after
+    that turn, its later turns set aside (a `rewound` event names them), and its agent's
+    conversation (a new agent session, given the transcript of the turns kept). Refused
+    `turn_running` while a turn runs, `invalid`, `nothing_to_rewind`, `no_checkpoint`."""
+    await forwarding.route(session_id, Rewind(seq))
 
 
 async def prepare_repository(session_id: uuid.UUID) -> None:

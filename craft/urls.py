@@ -1,7 +1,16 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from craft import api, health, preview_api, repository_api, search_api, views, workspace_api
+from craft import (
+    api,
+    going_back_api,
+    health,
+    preview_api,
+    repository_api,
+    search_api,
+    views,
+    workspace_api,
+)
 
 urlpatterns = [
     path("healthz", health.alive, name="healthz"),
@@ -70,6 +79,8 @@ urlpatterns = [
         name="api_repository_update",
     ),
     path("api/sessions/<uuid:session_id>/preview/", preview_api.preview, name="api_preview"),
+    path("api/sessions/<uuid:session_id>/fork/", going_back_api.fork, name="api_fork"),
+    path("api/sessions/<uuid:session_id>/rewind/", going_back_api.rewind, name="api_rewind"),
     path("api/sandbox/", api.sandbox, name="api_sandbox"),
     path("api/agents/", api.agents, name="api_agents"),
     path("api/credentials/", api.credential_list, name="api_credentials"),

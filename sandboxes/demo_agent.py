@@ -233,6 +233,9 @@ class Turn:
         self.session = session
         self.text = text
         self.attachments = attachments or []
+        # How many of the user's messages a transcript given with the prompt held (None: no
+        # transcript: see `take_transcript`).
+        self.transcript_heard: int | None = None
         words = text.split(maxsplit=1)
         # A slash command ("/recall") runs the scenario of the same name.
         self.word = words[0].lower().removeprefix("/") if words else ""
@@ -703,15 +706,19 @@ class Agent:
         prompt = params.get("prompt")
         if not isinstance(prompt, list):
             raise RpcError(INVALID_PARAMS, "Invalid params: prompt must be a list")
+        transcripts = [block for block in prompt if transcript_of(block) is not None]
         text = "".join(
             block["text"]
             for block in prompt
             if isinstance(block, dict)
             and block.get("type") == "text"
             and isinstance(block.get("text"), str)
+            and block not in transcripts
         )
         attachments = [
-            block for block in prompt if isinstance(block, dict) and block.get("type") != "text"
+            block
+            for block in prompt
+            if isinstance(block, dict) and block.get("type") != "text" and block not in transcripts
         ]
         session_id = params.get("sessionId")
         with self._state_lock:
@@ -722,6 +729,8 @@ class Agent:
                 raise RpcError(INVALID_PARAMS, "This session is already running a prompt")
             turn = Turn(self, session, text, attachments)
             session.turn = turn
+            for block in transcripts:
+                turn.transcript_heard = take_transcript(session, transcript_of(block) or "")
         worker = threading.Thread(
             target=self.run_turn, args=(turn, request_id), name="turn", daemon=True
         )
@@ -736,6 +745,11 @@ class Agent:
         try:
             scenario = SCENARIOS.get(turn.word)
             try:
+                if turn.transcript_heard is not None:
+                    turn.chunk(
+                        f"I was given the conversation so far ({turn.transcript_heard} of your"
+                        " messages).\n"
+                    )
                 if turn.attachments:
                     turn.chunk(describe_attachments(turn.attachments) + "\n")
                 (scenario.run if scenario else scenario_echo)(turn)
@@ -966,6 +980,39 @@ def config_options(session: Session) -> list[dict[str, Any]]:
         select("model", "Model", "model", session.model, MODELS),
         select("mode", "Mode", "mode", session.mode, MODES),
     ]
+
+
+# The conversation so far, as a client gives it to a new session that continues an earlier
+# one (Craft, after a fork or a rewind): a resource of this URI, or a text block so opening.
+TRANSCRIPT_URI = "craft:transcript"
+TRANSCRIPT_OPENING = "This conversation continues an earlier one"
+
+
+def transcript_of(block: Any) -> str | None:
+    """Return the transcript a prompt's block carries, or None if it is no transcript."""
+    if not isinstance(block, dict):
+        return None
+    if block.get("type") == "text" and str(block.get("text", "")).startswith(TRANSCRIPT_OPENING):
+        return str(block["text"])
+    resource = block.get("resource")
+    if block.get("type") != "resource" or not isinstance(resource, dict):
+        return None
+    if resource.get("uri") == TRANSCRIPT_URI and isinstance(resource.get("text"), str):
+        return resource["text"]
+    return None
+
+
+def take_transcript(session: Session, transcript: str) -> int:
+    """Learn the conversation so far from a transcript (the user's words in <user>, the
+    agent's in <agent>): its history, and what the user asked it to remember. Return how
+    many of the user's messages it held."""
+    said = re.findall(r"<(user|agent)>\n(.*?)\n</\1>", transcript, flags=re.DOTALL)
+    for role, text in said:
+        session.history.append([role, text[:HISTORY_CHARS]])
+        words = text.split()
+        if role == "user" and words and words[0].lower().lstrip("/") == "remember":
+            session.memory += words[1:]
+    return sum(1 for role, _ in said if role == "user")
 
 
 def describe_attachments(blocks: list[dict[str, Any]]) -> str:

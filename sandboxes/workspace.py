@@ -189,7 +189,10 @@ class Workspace:
         `not_a_file`, `invalid_path`, `timeout` (stdin not done within
         CRAFT_WORKSPACE_TIMEOUT_SECONDS of its last chunk)."""
         refuse_bad_path(path)
-        args = ["write", path, str(max_bytes), "1" if overwrite else "0"]
+        return self._fed(["write", path, str(max_bytes), "1" if overwrite else "0"], chunks)
+
+    def _fed(self, args: list[str], chunks: Iterable[bytes]) -> dict[str, Any]:
+        """Run the tool with `chunks` on its stdin; return its answer."""
         process = self._started(self._run_tool(args), keep_stdin=True)
         timeout = settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS
         watchdog = alarms.after(timeout, process.stop)
@@ -211,6 +214,17 @@ class Workspace:
         finally:
             watchdog.cancel()
             process.finish(1.0)
+
+    def export(self, commit: str) -> Download:
+        """The files of checkpoint `commit` as a tar, streamed (`import_files` takes it)."""
+        return self._download(self._in_store(["export", self._store, commit]))
+
+    def import_files(self, tar: Iterable[bytes], max_bytes: int) -> dict[str, Any]:
+        """Write the files of a tar (an `export`, of another session's checkpoint) into this
+        workspace, which holds none yet, following no link out of it: `{"files", "bytes"}`.
+        Raises WorkspaceRefused: `not_empty`, `too_large`, `bad_archive`, `timeout` (nothing
+        came for CRAFT_WORKSPACE_TIMEOUT_SECONDS)."""
+        return self._fed(["import", str(max_bytes)], tar)
 
     def archive(self, max_bytes: int) -> Download:
         return self._download(self._run(["archive", str(max_bytes)]))

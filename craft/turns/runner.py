@@ -40,6 +40,7 @@ from craft.commands import (
     Cancel,
     CommitRepository,
     EditQueued,
+    Fork,
     OpenPullRequest,
     PrepareRepository,
     Prompt,
@@ -47,6 +48,7 @@ from craft.commands import (
     RefreshPullRequest,
     RemoveQueued,
     Revert,
+    Rewind,
     RunQueue,
     SendNow,
     SessionCommand,
@@ -60,7 +62,7 @@ from craft.models import Session
 from craft.storage.db import db_calls, db_sync_to_async
 from craft.storage.eventlog import Fence, Fenced, Stored, writer
 from craft.storage.titles import set_session_title
-from craft.turns import controls, queue, records
+from craft.turns import controls, going_back, queue, records
 from craft.turns.agent_calls import call_agent
 from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
@@ -116,6 +118,8 @@ class SessionRunner:
         self._queued: int | None = None
         self._waiting_for_sandbox: asyncio.Task[None] | None = None
         self._handling = 0  # commands being carried out here right now
+        # The transcript the next prompt carries to a new agent session (`transcript_blocks`).
+        self._transcript: str | None = None
         # Updates of a turn that came after its end, and were dropped (`_drain_late`).
         self.late_updates_dropped = 0
 
@@ -163,6 +167,10 @@ class SessionRunner:
                 await self.set_mode(mode)
             case Revert(seq=seq, path=path, hunk=hunk):
                 await self.revert(seq, path, hunk)
+            case Fork(seq=seq, new_id=new_id, before=before):
+                await self.fork(seq, UUID(new_id), before)
+            case Rewind(seq=seq):
+                await self.rewind(seq)
             case EditQueued(id=client_id, text=text):
                 await self._change_queue(queue.edit, client_id, text)
             case RemoveQueued(id=client_id):
@@ -456,6 +464,40 @@ class SessionRunner:
                 raise Refused("turn_running", "the agent is working: revert once its turn ends")
             await self.checkpoints.revert(seq, path, hunk, fence=self.fence)
 
+    async def fork(self, seq: int, new_id: UUID, before: bool = False) -> None:
+        """Make session `new_id` as this one was just after turn `seq`, or just `before` it
+        (craft.turns.going_back); refused while a turn runs. The latest checkpoint is written
+        first."""
+        async with self._lock:
+            if self.running:
+                raise Refused("turn_running", "the agent is working: fork once its turn ends")
+            await self.checkpoints.settle()
+            await going_back.fork(self.session_id, seq, new_id, before)
+
+    async def rewind(self, seq: int) -> None:
+        """Take the session back to just after turn `seq` (craft.turns.going_back): its files,
+        and its agent, which is stopped here; the next starts a new agent session given the
+        transcript of the turns kept. Refused while a turn runs."""
+        async with self._lock:
+            if self.running:
+                raise Refused("turn_running", "the agent is working: rewind once its turn ends")
+            await self.checkpoints.settle()
+            try:
+                await going_back.rewind(self.session_id, seq, self.fence)
+            finally:
+                self.checkpoints.forget()  # whatever happened, the store says the latest
+            await self.drop_connection()
+            self._transcript = None
+
+    def transcript_blocks(self, connection: AgentConnection) -> list[dict[str, Any]]:
+        """Return (once) the transcript block the next prompt carries to a new agent session
+        after a fork or a rewind; [] if none is due."""
+        text, self._transcript = self._transcript, None
+        if not text:
+            return []
+        embedded = connection.prompt_capabilities.get("embeddedContext", False)
+        return [going_back.transcript_block(text, embedded)]
+
     # --- the agent connection ---------------------------------------------------------------
 
     async def connection_for_turn(self, *, wait_for_sandbox: bool = True) -> AgentConnection:
@@ -528,6 +570,13 @@ class SessionRunner:
         await records.record_start(self.session_id, sandbox.pk, connection.agent_session_id)
         self._active_at = time.monotonic()
         self._prompt_capabilities = connection.prompt_capabilities
+        # A new agent session after a fork or a rewind: its first prompt gives it the
+        # conversation so far (read only when an agent starts without one to reattach to).
+        self._transcript = (
+            None
+            if reattach
+            else await db_sync_to_async(going_back.pending_transcript)(self.session_id)
+        )
         if not controls.announced(connection):
             await self.append(controls.start_events(connection))
             controls.announce(connection)  # not before: events refused are sent again

@@ -267,6 +267,7 @@ class Turn:
             except Refused as refused:
                 return [("agent_error", {"message": refused.message})], "error"
             blocks = controls.prompt_blocks(attachments, connection.cwd)
+            blocks += self.runner.transcript_blocks(connection)
             try:
                 return await self._stream(connection, blocks)
             except PromptNotSent as exc:

@@ -654,7 +654,7 @@ class KubernetesBackend:
         def run(args: list[str]) -> ExecByteStream:
             return ExecByteStream(
                 self._exec_api_client(),
-                keep_stdin=args[0] == "write",  # the file to write comes on stdin
+                keep_stdin=args[0] in ("write", "import"),  # what to write comes on stdin
                 namespace=self.namespace,
                 pod=pod_name(sandbox),
                 container=CONTAINER,

@@ -29,9 +29,34 @@ def text_of(content: Any, joiner: str = " ") -> str:
     return ""
 
 
+# A transcript of an earlier conversation that a client gives a new session (Craft, after a
+# fork or a rewind: craft/turns/going_back.py): the user's messages in <user>, the agent's in
+# <agent>, after this opening.
+TRANSCRIPT_OPENING = "This conversation continues an earlier one"
+TRANSCRIPT_URI = "craft:transcript"
+SAID = re.compile(r"<(user|agent)>\n(.*?)\n</\1>", re.DOTALL)
+
+
+def with_transcripts(users: list[str]) -> list[str]:
+    """Return the user's messages, each transcript in one taken as the earlier messages it
+    holds, and the rest of that message after them."""
+    out: list[str] = []
+    for text in users:
+        start = text.find(TRANSCRIPT_OPENING)
+        if start < 0:
+            out.append(text)
+            continue
+        said = list(SAID.finditer(text, start))
+        end = said[-1].end() if said else len(text)
+        out += [match.group(2) for match in said if match.group(1) == "user"]
+        out.append(text[:start] + text[end:])
+    return out
+
+
 def answer(messages: list[dict[str, Any]]) -> str:
     """Answer the last user message from the whole conversation."""
     users = [text_of(m.get("content")) for m in messages if m.get("role") == "user"]
+    users = with_transcripts(users)
     last = users[-1].strip() if users else ""
     remember = re.search(r"\bremember\s+(\S+)", last)
     if remember and "recall" not in last:

@@ -34,14 +34,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 try:
-    from .fake_model import JsonHandler, Loopback, LoopbackServer, answer, text_of
-except ImportError:  # run as a script
-    from fake_model import (  # type: ignore[no-redef]
+    from .fake_model import (
+        TRANSCRIPT_OPENING,
+        TRANSCRIPT_URI,
         JsonHandler,
         Loopback,
         LoopbackServer,
         answer,
         text_of,
+        with_transcripts,
+    )
+except ImportError:  # run as a script
+    from fake_model import (  # type: ignore[no-redef]
+        TRANSCRIPT_OPENING,
+        TRANSCRIPT_URI,
+        JsonHandler,
+        Loopback,
+        LoopbackServer,
+        answer,
+        text_of,
+        with_transcripts,
     )
 
 SLOW_WORDS = 80
@@ -166,7 +178,13 @@ def anthropic_move(request: dict[str, Any]) -> Move:
         texts = [
             without_interruptions(b.get("text", "")) for b in blocks if b.get("type") == "text"
         ]
-        users += [t for t in texts if sees_the_person(t)]
+        # A transcript Craft gives a new session (an embedded resource: Claude Code sends a
+        # link to it in the message and its text as a <context> block after): what the
+        # person said in it came before this message.
+        earlier = [t for t in texts if TRANSCRIPT_OPENING in t]
+        users += [u for u in with_transcripts(earlier) if sees_the_person(u)]
+        users += [t for t in texts if sees_the_person(t) and t not in earlier
+                  and t.strip() != TRANSCRIPT_URI]  # fmt: skip
         results = [
             text_of(b.get("content"), "\n") for b in blocks if b.get("type") == "tool_result"
         ]

@@ -110,19 +110,33 @@ async def test_send_now_stops_the_turn_and_sends_that_message_next(page, craft_s
     await snap(page, "queue-steered")
 
 
-async def test_edit_resends_a_prompt_as_a_new_turn_and_history_stays(page, craft_server, session):
+async def test_edit_resends_a_prompt_in_a_fork_or_as_a_new_turn_and_history_stays(
+    page, craft_server, session
+):
     await open_page(page, craft_server, session)
     await send_prompt(page, "hello there")
     await expect(page.locator(TURN_ENDS)).to_have_count(1)
-    await page.get_by_role("button", name="Edit and send again as a new message").click()
+    edit = "Edit and send again: a fork of this session from just before this message"
+    # Sent as a new message in this session when the person says so.
+    await page.get_by_role("button", name=edit).click()
     await expect(page.locator("#prompt")).to_have_value("hello there")
     await expect(page.locator("#prompt")).to_be_focused()
+    await page.get_by_role("button", name="Send as a new message instead").click()
     await page.keyboard.type(", again")
     await page.keyboard.press("Enter")
     await expect(page.locator(TURN_ENDS)).to_have_count(2)
     assert await prompts_run(session) == ["hello there", "hello there, again"]
     bubbles = page.locator("#transcript .msg.agent .bubble")
     await expect(bubbles.nth(1)).to_contain_text("Echo: hello there, again")
+    # Else a fork from just before the message, with the edited text (tests/browser/
+    # test_going_back.py); this session's history stays as it is.
+    await page.get_by_role("button", name=edit).first.click()
+    await page.keyboard.type(", in a fork")
+    await page.keyboard.press("Enter")
+    await page.wait_for_url(lambda url: str(session.pk) not in url)
+    await expect(page.locator(TURN_ENDS)).to_have_count(1)
+    await expect(bubbles.last).to_contain_text("Echo: hello there, in a fork")
+    assert await prompts_run(session) == ["hello there", "hello there, again"]
 
 
 async def test_retry_after_an_error_sends_the_same_message_again(page, craft_server, session):

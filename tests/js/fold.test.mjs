@@ -736,3 +736,58 @@ describe("elicitation", () => {
     assert.deepEqual(fold("agent_error", { reason: "auth_required", keys: "x" }).block.keys, []);
   });
 });
+
+describe("going back", () => {
+  test("a rewind marks every block of the turns it set aside, and says so in a block of its own", () => {
+    const fold = session();
+    fold("user_message", { id: "p1", text: "first" }); // seq 1
+    fold("agent_message_chunk", text("one"));
+    fold("turn_end", { stop_reason: "end_turn" });
+    fold("user_message", { id: "p2", text: "second" }); // seq 4
+    fold("tool_call", { toolCallId: "t1", title: "Write", status: "completed" });
+    fold("agent_message_chunk", text("two"));
+    fold("turn_end", { stop_reason: "end_turn" });
+    fold("turn_changes", { turn: 4, files: [{ path: "a.txt", status: "added", added: 1, removed: 0 }], truncated: false });
+    fold("user_message", { id: "p3", text: "third" }); // seq 9
+    fold("agent_message_chunk", text("three"));
+    fold("turn_end", { stop_reason: "end_turn" });
+    const kept = fold.state.blocks.filter((b) => b.kind !== "quiet").slice(0, 3);
+    const aside = fold.state.blocks.filter((b) => b.kind !== "quiet").slice(3);
+    const step = fold("rewound", {
+      to: 1, turns: [4, 9], truncated: false,
+      files: [{ path: "a.txt", status: "deleted", added: 0, removed: 1 }],
+    });
+    assert.equal(step.block.kind, "rewound");
+    assert.equal(step.block.text, "Rewound to “first”: 2 later turns set aside. The agent remembers nothing of them.");
+    assert.deepEqual(aside.map((b) => b.kind), ["user", "tool", "agent", "turn_end", "changes", "user", "agent", "turn_end"]);
+    assert.ok(aside.every((b) => b.rewound === true));
+    assert.ok(kept.every((b) => !b.rewound));
+    assert.deepEqual(new Set(step.updated), new Set(aside)); // drawn again, collapsed
+    // What comes after belongs to the turns that follow, never to those set aside.
+    fold("agent_restarted", { restored: "none" });
+    const next = fold("user_message", { id: "p4", text: "fourth" });
+    fold("agent_message_chunk", text("four"));
+    assert.ok(!next.block.rewound);
+    assert.ok(fold.state.blocks.filter((b) => b.kind === "restart").every((b) => !b.rewound));
+    // The files it put back are listed with the workspace's changes, as a revert's are.
+    const change = fold.state.changes.at(-1);
+    assert.deepEqual([change.seq, change.reverted, change.files.map((f) => f.status)], [12, true, ["deleted"]]);
+  });
+
+  test("a fork begins with what it copied and says where it came from", () => {
+    const fold = session();
+    fold("user_message", { id: "p1", text: "first" });
+    fold("turn_end", { stop_reason: "end_turn" });
+    const from = "5b0c9c1e-1111-4c57-9a4e-2f0d8c1b7e11";
+    const step = fold("forked", { from, seq: 7, title: "Fix the build" });
+    assert.deepEqual([step.block.kind, step.block.from], ["forked", from]);
+    assert.equal(step.block.text, "Forked from “Fix the build”. What follows is this session's own.");
+    const odd = fold("forked", { from: "../../admin", seq: 1, before: true });
+    assert.equal(odd.block.from, ""); // never a link elsewhere
+    assert.match(odd.block.text, /just before a message/);
+    // A rewind naming turns it never saw marks nothing and still says so.
+    const rewound = fold("rewound", { to: 99, turns: [98, "x"] });
+    assert.deepEqual(rewound.updated, []);
+    assert.match(rewound.block.text, /an earlier turn: 1 later turn set aside/);
+  });
+});

@@ -77,7 +77,28 @@ export function blockDrawing({ paths, staff, keysUrl = "" }) {
       const meta = element.appendChild(el("div", "msg-meta"));
       meta.appendChild(timeElement(block.time));
       messageActions(meta, [["Copy", "msg-copy", "Copy your message"],
-        ["Edit", "msg-edit", "Edit and send again as a new message"]]);
+        ["Edit", "msg-edit", "Edit and send again: a fork of this session from just before this message"],
+        ["Rewind here", "msg-rewind", "Rewind here: the files and the agent go back to just after this message's turn"],
+        ["Fork from here", "msg-fork", "Fork from here: a new session with the conversation and the files as they were just after this message's turn"]]);
+      return record;
+    },
+    rewound(block) {
+      const record = newRecord(block, "div", "divider going-back");
+      record.element.appendChild(el("span", "", block.text));
+      if (block.turns.length) {
+        const toggle = record.element.appendChild(el("button", "rewound-toggle", "Show them"));
+        toggle.type = "button";
+        toggle.setAttribute("aria-expanded", "false");
+      }
+      return record;
+    },
+    forked(block) {
+      const record = newRecord(block, "div", "divider going-back");
+      record.element.appendChild(el("span", "", block.text));
+      if (block.from) {
+        const link = record.element.appendChild(el("a", "", "Open the original"));
+        link.href = `../${block.from}/`;
+      }
       return record;
     },
     agent(block) {
@@ -351,10 +372,20 @@ export function blockDrawing({ paths, staff, keysUrl = "" }) {
   /** Show what changed in a block's head or state (a thought that is over, a tool's status,
    *  a permission's answer). */
   function update(block, record) {
+    if (block.rewound) markRewound(block, record);
     if (block.kind === "thought") updateThought(block, record);
     else if (block.kind === "tool") updateTool(block, record);
     else if (block.kind === "permission") updatePermission(block, record);
     else if (block.kind === "elicitation") updateElicitation(block, record);
+  }
+
+  // A block of a turn a rewind set aside: drawn collapsed (craft.css), its message marked.
+  function markRewound(block, { element }) {
+    if (element.dataset.rewound === "true") return;
+    element.dataset.rewound = "true";
+    if (block.kind !== "user") return;
+    const meta = element.querySelector(".msg-meta");
+    meta.insertBefore(el("span", "badge rewound-badge", "Rewound"), meta.firstChild);
   }
 
   function updateElicitation(block, { element, answer }) {

@@ -51,10 +51,29 @@ function createDraft(key, box) {
 
 /** Start the composer; `connection` sends frames (socket.mjs). While the agent works (or the
  *  sandbox starts), what is sent waits in the session's queue (queue.mjs). */
-export function createComposer({ connection, status, attachments, palette, fold, workspace, sessionId }) {
+export function createComposer({ connection, status, attachments, palette, fold, workspace, sessionId, forkEdited }) {
   const form = $("composer");
   const promptBox = $("prompt");
   const draft = createDraft(`craft.draft.${sessionId}`, promptBox);
+  // An earlier message being edited (its seq): sending it forks the session from just before
+  // it (going-back.mjs). Said above the box, with a way out.
+  let editing = null;
+  const editingNote = document.createElement("p");
+  editingNote.className = "editing-note";
+  editingNote.hidden = true;
+  editingNote.textContent = "Editing an earlier message: sending it starts a fork of this session from just before it. ";
+  const stopEditing = editingNote.appendChild(document.createElement("button"));
+  stopEditing.type = "button";
+  stopEditing.textContent = "Send as a new message instead";
+  form.querySelector(".composer-notices").appendChild(editingNote);
+  function setEditing(seq) {
+    editing = seq;
+    editingNote.hidden = seq === null;
+  }
+  stopEditing.addEventListener("click", () => {
+    setEditing(null);
+    promptBox.focus();
+  });
   let pendingPrompt = null; // {id, text, key} until its user_message (or prompt_queued) arrives
   let recalled = null; // ↑ and ↓ through your earlier prompts: {index, draft}
   let checking = false; // the mentioned files are being looked up
@@ -83,6 +102,18 @@ export function createComposer({ connection, status, attachments, palette, fold,
     }
     if (attachments.uploading()) {
       status.showFrameError("A file for this message is still uploading: send it once it is attached.");
+      return;
+    }
+    if (editing !== null) {
+      const seq = editing;
+      try {
+        await forkEdited(seq, text);
+        setEditing(null);
+        promptBox.value = "";
+        draft.keep();
+      } catch (error) {
+        status.showFrameError(`Not sent: ${error.message || error} Your message is still in the box.`);
+      }
       return;
     }
     const mentions = await mentionsOf(text);
@@ -147,6 +178,7 @@ export function createComposer({ connection, status, attachments, palette, fold,
   }
   promptBox.addEventListener("input", () => {
     recalled = null;
+    if (!promptBox.value) setEditing(null);
     draft.keep();
   });
 
@@ -183,13 +215,17 @@ export function createComposer({ connection, status, attachments, palette, fold,
     else status.showFrameError("Not connected. Try again in a moment.");
   }
 
-  /** Put an earlier prompt in the box to be edited and sent as a new one. */
-  function edit(text) {
+  /** Put an earlier prompt (user message `seq`) in the box to be edited: sent, it starts a
+   *  fork of the session from just before that message, with the edited text. */
+  function edit(text, seq) {
     promptBox.value = text;
     draft.keep();
+    setEditing(Number.isSafeInteger(seq) ? seq : null);
     promptBox.focus();
     promptBox.setSelectionRange(text.length, text.length);
-    status.announce("Your message is in the box: change it, then send it as a new message.");
+    status.announce(editing === null
+      ? "Your message is in the box: change it, then send it as a new message."
+      : "Your message is in the box: change it, then send it. That starts a fork of this session from just before it.");
   }
 
   return {

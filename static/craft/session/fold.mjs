@@ -5,7 +5,9 @@
 // A block is a plain object with a `kind` that the page shows as `data-kind`: "user", "agent"
 // and "thought" (messages), "tool", "plan", "permission", "elicitation" (the agent asks for
 // information: a form or a URL), "turn_end", "error", "restart",
-// "changes" (what a turn or a revert changed in the workspace), "repository" (Craft committed,
+// "changes" (what a turn or a revert changed in the workspace), "rewound" (the session went
+// back to an earlier turn: the blocks of the turns it set aside get `rewound`, and the page
+// shows them collapsed), "forked" (the session is a fork of another), "repository" (Craft committed,
 // pushed, updated the session's branch, or its pull request opened or changed state), "other"
 // (a note) and one hidden "quiet" block for the events that have no block of their own. Every applied event belongs to exactly one block. Labels, titles and plan entries are
 // ready to read; message text and tool content stay as the agent sent them, since drawing them
@@ -91,6 +93,8 @@ export function createFold({ paths, now = Date.now, repository = null }) {
   let interruptedCards = []; // permission blocks Craft closed, until the agent_error says why
   let step = null; // the step being folded
   let lastPrompt = null; // the last user block
+  let turnSeq = 0; // the seq of the user_message of the turn the next blocks belong to
+  const turnBlocks = new Map(); // seq of a user_message -> the blocks of its turn
 
   /** Apply one event; return its step, or null for one already applied (or without a seq).
    *  Never throws. */
@@ -138,6 +142,8 @@ export function createFold({ paths, now = Date.now, repository = null }) {
       case "agent_restarted": return agentRestarted(data);
       case "turn_changes": return workspaceChanges(event, data, false);
       case "workspace_reverted": return workspaceChanges(event, data, true);
+      case "rewound": return rewound(event, data);
+      case "forked": return forked(data);
       case "repository_status": return repositoryStatus(data);
       case "repository_committed":
       case "repository_pushed":
@@ -168,6 +174,7 @@ export function createFold({ paths, now = Date.now, repository = null }) {
     const previous = last;
     fold.blocks.push(block);
     last = block;
+    if (turnSeq) turnBlocks.get(turnSeq).push(block);
     if (previous && previous.kind === "thought") {
       previous.thinking = false; // a thought is over once something follows it
       step.updated.push(previous);
@@ -205,8 +212,10 @@ export function createFold({ paths, now = Date.now, repository = null }) {
       const size = Number.isFinite(a.bytes) ? ` (${formatBytes(a.bytes)})` : "";
       return `${str(a.name) || "image"}${size}`;
     });
+    turnSeq = event.seq;
+    turnBlocks.set(turnSeq, []);
     lastPrompt = append({
-      kind: "user", promptId: data.id, text, parts: [{ seq: event.seq, text }], attachments,
+      kind: "user", seq: event.seq, rewound: false, promptId: data.id, text, parts: [{ seq: event.seq, text }], attachments,
       files: attached.filter((a) => a.type === "file" && typeof a.path === "string").map((a) => a.path),
       time: fold.turnStartedAt,
     });
@@ -611,6 +620,51 @@ export function createFold({ paths, now = Date.now, repository = null }) {
       : typeof data.path === "string" && data.path ? str(data.path) : "the files";
     const reverted = fold.changes.find((c) => c.seq === turnSeq && c.reverted);
     return `${what} to before ${reverted ? "a revert" : "a turn"}`;
+  }
+
+  // --- going back (docs/workbench.md) --------------------------------------------------------
+
+  // The session went back to just after turn `to`: the blocks of the turns it set aside are
+  // marked (the page collapses them), and its own block says so. Its files are a change the
+  // Changes tab lists, as a revert's are.
+  function rewound(event, data) {
+    const turns = (Array.isArray(data.turns) ? data.turns : []).filter(Number.isSafeInteger);
+    for (const seq of turns) {
+      for (const block of turnBlocks.get(seq) || []) {
+        block.rewound = true;
+        step.updated.push(block);
+      }
+    }
+    turnSeq = 0; // what follows belongs to no turn set aside
+    const to = Number.isSafeInteger(data.to) ? data.to : 0;
+    const n = turns.length;
+    const prompt = prompts.get(to);
+    const block = append({
+      kind: "rewound", seq: event.seq, to, turns,
+      text: `Rewound to ${prompt ? `“${prompt}”` : "an earlier turn"}: ${n} later ${n === 1 ? "turn" : "turns"} set aside. The agent remembers nothing of ${n === 1 ? "it" : "them"}.`,
+    });
+    fold.changes.push({
+      kind: "changes", seq: event.seq, turn: to, reverted: true, prompt: "", path: "",
+      files: (Array.isArray(data.files) ? data.files : []).filter(isObject).map((file) => ({
+        path: str(file.path), oldPath: file.status === "renamed" ? str(file.old_path) : "",
+        status: ["added", "modified", "deleted", "renamed"].includes(file.status) ? file.status : "modified",
+        added: Number(file.added) || 0, removed: Number(file.removed) || 0, binary: file.binary === true,
+      })),
+      truncated: data.truncated === true, leftOut: [], skipped: "", text: "Rewound the files", detail: "",
+      revertedBy: [], affects: [],
+    });
+    return block;
+  }
+
+  // The session is a fork of another, from one of its turns.
+  function forked(data) {
+    const title = str(data.title);
+    const from = typeof data.from === "string" && /^[0-9a-f-]{36}$/.test(data.from) ? data.from : "";
+    turnSeq = 0;
+    return append({
+      kind: "forked", from, before: data.before === true,
+      text: `Forked from ${title ? `“${title}”` : "another session"}${data.before === true ? ", from just before a message" : ""}. What follows is this session's own.`,
+    });
   }
 
   // --- the session's repository (docs/repositories.md) ---------------------------------------

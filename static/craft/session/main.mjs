@@ -12,6 +12,7 @@
 //   attention.mjs    the tab's title and notifications while hidden; telling the server it was seen
 //   controls.mjs     the agent's own controls
 //   composer.mjs     sending prompts, stopping the agent, ↑ recall, edit and retry
+//   going-back.mjs   rewind to, or fork from, an earlier message (and edit one: a fork)
 //   queue.mjs        prompts waiting for the running turn: edit, remove, send now
 //   palette.mjs      "/" commands and "@" files in the prompt box
 //   attachments.mjs  images and files for the next prompt
@@ -33,6 +34,7 @@ import { createComposer } from "./composer.mjs";
 import { createControls } from "./controls.mjs";
 import { $ } from "./dom.mjs";
 import { createFold } from "./fold.mjs";
+import { createGoingBack } from "./going-back.mjs";
 import { fetchJson, loadHistory } from "./history.mjs";
 import { createPalette } from "./palette.mjs";
 import { createPermissionPin } from "./permission-pin.mjs";
@@ -151,16 +153,18 @@ const view = createView({
     openChanges: workspace.openChanges,
     openFile: workspace.openFile,
     retry: (text, files) => composer.resend(text, files),
-    edit: (text) => composer.edit(text),
+    edit: (text, seq) => composer.edit(text, seq),
+    goBack: (how, seq, button) => goingBack.goBack(how, seq, button),
   },
 });
+const goingBack = createGoingBack({ api: root.dataset.apiUrl, announce: status.announce, showError: status.showFrameError });
 const uploads = createUploads({
   api: root.dataset.apiUrl, limit: Number(root.dataset.uploadMaxBytes), workspace, announce: status.announce,
 });
 const attachments = createAttachments({ fold, status, uploads });
 const composer = createComposer({
   connection, status, attachments, fold, workspace, palette: createPalette({ fold, workspace }),
-  sessionId,
+  sessionId, forkEdited: goingBack.forkEdited,
 });
 const queue = createQueue({ fold, send: connection.send, status, waitReason: repository.waitReason });
 

@@ -19,8 +19,9 @@ const EAGER_BLOCKS = 12; // after the first load, the last messages get Markdown
  * of the page: beforeFlush() (draw what goes with it), answer(request, option) (send a
  * permission answer; false when not connected), answerElicitation(request, action, content)
  * (the same for an elicitation), announce(text), showError(text),
- * fetchEvent(seq) (the whole of an event), openChanges(seq) (a change's chip was clicked) and
- * openFile(path) (a file an update left in conflict was clicked).
+ * fetchEvent(seq) (the whole of an event), openChanges(seq) (a change's chip was clicked),
+ * openFile(path) (a file an update left in conflict was clicked), edit(text, seq) (a message's
+ * Edit) and goBack(how, seq, button) ("rewind" or "fork" from the turn of user message `seq`).
  */
 export function createView({ transcript, fold, paths, staff, keysUrl, scroll, libraries, hooks }) {
   const drawing = blockDrawing({ paths, staff, keysUrl });
@@ -254,12 +255,16 @@ export function createView({ transcript, fold, paths, staff, keysUrl, scroll, li
     if (toggle) return toggleCollapsible(toggle);
     const copy = clicked.closest(".code-block .copy");
     if (copy) return copyText(copy, copy.closest(".code-block").querySelector("code").textContent, hooks.announce);
+    const back = clicked.closest(".msg-rewind, .msg-fork");
+    if (back && !back.disabled) return goBack(back);
+    const shown = clicked.closest(".rewound-toggle");
+    if (shown) return showRewound(shown);
     const message = clicked.closest(".msg-copy, .msg-edit, .turn-retry");
     if (message) {
       const block = blockOf.get(message.closest(".msg, .turn-end"));
       if (!block) return;
       if (message.classList.contains("msg-copy")) return copyText(message, block.text, hooks.announce);
-      if (message.classList.contains("msg-edit")) return hooks.edit(block.text);
+      if (message.classList.contains("msg-edit")) return hooks.edit(block.text, block.seq);
       return hooks.retry(block.retry.text, block.retry.files);
     }
     const more = clicked.closest(".show-all");
@@ -267,6 +272,44 @@ export function createView({ transcript, fold, paths, staff, keysUrl, scroll, li
     const summary = clicked.closest(".thought > summary");
     if (summary) drawn.get(blockOf.get(summary.parentElement)).userOpened = true;
   });
+
+  // "Rewind here" and "Fork from here" ask once more before they act, as a revert does: the
+  // first click arms the button, the second acts; leaving it disarms it.
+  function goBack(button) {
+    const block = blockOf.get(button.closest(".msg"));
+    if (!block) return;
+    if (button.dataset.armed !== "true") {
+      button.dataset.label = button.textContent;
+      button.dataset.description = button.getAttribute("aria-label") || "";
+      button.dataset.armed = "true";
+      button.textContent = `Confirm: ${button.textContent.toLowerCase()}`;
+      button.setAttribute("aria-label", button.textContent);
+      return;
+    }
+    disarm(button);
+    hooks.goBack(button.classList.contains("msg-rewind") ? "rewind" : "fork", block.seq, button);
+  }
+
+  function disarm(button) {
+    if (button.dataset.armed !== "true") return;
+    button.dataset.armed = "false";
+    button.textContent = button.dataset.label;
+    button.setAttribute("aria-label", button.dataset.description);
+  }
+  transcript.addEventListener("focusout", (event) => {
+    const button = event.target.closest?.(".msg-rewind, .msg-fork");
+    if (button) disarm(button);
+  });
+
+  // The turns a rewind set aside are collapsed; its button shows (or hides) them all.
+  function showRewound(toggle) {
+    const open = toggle.getAttribute("aria-expanded") !== "true";
+    transcript.classList.toggle("show-rewound", open);
+    for (const each of transcript.querySelectorAll(".rewound-toggle")) {
+      each.setAttribute("aria-expanded", String(open));
+      each.textContent = open ? "Hide them" : "Show them";
+    }
+  }
 
   // A form's Send is its submit (Enter in a field sends it too), after the browser has checked
   // what the form asks (required, minimum, maximum, lengths).
