@@ -72,6 +72,9 @@ class Session(models.Model):
     last_seq = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # How far its events are indexed for search (craft.storage.search): every turn that
+    # ended up to this seq.
+    search_indexed_seq = models.PositiveBigIntegerField(default=0)
     # When its owner last had its page in view: turns that ended since are unread.
     seen_at = models.DateTimeField(default=timezone.now)
 

@@ -1,4 +1,4 @@
-"""Search entries, and their full-text index: a GIN index of the text's `simple` tsvector on
+"""Search entries, how far each session is indexed, and the entries' full-text index: a GIN index of the text's `simple` tsvector on
 PostgreSQL, an FTS5 table kept by triggers on SQLite (craft.storage.search)."""
 
 from django.db import migrations, models
@@ -52,6 +52,11 @@ class Migration(migrations.Migration):
     dependencies = [("craft", "0012_git_repositories")]
 
     operations = [
+        migrations.AddField(
+            model_name="session",
+            name="search_indexed_seq",
+            field=models.PositiveBigIntegerField(default=0),
+        ),
         migrations.CreateModel(
             name="SearchEntry",
             fields=[

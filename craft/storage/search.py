@@ -1,11 +1,13 @@
 """Search: a person's sessions by title and text, and the messages of one session.
 
-What is searched is indexed per turn once the turn has ended (`index_turn_later`, off the
-turn's way: the turn's last event is already stored and sent), as `SearchEntry` rows: the
-prompt, the agent's reply with its chunks joined (a word split between two chunks is found),
-and each tool card (its title, command and text output), each at most MAX_ENTRY_CHARS. A
-lost indexing (the server stopped meanwhile) is made good by `manage.py index_search`, which
-indexes what is missing and may be run at any time.
+What is searched is indexed per turn, as `SearchEntry` rows: the prompt, the agent's reply
+with its chunks joined (a word split between two chunks is found), and each tool card (its
+title, command and text output), each at most MAX_ENTRY_CHARS. Nothing is indexed on a
+turn's way: a search first indexes the person's turns that ended since their sessions were
+last indexed (`catch_up`: each session remembers how far it is, `Session.search_indexed_seq`;
+a session whose `last_seq` is past it has something new), so a turn is found once it has
+ended, a fork's copied turns too. `manage.py index_search` indexes every session again
+(what is there is kept).
 
 A query is cut into words (letters and digits); an entry matches when it has every word, each
 as the start of one of its words ("refac" finds "refactored"), case and accents as the
@@ -16,8 +18,6 @@ person's own sessions are ever looked at.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import re
 from collections.abc import Iterable, Iterator
@@ -26,9 +26,9 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection
+from django.db.models import F
 
 from craft.models import Event, SearchEntry, Session
-from craft.storage.db import db_calls
 
 logger = logging.getLogger(__name__)
 
@@ -106,25 +106,45 @@ def _tool_texts(data: dict[str, Any]) -> Iterator[str]:
                 yield text
 
 
-def index_turn(session_id: UUID, first_seq: int) -> int:
-    """Index the turn whose prompt is event `first_seq` (up to its `turn_end`, or the log's
-    end); entries already there are kept. Return how many were written."""
+def index_session(session_id: UUID, after: int | None = None) -> int:
+    """Index the session's turns that ended after event `after` (default: as far as it is
+    indexed, `Session.search_indexed_seq`) and move that mark past them; a turn still running
+    waits for a later call. Entries there already are kept. Return how many were written."""
+    if after is None:
+        after = (
+            Session.objects.filter(pk=session_id)
+            .values_list("search_indexed_seq", flat=True)
+            .first()
+        )
+        if after is None:
+            return 0
     rows = (
-        Event.objects.filter(session_id=session_id, seq__gte=first_seq)
+        Event.objects.filter(session_id=session_id, seq__gt=after)
         .order_by("seq")
         .values_list("seq", "kind", "data")
-        .iterator(chunk_size=500)
+        .iterator(chunk_size=2000)
     )
+    written, done = 0, after
+    turn: list[tuple[int, str, Any]] = []
+    for seq, kind, data in rows:
+        if kind == "user_message" and turn:  # a turn with no end: indexed as it is
+            written += _write(session_id, turn)
+            done, turn = seq - 1, []
+        if kind == "user_message" or turn:
+            turn.append((seq, kind, data))
+        else:
+            done = seq  # between turns: nothing to index
+        if kind == "turn_end" and turn:
+            written += _write(session_id, turn)
+            done, turn = seq, []
+    Session.objects.filter(pk=session_id, search_indexed_seq__lt=done).update(
+        search_indexed_seq=done
+    )
+    return written
 
-    def turn() -> Iterator[tuple[int, str, Any]]:
-        for seq, kind, data in rows:
-            if kind == "user_message" and seq != first_seq:
-                return  # the next turn's
-            yield seq, kind, data
-            if kind == "turn_end":
-                return
 
-    entries = entries_of(turn())
+def _write(session_id: UUID, turn: list[tuple[int, str, Any]]) -> int:
+    entries = entries_of(turn)
     SearchEntry.objects.bulk_create(
         [SearchEntry(session_id=session_id, seq=s, kind=k, text=t) for s, k, t in entries],
         ignore_conflicts=True,
@@ -132,28 +152,13 @@ def index_turn(session_id: UUID, first_seq: int) -> int:
     return len(entries)
 
 
-def index_session(session_id: UUID) -> int:
-    """Index every turn of the session (what is there already is kept)."""
-    prompts = Event.objects.filter(session_id=session_id, kind="user_message").order_by("seq")
-    return sum(index_turn(session_id, seq) for seq in prompts.values_list("seq", flat=True))
-
-
-_indexing: set[asyncio.Task[None]] = set()
-
-
-def index_turn_later(session_id: UUID, first_seq: int) -> None:
-    """Index the turn of event `first_seq` on a database thread, from the event loop, without
-    waiting for it; a failure is logged (`manage.py index_search` makes it good)."""
-    task = asyncio.get_running_loop().create_task(_index(session_id, first_seq))
-    _indexing.add(task)
-    task.add_done_callback(_indexing.discard)
-
-
-async def _index(session_id: UUID, first_seq: int) -> None:
-    try:
-        await db_calls.run(functools.partial(index_turn, session_id, first_seq))
-    except Exception:
-        logger.exception("session %s: indexing turn %d for search failed", session_id, first_seq)
+def catch_up(user: Any) -> int:
+    """Index what ended in the user's sessions since they were last indexed (a search does
+    this first: nothing is indexed on a turn's way)."""
+    behind = Session.objects.owned_by(user).filter(last_seq__gt=F("search_indexed_seq"))
+    return sum(
+        index_session(pk, after) for pk, after in behind.values_list("pk", "search_indexed_seq")
+    )
 
 
 # --- searching ---------------------------------------------------------------------------
@@ -218,6 +223,7 @@ def search_sessions(user: Any, query: str, limit: int = 20) -> list[dict[str, An
     words = words_of(query)
     if not words:
         return []
+    catch_up(user)
     titled = Session.objects.owned_by(user)
     for word in words:
         titled = titled.filter(title__icontains=word)
@@ -250,6 +256,7 @@ def search_session(user: Any, session_id: UUID, query: str, limit: int = 50) -> 
     words = words_of(query)
     if not words:
         return []
+    index_session(session_id)
     rows = _entries(user.pk, words, session_id, limit)
     return sorted((Match(seq, kind, snippet(text, words)) for _, seq, kind, text in rows),
                   key=lambda m: m.seq)  # fmt: skip

@@ -20,7 +20,6 @@ from django.db import DataError, IntegrityError
 from craft.commands import Prompt
 from craft.errors import Refused
 from craft.models import Session
-from craft.storage import search
 from craft.storage.eventlog import Fenced
 from craft.turns import controls, records
 from craft.turns.agent_calls import call_agent, send_to_agent
@@ -242,7 +241,6 @@ class Turn:
             ending = [*ending, interruption(self.interrupted, self.interrupted_reason)]
             reason = "interrupted"
         await self.end(ending, reason)
-        search.index_turn_later(self.session_id, self.prompt_seq)
         if self.used_tools:
             runner.checkpoints.after_turn(self.prompt_seq)
         runner.queue_moves_on()
