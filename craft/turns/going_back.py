@@ -256,17 +256,12 @@ def rewind_workspace(workspace: Workspace, plan: RewindPlan) -> tuple[str, str, 
 def pending_transcript(session_id: UUID) -> str:
     """Return the transcript the session's next new agent session is to be given: after a
     `forked` or `rewound` event that no turn has ended since; "" otherwise."""
-    marker = (
-        Event.objects.filter(session_id=session_id, kind__in=MARKERS)
-        .order_by("-seq")
-        .values_list("seq", flat=True)
-        .first()
-    )
-    if marker is None:
-        return ""
-    if Event.objects.filter(session_id=session_id, kind="turn_end", seq__gt=marker).exists():
-        return ""
-    return transcript(session_id, marker)
+    # Looked for after the last turn's end only: read backwards from the log's end, both
+    # stop near it, where a long session's agent start would otherwise read all its events.
+    events = Event.objects.filter(session_id=session_id).order_by("-seq")
+    ended = events.filter(kind="turn_end").values_list("seq", flat=True).first() or 0
+    marker = events.filter(kind__in=MARKERS, seq__gt=ended).values_list("seq", flat=True).first()
+    return "" if marker is None else transcript(session_id, marker)
 
 
 def transcript(session_id: UUID, until: int) -> str:
