@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any
 
-from .harness import Figure, Site, median
+from .harness import Figure, Site, median, run_alone
 
 CONFIGURATIONS = {
     "none": {"CRAFT_SANDBOX_UIDS": "off"},
@@ -166,21 +166,8 @@ class listening:
         self.sock.close()
 
 
-def main() -> None:
-    import argparse
-
-    from . import __main__ as table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
-    site = Site()
-    try:
-        site.setup_django()
-        figures = asyncio.run(run(site, args.rounds))
-    finally:
-        site.close()
-    table.print_table(site.database, figures)
+def main(argv: Any = None) -> None:
+    run_alone(__doc__.splitlines()[0], run, argv, rounds=15)
 
 
 if __name__ == "__main__":

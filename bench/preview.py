@@ -27,7 +27,7 @@ import urllib.parse
 import uuid
 from typing import Any
 
-from .harness import Client, Figure, Site, median, percentile
+from .harness import Client, Figure, Site, median, percentile, run_alone
 
 APP_PORT = 8080
 REQUEST = "GET / HTTP/1.1\r\nHost: {host}\r\n{cookie}Connection: close\r\n\r\n"
@@ -145,21 +145,8 @@ def _time_first_byte(connection: socket.socket, address: tuple[str, int], reques
     return seconds
 
 
-def main() -> None:
-    import argparse
-
-    from . import __main__ as table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=200)
-    args = parser.parse_args()
-    site = Site()
-    try:
-        site.setup_django()
-        figures = asyncio.run(run(site, args.rounds))
-    finally:
-        site.close()
-    table.print_table(site.database, figures)
+def main(argv: Any = None) -> None:
+    run_alone(__doc__.splitlines()[0], run, argv, rounds=200)
 
 
 if __name__ == "__main__":

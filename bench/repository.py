@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .harness import Client, Figure, Site, median
+from .harness import Client, Figure, Site, median, run_alone
 
 FILES = 10_000
 FILE_BYTES = 10_000  # 10,000 of them: 100 MB
@@ -187,21 +187,8 @@ def _open(user: Any, url: str) -> str:
     return str(open_session(user, "bench", repository=url).pk)
 
 
-def main() -> None:
-    import argparse
-
-    from . import __main__ as table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    site = Site()
-    try:
-        site.setup_django()
-        figures = asyncio.run(run(site, args.rounds))
-    finally:
-        site.close()
-    table.print_table(site.database, figures)
+def main(argv: Any = None) -> None:
+    run_alone(__doc__.splitlines()[0], run, argv, rounds=5)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Medians of many keystrokes, in one run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -27,7 +26,7 @@ import time
 import uuid
 from typing import Any
 
-from .harness import Figure, Site, median
+from .harness import Figure, Site, median, run_alone
 
 PROMPT = ("$ ", "# ")  # the end of bash's prompt (root's ends with #)
 KEY = "x"
@@ -124,19 +123,8 @@ async def _until(ws: Any, *wanted: str) -> None:
         seen += frame["data"]
 
 
-def main() -> None:
-    from . import __main__ as table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keystrokes", type=int, default=300)
-    args = parser.parse_args()
-    site = Site()
-    try:
-        site.setup_django()
-        figures = asyncio.run(run(site, args.keystrokes))
-    finally:
-        site.close()
-    table.print_table(site.database, figures)
+def main(argv: Any = None) -> None:
+    run_alone(__doc__.splitlines()[0], run, argv, keystrokes=300)
 
 
 if __name__ == "__main__":
