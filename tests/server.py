@@ -192,6 +192,23 @@ def close_code(ws: websocket.WebSocket) -> int:
             return int.from_bytes(frame.data[:2], "big")
 
 
+def closed_by_server(ws) -> bool:
+    """Read what is there; True once the server closed the connection (4408, or a reset: a
+    client that does not read does not answer the close either, so the server drops it)."""
+    ws.settimeout(15)
+    try:
+        while True:
+            opcode, frame = ws.recv_data_frame(control_frame=True)
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                return int.from_bytes(frame.data[:2], "big") == 4408
+    except (ConnectionResetError, websocket.WebSocketConnectionClosedException):
+        return True
+    except websocket.WebSocketTimeoutException:
+        return False
+    finally:
+        ws.shutdown()
+
+
 class Socket:
     """A signed-in websocket on one session of a `Daphne` (websocket-client, blocking)."""
 

@@ -14,7 +14,7 @@ from craft.storage.db import db_sync_to_async
 from sandboxes.demo_agent import big_text
 from tests.ready import open_ready_session
 
-from ..server import Daphne, Socket, close_code, wait_for_log
+from ..server import Daphne, Socket, close_code, closed_by_server, wait_for_log
 from .test_http_api import api, send  # noqa: F401 (a fixture)
 from .wsclient import (
     CONNECT_TIMEOUT,
@@ -188,23 +188,6 @@ def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_p
     assert grown < 64 * 2**20, f"daphne grew by {grown / 2**20:.0f} MiB for 5 slow readers"
     assert closed == [True] * 5
     assert seqs == list(range(1, 20_001))
-
-
-def closed_by_server(ws) -> bool:
-    """Read what is there; True once the server closed the connection (4408, or a reset: a
-    client that does not read does not answer the close either, so the server drops it)."""
-    ws.settimeout(15)
-    try:
-        while True:
-            opcode, frame = ws.recv_data_frame(control_frame=True)
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                return int.from_bytes(frame.data[:2], "big") == 4408
-    except (ConnectionResetError, websocket.WebSocketConnectionClosedException):
-        return True
-    except websocket.WebSocketTimeoutException:
-        return False
-    finally:
-        ws.shutdown()
 
 
 def test_an_oversized_prompt_frame_gets_an_error_and_the_socket_stays(tmp_path, owner):

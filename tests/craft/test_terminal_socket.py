@@ -29,7 +29,7 @@ from tests.catalog import KEY
 from tests.ready import running_sandbox
 
 from ..conftest import OPEN_SOCKETS
-from ..server import Daphne, api, ask, close_code, wait_for_log
+from ..server import Daphne, api, ask, close_code, closed_by_server, wait_for_log
 from ..server import open_session as open_agent_session
 from .wsclient import session_cookie
 
@@ -274,7 +274,8 @@ def test_a_client_that_stops_reading_is_closed_and_comes_back_to_the_scrollback(
     term.type("head -c 16000000 /dev/zero | tr '\\0' x; echo; echo EN''D\r")
     # Nothing read from here: what the server could not send piles up, past its limit.
     wait_for_log(server, "terminal socket: the client stopped reading; closing", count=1)
-    assert close_code(term.ws) == 4408
+    # 4408, or a reset when the close frame behind megabytes of output was not read in time.
+    assert closed_by_server(term.ws)
     again = Term(connect(server, owner, session, f"?terminal={term.id}"))
     read_until_end(again)  # the shell went on: the scrollback, then the rest
     again.type("exit\r")
