@@ -7,6 +7,7 @@ each sandbox's sessions, its running turns, and its sessions' last activity (for
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import datetime
 from uuid import UUID
 
@@ -20,6 +21,7 @@ from django.utils.safestring import SafeString
 
 from craft.api import MAX_EVENTS_PAGE
 from craft.models import Session, SessionRepository, Turn
+from craft.session_activity import session_activity
 from craft.storage.eventlog import events_json_after
 from sandboxes.admin import SandboxAdmin
 from sandboxes.models import Sandbox
@@ -138,6 +140,9 @@ class SandboxWithSessionsAdmin(SandboxAdmin):
 
     def session_activity(self, sandbox: Sandbox) -> datetime | None:
         return getattr(sandbox, "_session_activity", None)
+
+    def busy_sandboxes(self) -> Collection[UUID]:
+        return session_activity.busy().sandboxes
 
     def describe(self, sandbox: Sandbox) -> str:
         sessions = sandbox.sessions.count()

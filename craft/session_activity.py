@@ -12,7 +12,7 @@ from uuid import UUID
 
 from django.db.models import Max
 
-from craft.models import Session, Turn
+from craft.models import QueuedPrompt, Session, Turn
 from sandboxes.reaper import Busy
 
 
@@ -20,13 +20,16 @@ class SessionActivity:
     """Sessions as the sandbox reaper sees them (see `sandboxes.reaper.Sessions`)."""
 
     def busy(self) -> Busy:
-        """Return the sessions with a running turn, in any server process, and their sandboxes.
+        """Return the sessions with a running turn or a queued prompt, in any server process,
+        and their sandboxes.
 
         A turn is running from its prompt's commit to its `turn_end` (so it covers an agent
         still starting and an open permission request); a turn of a worker that is gone is
-        closed by `craft.turns.recovery`, not reaped.
+        closed by `craft.turns.recovery`, not reaped. A queued prompt waits for its turn (or
+        for its sandbox or repository).
         """
         rows = list(Turn.objects.running().values_list("session_id", "session__sandbox_id"))
+        rows += QueuedPrompt.objects.values_list("session_id", "session__sandbox_id").distinct()
         return Busy(
             sessions=frozenset(session for session, _ in rows),
             sandboxes=frozenset(sandbox for _, sandbox in rows),

@@ -743,7 +743,15 @@ CRAFT_K8S_SERVER_NAMESPACE = env_str("CRAFT_K8S_SERVER_NAMESPACE", "craft")
 # the sandbox pass from outside.
 # An agent connection without a running turn, unused this long, is stopped (0: never).
 CRAFT_AGENT_IDLE_SECONDS = env_float("CRAFT_AGENT_IDLE_SECONDS", 900.0)
-# A sandbox without session activity, running turn or live agent this long is terminated
+# A sandbox without session activity, running turn, queued prompt, live agent or open
+# terminal this long is put to sleep: its agents stopped, its pod deleted, its files kept (its
+# volume on Kubernetes, its folder locally); the next prompt wakes it (0: never). By default
+# on Kubernetes only, where an idle pod holds a node's resources; a sleeping folder saves
+# nothing.
+CRAFT_SANDBOX_SLEEP_SECONDS = env_float(
+    "CRAFT_SANDBOX_SLEEP_SECONDS", 1800.0 if CRAFT_SANDBOX_BACKEND == "kubernetes" else 0.0
+)
+# ...this long, awake or asleep, it is deleted: terminated, its files (and volume) with it
 # (0: never).
 CRAFT_SANDBOX_IDLE_SECONDS = env_float("CRAFT_SANDBOX_IDLE_SECONDS", 0.0)
 # A sandbox provisioning (or terminating) for longer is stuck: its server died or hung.
@@ -754,14 +762,15 @@ CRAFT_SANDBOX_TERMINATING_TIMEOUT = env_float(
     "CRAFT_SANDBOX_TERMINATING_TIMEOUT", 120.0, minimum=5.0
 )
 CRAFT_REAPER_INTERVAL_SECONDS = env_float("CRAFT_REAPER_INTERVAL_SECONDS", 60.0, minimum=1.0)
-if 0 < CRAFT_SANDBOX_IDLE_SECONDS < 2 * CRAFT_REAPER_INTERVAL_SECONDS:
-    # A live agent is marked on its sandbox once per reaper interval: a shorter idle time
-    # could terminate a sandbox whose agent another process still holds.
-    raise ImproperlyConfigured(
-        "CRAFT_SANDBOX_IDLE_SECONDS must be 0 (never) or at least twice "
-        f"CRAFT_REAPER_INTERVAL_SECONDS ({2 * CRAFT_REAPER_INTERVAL_SECONDS:g}), "
-        f"got {CRAFT_SANDBOX_IDLE_SECONDS:g}"
-    )
+for _name in ("CRAFT_SANDBOX_IDLE_SECONDS", "CRAFT_SANDBOX_SLEEP_SECONDS"):
+    if 0 < globals()[_name] < 2 * CRAFT_REAPER_INTERVAL_SECONDS:
+        # A live agent or terminal is marked on its sandbox once per reaper interval: a
+        # shorter idle time could stop a sandbox whose agent another process still holds.
+        raise ImproperlyConfigured(
+            f"{_name} must be 0 (never) or at least twice "
+            f"CRAFT_REAPER_INTERVAL_SECONDS ({2 * CRAFT_REAPER_INTERVAL_SECONDS:g}), "
+            f"got {globals()[_name]:g}"
+        )
 if CRAFT_SANDBOX_PROVISIONING_TIMEOUT <= CRAFT_K8S_READY_TIMEOUT:
     raise ImproperlyConfigured(
         "CRAFT_SANDBOX_PROVISIONING_TIMEOUT must be longer than CRAFT_K8S_READY_TIMEOUT "

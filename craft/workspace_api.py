@@ -31,9 +31,11 @@ from craft.turns.checkpoints import checkpoints_of
 from craft.turns.records import PREPARING
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
+from sandboxes.models import Sandbox
 from sandboxes.workspace import Download, WorkspaceRefused, refuse_bad_path
 
 MAX_PAGE = 10_000
+WAKING_FOR_FILES = "your sandbox was asleep and is waking up: its files show once it is awake"
 UPLOAD_CHUNK = 1 << 16
 # Shown in the browser as what they are; anything else is downloaded as bytes.
 INLINE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/svg+xml"}
@@ -77,6 +79,10 @@ def files(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         return error(400, "invalid", "'offset' and 'limit' must be integers")
     if offset < 0 or limit < 1:
         return error(400, "invalid", "'offset' must be >= 0 and 'limit' >= 1")
+    if session.sandbox.status == Sandbox.Status.SLEEPING:
+        # Opening its files wakes it; the page lists them again once it runs.
+        sandbox_services.request_sandbox(request.user)
+        return error(503, "sandbox_unavailable", WAKING_FOR_FILES)
     try:
         refuse_bad_path(path)  # first: whether the sandbox runs or not
         workspace = sandbox_services.session_workspace(session.sandbox, session.pk)

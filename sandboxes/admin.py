@@ -3,7 +3,9 @@ reaper did. The `craft` app extends it with the sandboxes' sessions and running 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
+from uuid import UUID
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -61,7 +63,7 @@ class SandboxAdmin(admin.ModelAdmin):
         "health",
         "reaper_log",
     ]
-    actions = ["terminate", "stop_idle_connections"]
+    actions = ["sleep", "wake", "terminate", "stop_idle_connections"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Sandbox]:
         latest = ReaperAction.objects.filter(sandbox=OuterRef("pk")).order_by("-at", "-id")
@@ -149,7 +151,40 @@ class SandboxAdmin(admin.ModelAdmin):
             return f"check failed: {exc}"
         return f"{'ok' if health.ok else 'unhealthy'}: {health.detail}"
 
-    @admin.action(description="Terminate selected sandboxes…", permissions=["change"])
+    @admin.action(description="Put selected sandboxes to sleep", permissions=["change"])
+    def sleep(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:
+        """Put running sandboxes to sleep (their agents stopped, their pods deleted, their files
+        kept); never one with a running turn or a queued prompt (`busy_sandboxes`)."""
+        slept, busy = 0, []
+        for sandbox in queryset.filter(status=Sandbox.Status.RUNNING):
+            if services.sleep_sandbox(sandbox, self.busy_sandboxes, by_staff=True):
+                slept += 1
+            else:
+                busy.append(str(sandbox.owner))
+        if busy:
+            self.message_user(
+                request,
+                f"Not put to sleep, because an agent is working in it: {', '.join(busy)}.",
+                messages.WARNING,
+            )
+        plural = "sandbox" if slept == 1 else "sandboxes"
+        self.message_user(request, f"Put {slept} {plural} to sleep.", messages.SUCCESS)
+
+    @admin.action(description="Wake selected sandboxes", permissions=["change"])
+    def wake(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:
+        """Wake sleeping sandboxes: provisioned again on their files, in the background."""
+        woken = 0
+        for sandbox in queryset.filter(status=Sandbox.Status.SLEEPING).select_related("owner"):
+            woken += services.request_sandbox(sandbox.owner).status == Sandbox.Status.PROVISIONING
+        plural = "sandbox" if woken == 1 else "sandboxes"
+        self.message_user(request, f"Waking {woken} {plural}.", messages.SUCCESS)
+
+    def busy_sandboxes(self) -> Collection[UUID]:
+        """Return the sandboxes with work that must not be put to sleep (none known here: the
+        app that owns sessions says which have a running turn or a queued prompt)."""
+        return frozenset()
+
+    @admin.action(description="Delete selected sandboxes and their files…", permissions=["change"])
     def terminate(
         self, request: HttpRequest, queryset: QuerySet[Sandbox]
     ) -> TemplateResponse | None:
@@ -162,7 +197,7 @@ class SandboxAdmin(admin.ModelAdmin):
         if request.POST.get("post") != "yes":
             context = {
                 **self.admin_site.each_context(request),
-                "title": "Terminate sandboxes?",
+                "title": "Delete sandboxes?",
                 "opts": self.model._meta,
                 "rows": [(sandbox, self.describe(sandbox)) for sandbox in live],
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -180,7 +215,7 @@ class SandboxAdmin(admin.ModelAdmin):
                     request, f"{sandbox.pk}: {sandbox.error or sandbox.status}", messages.ERROR
                 )
         plural = "sandbox" if done == 1 else "sandboxes"
-        self.message_user(request, f"Terminated {done} {plural}.", messages.SUCCESS)
+        self.message_user(request, f"Deleted {done} {plural}.", messages.SUCCESS)
         return None
 
     def describe(self, sandbox: Sandbox) -> str:

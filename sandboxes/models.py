@@ -28,9 +28,11 @@ class Sandbox(models.Model):
 
     Lifecycle: provisioning -> running -> terminating -> terminated, and failed from
     provisioning or when its folder or pod is found gone (a failed sandbox is provisioned
-    again). Each user has at most one sandbox that is not terminated; terminated ones stay as
-    the inventory's history. `status_changed_at` says since when it is in its status, so that
-    one stuck in provisioning or terminating can be told from one that is merely slow.
+    again). A running sandbox left idle goes to sleep (`sleeping`: its agents stopped, its
+    pod deleted, its files kept) and wakes by being provisioned again. Each user has at most
+    one sandbox that is not terminated; terminated ones stay as the inventory's history.
+    `status_changed_at` says since when it is in its status, so that one stuck in
+    provisioning or terminating can be told from one that is merely slow.
     """
 
     class Status(models.TextChoices):
@@ -39,6 +41,7 @@ class Sandbox(models.Model):
         TERMINATING = "terminating"
         TERMINATED = "terminated"
         FAILED = "failed"
+        SLEEPING = "sleeping"
 
     # The `status_detail` of a sandbox that staff terminated (the admin's action), so that
     # its user can be told who stopped it.
@@ -47,6 +50,13 @@ class Sandbox(models.Model):
     STOPPED_IDLE = "stopped after being idle"
     # The details that say why a sandbox stopped: kept from `terminating` to `terminated`.
     STOP_REASONS = (STOPPED_BY_STAFF, STOPPED_IDLE)
+    # The `status_detail` of a sleeping sandbox: put to sleep by the reaper
+    # (CRAFT_SANDBOX_SLEEP_SECONDS) or by staff (the admin's action); and of one waking up.
+    ASLEEP_IDLE = "asleep after being idle"
+    ASLEEP_BY_STAFF = "put to sleep by an administrator"
+    # ...while its agents are stopped and its pod deleted: it wakes only once that is done.
+    FALLING_ASLEEP = "falling asleep"
+    WAKING = "waking"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(
@@ -117,6 +127,7 @@ class ReaperAction(models.Model):
     class Kind(models.TextChoices):
         STOPPED_IDLE_AGENT = "stopped_idle_agent", "stopped an idle agent"
         STOPPED_AGENT = "stopped_agent", "stopped the agent of a sandbox that is not running"
+        SLEPT_IDLE = "slept_idle", "put an idle sandbox to sleep"
         TERMINATED_IDLE = "terminated_idle", "terminated an idle sandbox"
         RECLAIMED_PROVISIONING = "reclaimed_provisioning", "re-claimed a stuck provisioning"
         RETRIED_TERMINATING = "retried_terminating", "retried a stuck termination"

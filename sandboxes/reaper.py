@@ -16,8 +16,10 @@ update or idempotent), each writing a `ReaperAction` for what it did:
     (their server died or hung): they become `failed`, with a message, and the next session
     provisions them again;
   - terminates again sandboxes stuck in `terminating` for `CRAFT_SANDBOX_TERMINATING_TIMEOUT`;
-  - terminates idle sandboxes, when `CRAFT_SANDBOX_IDLE_SECONDS` is set (see `Sandbox.is_idle`:
-    no session activity, no running turn and no live agent in any process for that long);
+  - puts idle running sandboxes to sleep, when `CRAFT_SANDBOX_SLEEP_SECONDS` is set, and
+    terminates idle ones (running, sleeping or failed; their files go too), when
+    `CRAFT_SANDBOX_IDLE_SECONDS` is set (`_idle`: no session activity, and no running turn,
+    queued prompt, live agent or open terminal in any process for that long);
   - asks each backend in use for its inventory (folders and cgroups; pods and services by
     Craft's labels): what no live sandbox owns is removed (a cgroup's processes killed as
     one), and a running sandbox whose folder or pod is gone (checked again with a health
@@ -27,7 +29,8 @@ update or idempotent), each writing a `ReaperAction` for what it did:
     `CRAFT_SANDBOX_DISK`: their sessions take no new prompt;
   - forgets reaper actions older than `KEEP_ACTIONS`.
 
-Nothing is done to a sandbox or session with a running turn. Sessions, and so turns, belong
+Nothing is done to a sandbox or session with a running turn (or, for sleeping and
+terminating sandboxes, a queued prompt or an open terminal). Sessions, and so turns, belong
 to the `craft` app, which this app never imports: it passes what the reaper needs to know as
 a `Sessions` object.
 
@@ -69,7 +72,8 @@ Kind = ReaperAction.Kind
 
 @dataclass(frozen=True)
 class Busy:
-    """Sessions with a running turn (in any server process), and their sandboxes."""
+    """Sessions with a running turn or a queued prompt (in any server process), and their
+    sandboxes."""
 
     sessions: frozenset[UUID] = frozenset()
     sandboxes: frozenset[UUID] = frozenset()
@@ -79,7 +83,8 @@ class Sessions(Protocol):
     """What the app that owns sessions tells the reaper, read when the reaper asks."""
 
     def busy(self) -> Busy:
-        """Return the sessions with a running turn (or an open permission request)."""
+        """Return the sessions with a running turn (or an open permission request) or a
+        queued prompt, and their sandboxes."""
 
     def last_activity(self, sandbox_ids: Collection[UUID]) -> dict[UUID, datetime]:
         """Return, per sandbox, the latest activity of its sessions (created, event stored)."""
@@ -163,6 +168,7 @@ def reap_sandboxes(sessions: Sessions) -> Report:
         _mark_live_agents,
         _reclaim_provisioning,
         _retry_terminating,
+        _sleep_idle,
         _terminate_idle,
         _sweep,
         _measure_disk,
@@ -236,26 +242,55 @@ def _retry_terminating(sessions: Sessions, now: datetime, report: Report) -> Non
             report.actions.append(action)
 
 
+def _idle(
+    sessions: Sessions, now: datetime, seconds: float, statuses: Collection[str]
+) -> list[tuple[Sandbox, datetime]]:
+    """Return the sandboxes in `statuses` unused for `seconds`, with since when: no session
+    activity, and no running turn, queued prompt, live agent or open terminal (this
+    process's, and those of other processes through `last_activity_at`, which their
+    reapers keep marking, see `_mark_live_agents`)."""
+    idle = timedelta(seconds=seconds)
+    candidates = list(Sandbox.objects.filter(status__in=statuses, last_activity_at__lt=now - idle))
+    if not candidates:
+        return []
+    activity = sessions.last_activity([sandbox.pk for sandbox in candidates])
+    busy = sessions.busy().sandboxes
+    return [
+        (sandbox, sandbox.idle_since(activity.get(sandbox.pk)))
+        for sandbox in candidates
+        if sandbox.is_idle(now, idle, activity.get(sandbox.pk))
+        and sandbox.pk not in busy
+        and not agent_connections.count(sandbox.pk, warm=False)
+        and sandbox.pk not in open_terminals.sandboxes()
+    ]
+
+
+def _sleep_idle(sessions: Sessions, now: datetime, report: Report) -> None:
+    seconds = settings.CRAFT_SANDBOX_SLEEP_SECONDS
+    if seconds <= 0:
+        return
+    for sandbox, since in _idle(sessions, now, seconds, [Sandbox.Status.RUNNING]):
+        # Unless it was used since it was read, or work began meanwhile (`sleep_sandbox`).
+        if not services.sleep_sandbox(
+            sandbox, lambda: sessions.busy().sandboxes, idle_since=sandbox.last_activity_at
+        ):
+            continue
+        why = (
+            f"idle since {since:%Y-%m-%d %H:%M:%S} UTC: no session activity, running turn, "
+            f"queued prompt, live agent or terminal for {_duration(seconds)} "
+            "(CRAFT_SANDBOX_SLEEP_SECONDS); its files are kept"
+        )
+        logger.info("reaper: put idle sandbox %s to sleep", sandbox.pk)
+        report.actions.append(services.record_action(Kind.SLEPT_IDLE, why, sandbox_id=sandbox.pk))
+
+
 def _terminate_idle(sessions: Sessions, now: datetime, report: Report) -> None:
     seconds = settings.CRAFT_SANDBOX_IDLE_SECONDS
     if seconds <= 0:
         return
-    idle = timedelta(seconds=seconds)
-    holding = [Sandbox.Status.RUNNING, Sandbox.Status.FAILED]  # both may hold a folder or pod
-    candidates = list(Sandbox.objects.filter(status__in=holding, last_activity_at__lt=now - idle))
-    if not candidates:
-        return
-    activity = sessions.last_activity([sandbox.pk for sandbox in candidates])
-    busy = sessions.busy().sandboxes
-    for sandbox in candidates:
-        since = sandbox.idle_since(activity.get(sandbox.pk))
-        if (
-            not sandbox.is_idle(now, idle, activity.get(sandbox.pk))
-            or sandbox.pk in busy
-            or agent_connections.count(sandbox.pk, warm=False)
-            or sandbox.pk in open_terminals.sandboxes()
-        ):
-            continue
+    # Each may hold a folder, a pod or a volume.
+    holding = [Sandbox.Status.RUNNING, Sandbox.Status.FAILED, Sandbox.Status.SLEEPING]
+    for sandbox, since in _idle(sessions, now, seconds, holding):
         # Claimed with a conditional update: a sandbox used since it was read is spared.
         claimed = Sandbox.objects.filter(
             pk=sandbox.pk, status=sandbox.status, last_activity_at=sandbox.last_activity_at
@@ -268,8 +303,9 @@ def _terminate_idle(sessions: Sessions, now: datetime, report: Report) -> None:
             continue
         announce_change(sandbox.pk, sandbox.owner_id)
         why = (
-            f"idle since {since:%Y-%m-%d %H:%M:%S} UTC: no session activity, running turn or "
-            f"live agent for {_duration(seconds)} (CRAFT_SANDBOX_IDLE_SECONDS)"
+            f"idle since {since:%Y-%m-%d %H:%M:%S} UTC: no session activity, running turn, "
+            f"queued prompt, live agent or terminal for {_duration(seconds)} "
+            "(CRAFT_SANDBOX_IDLE_SECONDS); deleted with its files"
         )
         logger.info("reaper: terminating idle sandbox %s", sandbox.pk)
         sandbox = services.terminate_sandbox(sandbox)

@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -225,26 +226,35 @@ def _get_or_create_row(user: User) -> Sandbox:
 def _claim(sandbox: Sandbox, timeout: float) -> datetime | None:
     """Claim the sandbox's provisioning for this caller; return the claim's time, or None.
 
-    A new row is ours; a failed one, or one stuck in provisioning for `timeout` seconds, is
-    ours if our conditional update is the one that changes it. The claim's time (the row's
+    A new row is ours; a failed one, a sleeping one (the wake), or one stuck in provisioning
+    (or falling asleep) for `timeout` seconds, is ours if our conditional update is the one
+    that changes it. The claim's time (the row's
     `status_changed_at`) is what this caller's later writes are conditional on, so a claim
     that was taken over never overwrites its successor.
     """
     if getattr(sandbox, "_created", False):
         return sandbox.status_changed_at
     now = timezone.now()
-    if sandbox.status == Sandbox.Status.FAILED:
-        claimed = Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.FAILED).update(
-            status=Sandbox.Status.PROVISIONING,
-            error="",
-            status_detail="retrying",
-            status_changed_at=now,
+    stuck_since = now - timedelta(seconds=timeout)
+    if sandbox.status in (Sandbox.Status.FAILED, Sandbox.Status.SLEEPING):
+        # A failed sandbox is retried; a sleeping one wakes: provisioned again on its files,
+        # once it is asleep (not while `sleep_sandbox` still stops it, unless that got stuck).
+        waking = sandbox.status == Sandbox.Status.SLEEPING
+        asleep = ~Q(status_detail=Sandbox.FALLING_ASLEEP) | Q(status_changed_at__lt=stuck_since)
+        claimed = (
+            Sandbox.objects.filter(pk=sandbox.pk, status=sandbox.status)
+            .filter(asleep)
+            .update(
+                status=Sandbox.Status.PROVISIONING,
+                error="",
+                status_detail=Sandbox.WAKING if waking else "retrying",
+                status_changed_at=now,
+            )
         )
         if not claimed:
             return None
         announce_change(sandbox.pk, sandbox.owner_id)
         return now
-    stuck_since = now - timedelta(seconds=timeout)
     if sandbox.status == Sandbox.Status.PROVISIONING and sandbox.status_changed_at < stuck_since:
         claimed = Sandbox.objects.filter(
             pk=sandbox.pk,
@@ -279,13 +289,15 @@ def _run_provisioning(
             announce_change(sandbox.pk, sandbox.owner_id)
 
     shown = [""]
+    # A sleeping sandbox's steps say that it wakes (the page says "Waking your sandbox").
+    waking = Sandbox.objects.filter(pk=sandbox.pk, status_detail=Sandbox.WAKING).exists()
 
     def progress(detail: str) -> None:
         if stop is not None and stop.is_set():
             raise ProvisioningStopped("this server stopped provisioning")
         if detail != shown[0]:  # reported at every poll; written when it changes
             shown[0] = detail
-            update(status_detail=detail[:500])
+            update(status_detail=(f"{Sandbox.WAKING}: {detail}" if waking else detail)[:500])
 
     try:
         reference = _claim_warm(sandbox, progress) or backend.provision(sandbox, progress)
@@ -345,7 +357,7 @@ def mark_gone(sandbox: Sandbox, detail: str, found_by: str) -> ReaperAction | No
     next session provisions it again.
     """
     now = timezone.now()
-    message = f"{_sentence(detail)} ({found_by}). A new session sets the sandbox up again."
+    message = f"{_sentence(detail)} ({found_by}). Your next message sets the sandbox up again."
     changed = Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.RUNNING).update(
         status=Sandbox.Status.FAILED,
         error=message,
@@ -431,6 +443,58 @@ def terminate_sandbox(sandbox: Sandbox, *, by_staff: bool = False) -> Sandbox:
     announce_change(sandbox.pk, sandbox.owner_id)
     sandbox.refresh_from_db()
     return sandbox
+
+
+def sleep_sandbox(
+    sandbox: Sandbox,
+    busy: Callable[[], Collection[UUID]],
+    *,
+    by_staff: bool = False,
+    idle_since: datetime | None = None,
+) -> bool:
+    """Put a running sandbox to sleep; return whether it went.
+
+    Its agents and terminals in this process are stopped, and the backend stops the rest
+    and frees what the sandbox costs idle (its pod), keeping its files; other processes
+    stop their agents of it at their next agent pass (it is not running). The next prompt,
+    or opening its files, wakes it (`_claim`: provisioned again).
+
+    Never while it works: the claim is a conditional update (still running, and with
+    `idle_since`, not used since), and after it `busy()` (the sandboxes with a running turn
+    or a queued prompt, in any process) and this process's agents are asked again: a turn
+    stored in between, or an agent in a turn here, wakes it back at once. A turn that
+    starts after the claim finds the sandbox sleeping and wakes it itself.
+    """
+    now = timezone.now()
+    mine = Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.RUNNING)
+    if idle_since is not None:
+        mine = mine.filter(last_activity_at=idle_since)
+    detail = Sandbox.ASLEEP_BY_STAFF if by_staff else Sandbox.ASLEEP_IDLE
+    falling = {"status_detail": Sandbox.FALLING_ASLEEP, "status_changed_at": now}
+    if not mine.update(status=Sandbox.Status.SLEEPING, **falling):
+        return False
+    agent_connections.stop_idle(sandbox.pk, 0.0)
+    if sandbox.pk in busy() or agent_connections.count(sandbox.pk, warm=False):
+        Sandbox.objects.filter(
+            pk=sandbox.pk, status=Sandbox.Status.SLEEPING, status_changed_at=now
+        ).update(status=Sandbox.Status.RUNNING, status_detail="ready", status_changed_at=now)
+        return False
+    announce_change(sandbox.pk, sandbox.owner_id)
+    agent_connections.stop_sandbox(sandbox.pk)  # a warm agent too
+    terminals.close_sandbox(sandbox.pk)
+    try:
+        get_backend(sandbox.backend).sleep(sandbox)
+    except Exception as exc:
+        # What was not stopped is adopted by the wake (`provision` is idempotent).
+        logger.warning("putting sandbox %s to sleep failed: %s", sandbox.pk, exc)
+        Sandbox.objects.filter(pk=sandbox.pk).update(error=f"sleep failed: {exc}")
+    # Asleep: from now on a prompt (or staff) can wake it.
+    Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.SLEEPING, **falling).update(
+        status_detail=detail
+    )
+    announce_change(sandbox.pk, sandbox.owner_id)
+    logger.info("sandbox %s is asleep (%s)", sandbox.pk, detail)
+    return True
 
 
 def terminate_before_delete(sender: type[Sandbox], instance: Sandbox, **kwargs: Any) -> None:

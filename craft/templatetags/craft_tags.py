@@ -12,6 +12,7 @@ SANDBOX_LABELS = {
     "terminating": "Stopping…",
     "terminated": "Stopped",
     "failed": "Could not start",
+    "sleeping": "Asleep — wakes with your next message",
 }
 
 

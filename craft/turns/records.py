@@ -48,12 +48,18 @@ def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | N
 
     A session whose sandbox was terminated (by an administrator, by its owner, as idle) goes
     on in its owner's live sandbox, provisioned in the background if need be
-    (`request_sandbox`): its log stays; its new agent starts in a new, empty workspace.
+    (`request_sandbox`): its log stays; its new agent starts in a new, empty workspace. A
+    sleeping sandbox, or one whose folder or pod was found gone, is provisioned again on its
+    files (`comes_back`); the second value is then True too: the turn waits for it.
     """
     session = Session.objects.select_related("sandbox", "owner", "repository").get(pk=session_id)
     if keys and (missing := credentials.missing_in(session)) is not None:
         raise missing
     cloning = _cloning(session)
+    if comes_back(session.sandbox):
+        # Woken, or set up again on its files: the turn waits for it.
+        sandbox = sandbox_services.request_sandbox(session.owner)
+        return sandbox.status, True, cloning
     if session.sandbox.status != Sandbox.Status.TERMINATED:
         if keys and (full := sandbox_services.disk_refusal(session.sandbox_id)) is not None:
             raise DiskFull(full)
@@ -66,6 +72,25 @@ def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | N
     # the old one: its pages read it again now that the session is there.
     announce_change(sandbox.pk, session.owner_id)
     return sandbox.status, True, cloning
+
+
+def comes_back(sandbox: Sandbox) -> bool:
+    """Return whether a turn brings the sandbox back itself: it sleeps, or its folder or pod
+    was found gone (`sandbox_services.mark_gone`): provisioned again, its files are there
+    (all of them where they live on a volume)."""
+    return sandbox.status == Sandbox.Status.SLEEPING or (
+        sandbox.status == Sandbox.Status.FAILED and sandbox.status_detail == "gone"
+    )
+
+
+@db_sync_to_async
+def bring_back(session_id: UUID) -> bool:
+    """Wake the session's sandbox, or set it up again if it was found gone (`comes_back`);
+    return whether it is now on its way (provisioning), for a turn to wait for."""
+    session = Session.objects.select_related("sandbox", "owner").get(pk=session_id)
+    if not comes_back(session.sandbox):
+        return False
+    return sandbox_services.request_sandbox(session.owner).status == Sandbox.Status.PROVISIONING
 
 
 def _cloning(session: Session) -> bool:
@@ -107,11 +132,14 @@ class Start(NamedTuple):
 def start_of(session_id: UUID, *, wait: bool = False) -> Start | None:
     """Return what the session's agent starts with, its sandbox checked to be running, in
     one read. With `wait`, a sandbox still provisioning gives None (the caller asks again)
-    rather than an error. Raises SandboxUnavailable, then CredentialsMissing or
-    SessionError (`credentials.launch_of`)."""
-    session = Session.objects.select_related("sandbox").get(pk=session_id)
+    rather than an error, and so does one that sleeps or was found gone, woken now. Raises
+    SandboxUnavailable, then CredentialsMissing or SessionError (`credentials.launch_of`)."""
+    session = Session.objects.select_related("sandbox", "owner").get(pk=session_id)
     sandbox = session.sandbox
     if wait and sandbox.status == Sandbox.Status.PROVISIONING:
+        return None
+    if wait and comes_back(sandbox):
+        sandbox_services.request_sandbox(session.owner)  # it fell asleep since the prompt
         return None
     sandbox_services.check_running(sandbox.status, sandbox.error)
     return Start(sandbox, session.agent_session_id, credentials.launch_of(session))

@@ -562,9 +562,21 @@ class SessionRunner:
         # The session's own agent, with its owner's credentials (CredentialsMissing says
         # which are missing); they go to the agent's environment and nowhere else.
         sandbox, reattach, launch = await self._start_to_make(wait_for_sandbox)
-        connection = await call_agent(
-            sandbox_services.agent_connection, sandbox, self.session_id, reattach or None, launch
-        )
+        try:
+            connection = await call_agent(
+                sandbox_services.agent_connection, sandbox, self.session_id, reattach or None,
+                launch,
+            )  # fmt: skip
+        except sandbox_services.SandboxUnavailable:
+            # Its folder or pod was found gone just now: a turn waits for it to be set up
+            # again, on its files (its volume's, on Kubernetes), and starts the agent there.
+            if not wait_for_sandbox or not await records.bring_back(self.session_id):
+                raise
+            sandbox, reattach, launch = await self._start_to_make(wait_for_sandbox)
+            connection = await call_agent(
+                sandbox_services.agent_connection, sandbox, self.session_id, reattach or None,
+                launch,
+            )  # fmt: skip
         self._sandbox_id = sandbox.pk
         self.owner_id = sandbox.owner_id
         await records.record_start(self.session_id, sandbox.pk, connection.agent_session_id)

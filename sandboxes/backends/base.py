@@ -104,6 +104,11 @@ class SandboxBackend(Protocol):
     def terminate(self, sandbox: "Sandbox") -> None:
         """Free the sandbox's resources; resources already gone count as freed."""
 
+    def sleep(self, sandbox: "Sandbox") -> None:
+        """Stop whatever runs in the sandbox and free what it costs while nobody uses it
+        (a pod), keeping its files (a folder, a volume); `provision` wakes it. What is
+        already stopped counts as stopped."""
+
     def workspace_path(self, sandbox: "Sandbox", session_id: UUID) -> str:
         """Return the session's workspace as the agent sees it (its working directory)."""
 

@@ -678,18 +678,23 @@ class LocalBackend:
 
     def terminate(self, sandbox: Sandbox) -> None:
         root = self._root(sandbox)
+        self.sleep(sandbox)
+        # rmtree never follows links an agent may have planted (it works on folder fds).
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
+        shutil.rmtree(self._git_stores_of(sandbox), ignore_errors=True)
+
+    def sleep(self, sandbox: Sandbox) -> None:
+        """Kill the sandbox's processes and remove its network; its folder stays (a sleeping
+        folder costs nothing, and `provision` sets the network up again)."""
         if self.budget is not None:
             self._kill_budget(sandbox.pk)
         if self.uids:
             # Every process of the sandbox, on this machine, whichever server started it
             # (its network's pasta included), then its network namespace.
             with contextlib.suppress(OSError, SandboxError):
-                containment.kill_user_processes(self.pool.user_of(root))
+                containment.kill_user_processes(self.pool.user_of(self._root(sandbox)))
             network.remove(self.pool.first, sandbox.pk)
-        # rmtree never follows links an agent may have planted (it works on folder fds).
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(self._stores_of(sandbox), ignore_errors=True)
-        shutil.rmtree(self._git_stores_of(sandbox), ignore_errors=True)
 
     def _kill_budget(self, sandbox_id: UUID) -> None:
         """Kill the sandbox's processes as one (its cgroup) and remove its cgroups; what

@@ -179,11 +179,11 @@ async def test_an_administrator_stopping_the_sandbox_is_told_and_the_next_messag
     await staff_page.check(f'input[name="_selected_action"][value="{session.sandbox_id}"]')
     await staff_page.select_option('select[name="action"]', "terminate")
     await staff_page.locator('button[name="index"]').click()  # "Go"
-    await expect(staff_page.locator("#content")).to_contain_text("Terminate 1 sandbox?")
+    await expect(staff_page.locator("#content")).to_contain_text("Delete 1 sandbox?")
     await assert_accessible(staff_page, "the terminate confirmation")
     await snap(staff_page, "status-admin-terminate-confirmation")
-    await staff_page.get_by_role("button", name="Yes, terminate").click()
-    await expect(staff_page.locator(".messagelist")).to_contain_text("Terminated 1 sandbox.")
+    await staff_page.get_by_role("button", name="Yes, delete").click()
+    await expect(staff_page.locator(".messagelist")).to_contain_text("Deleted 1 sandbox.")
 
     error = page.locator(ERROR)
     await expect(error).to_contain_text(

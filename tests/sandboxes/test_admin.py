@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def test_the_terminate_action_asks_first_then_terminates_and_stops_agents(
     response = client.post(CHANGELIST, selected)
     assert response.status_code == 200  # a page that asks, nothing done yet
     page = response.content.decode()
-    assert "Terminate 1 sandbox?" in page
+    assert "Delete 1 sandbox?" in page
     assert "2 sessions" in page
     assert "1 live agent in this server process" in page
     assert 'name="post" value="yes"' in page
@@ -84,7 +85,7 @@ def test_the_terminate_action_asks_first_then_terminates_and_stops_agents(
     assert busy_sandbox.status_detail == Sandbox.STOPPED_BY_STAFF  # what its user is told
     assert services.live_connection_count(busy_sandbox.pk) == 0
     messages = [str(m) for m in response.wsgi_request._messages]
-    assert messages == ["Terminated 1 sandbox."]
+    assert messages == ["Deleted 1 sandbox."]
 
 
 def test_the_admin_names_sandboxes_in_the_plural_correctly(client, staff):
@@ -268,3 +269,36 @@ def test_staff_see_the_pool_of_warm_sandboxes_and_cannot_change_it(client, staff
     assert page.status_code == 200
     assert str(warm.pk) in page.content.decode()
     assert client.get(f"/admin/sandboxes/warmsandbox/{warm.pk}/delete/").status_code == 403
+
+
+def test_sleep_stops_agents_keeps_files_spares_working_sandboxes_and_wake_brings_it_back(
+    client, staff, busy_sandbox, stranger
+):
+    working = open_ready_session(stranger, "working")
+    append_events(working.pk, [("user_message", {"id": "p1", "text": "hi"})], client_id="p1")
+    notes = Path(busy_sandbox.reference) / "home" / "notes.txt"
+    notes.write_text("kept")
+    client.force_login(staff)
+    chosen = [str(busy_sandbox.pk), str(working.sandbox_id)]
+
+    response = client.post(CHANGELIST, {"action": "sleep", "_selected_action": chosen}, follow=True)
+
+    said = [str(m) for m in response.context["messages"]]
+    assert said == [
+        "Not put to sleep, because an agent is working in it: sam.",
+        "Put 1 sandbox to sleep.",
+    ]
+    asleep = Sandbox.objects.get(pk=busy_sandbox.pk)
+    assert (asleep.status, asleep.status_detail) == ("sleeping", Sandbox.ASLEEP_BY_STAFF)
+    assert services.live_connection_count(busy_sandbox.pk) == 0
+    assert Sandbox.objects.get(pk=working.sandbox_id).status == Sandbox.Status.RUNNING
+    assert notes.read_text() == "kept"
+
+    response = client.post(CHANGELIST, {"action": "wake", "_selected_action": chosen}, follow=True)
+
+    assert [str(m) for m in response.context["messages"]] == ["Waking 1 sandbox."]
+    deadline = timezone.now() + timedelta(seconds=10)
+    while Sandbox.objects.get(pk=busy_sandbox.pk).status != Sandbox.Status.RUNNING:
+        assert timezone.now() < deadline, Sandbox.objects.get(pk=busy_sandbox.pk).status
+        time.sleep(0.05)
+    assert notes.read_text() == "kept"

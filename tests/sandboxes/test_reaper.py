@@ -21,7 +21,7 @@ from django.utils import timezone
 from kubernetes.client.rest import ApiException
 
 from craft import services as craft_services
-from craft.models import Session
+from craft.models import QueuedPrompt, Session
 from craft.session_activity import session_activity
 from craft.storage.eventlog import append_events
 from sandboxes import reaper, services
@@ -224,7 +224,8 @@ def test_an_idle_sandbox_is_terminated_but_never_a_used_busy_or_live_one(owner, 
     assert [(a.kind, a.sandbox_id) for a in report.actions] == [
         (Kind.TERMINATED_IDLE, idle.sandbox_id)
     ]
-    assert "no session activity, running turn or live agent for 1 min" in report.actions[0].reason
+    idle_for = "no session activity, running turn, queued prompt, live agent or terminal for 1 min"
+    assert idle_for in report.actions[0].reason
     assert Sandbox.objects.get(pk=idle.sandbox_id).status == Sandbox.Status.TERMINATED
     assert not Path(idle.sandbox.reference).exists()
     for spared in (talked, turning, live):
@@ -233,6 +234,69 @@ def test_an_idle_sandbox_is_terminated_but_never_a_used_busy_or_live_one(owner, 
     # The live agent was marked on its sandbox, for other processes to see.
     live_sandbox = Sandbox.objects.get(pk=live.sandbox_id)
     assert timezone.now() - live_sandbox.last_activity_at < timedelta(seconds=30)
+
+
+def test_an_idle_sandbox_sleeps_but_never_a_used_busy_queued_or_live_one(owner, settings):
+    settings.CRAFT_SANDBOX_SLEEP_SECONDS = 60
+    idle, talked, turning, queued, live = (
+        open_ready_session(user(name)) for name in ("ida", "tom", "tara", "quinn", "liv")
+    )
+    (Path(idle.sandbox.reference) / "home" / "notes.txt").write_text("kept")
+    start_durable_turn(turning)
+    QueuedPrompt.objects.create(session=queued, client_id="q1", position=1, text="later")
+    agent = services.connect_agent(live.sandbox, live.pk)
+    for session in (idle, talked, turning, queued, live):
+        age(session.sandbox, 120)
+    append_events(talked.pk, [("agent_message_chunk", {"content": {"text": "still here"}})])
+
+    report = reaper.reap_sandboxes(session_activity)
+
+    assert [(a.kind, a.sandbox_id) for a in report.actions] == [(Kind.SLEPT_IDLE, idle.sandbox_id)]
+    assert "its files are kept" in report.actions[0].reason
+    asleep = Sandbox.objects.get(pk=idle.sandbox_id)
+    assert (asleep.status, asleep.status_detail) == ("sleeping", Sandbox.ASLEEP_IDLE)
+    assert (Path(idle.sandbox.reference) / "home" / "notes.txt").read_text() == "kept"
+    for spared in (talked, turning, queued, live):
+        assert Sandbox.objects.get(pk=spared.sandbox_id).status == Sandbox.Status.RUNNING
+    assert agent.is_running
+
+    # Asleep past CRAFT_SANDBOX_IDLE_SECONDS it is deleted, its files with it.
+    settings.CRAFT_SANDBOX_IDLE_SECONDS = 600
+    age(asleep, 700)
+    report = reaper.reap_sandboxes(session_activity)
+    assert [(a.kind, a.sandbox_id) for a in report.actions] == [
+        (Kind.TERMINATED_IDLE, idle.sandbox_id)
+    ]
+    assert Sandbox.objects.get(pk=idle.sandbox_id).status == Sandbox.Status.TERMINATED
+    assert not Path(idle.sandbox.reference).exists()
+
+
+def test_a_turn_stored_while_the_sandbox_falls_asleep_keeps_it_awake(owner):
+    session = open_ready_session(owner)
+    sandbox = Sandbox.objects.get(pk=session.sandbox_id)
+
+    def a_turn_comes_in():  # between the sleep's claim and its second look
+        start_durable_turn(session)
+        return session_activity.busy().sandboxes
+
+    assert not services.sleep_sandbox(sandbox, a_turn_comes_in, idle_since=sandbox.last_activity_at)
+    assert Sandbox.objects.get(pk=sandbox.pk).status == Sandbox.Status.RUNNING
+
+
+def test_a_sandbox_wakes_only_once_it_is_asleep(owner):
+    session = open_ready_session(owner)
+    sandbox = Sandbox.objects.get(pk=session.sandbox_id)
+    woken_early = []
+
+    def a_prompt_comes_in():  # while its agents are stopped and its pod deleted
+        woken_early.append(services.request_sandbox(owner).status)
+        return frozenset()
+
+    assert services.sleep_sandbox(sandbox, a_prompt_comes_in)
+
+    assert woken_early == [Sandbox.Status.SLEEPING]  # not claimed: it was falling asleep
+    assert services.request_sandbox(owner).status == Sandbox.Status.PROVISIONING
+    assert Sandbox.objects.get(pk=sandbox.pk).status_detail.startswith(Sandbox.WAKING)
 
 
 def test_sandboxes_are_never_terminated_for_idleness_by_default(owner):
@@ -334,7 +398,8 @@ def test_a_sandbox_whose_pod_vanished_is_marked_failed_and_the_next_session_repr
     sandbox = Sandbox.objects.get(pk=first.sandbox_id)
     assert sandbox.status == Sandbox.Status.FAILED
     assert sandbox.error == (
-        "The sandbox's pod is gone (found by the reaper). A new session sets the sandbox up again."
+        "The sandbox's pod is gone (found by the reaper). Your next message sets the sandbox "
+        "up again."
     )
     assert_human(sandbox.error)
 
@@ -359,7 +424,7 @@ def test_a_prompt_in_a_sandbox_whose_pod_vanished_fails_in_words_and_marks_it_fa
         services.connect_agent(session.sandbox, session.pk)
 
     assert str(failure.value) == (
-        "The sandbox's pod is gone (found when starting an agent). A new session sets the "
+        "The sandbox's pod is gone (found when starting an agent). Your next message sets the "
         "sandbox up again."
     )
     assert Sandbox.objects.get(pk=session.sandbox_id).status == Sandbox.Status.FAILED
@@ -377,7 +442,7 @@ def test_a_local_sandbox_whose_folder_vanished_is_marked_failed_and_reprovisione
     sandbox = Sandbox.objects.get(pk=first.sandbox_id)
     assert sandbox.status == Sandbox.Status.FAILED
     assert sandbox.error == (
-        "The sandbox's folder is gone (found by the reaper). A new session sets the sandbox up "
+        "The sandbox's folder is gone (found by the reaper). Your next message sets the sandbox up "
         "again."
     )
     assert not agent.is_running, "its agent lost its folder and was stopped"

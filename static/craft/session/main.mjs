@@ -93,6 +93,7 @@ const connection = createConnection({
       if (frame.type === "sandbox") {
         status.setSandbox(frame);
         startAgentEarly();
+        if (frame.status === "running") workspace.changed(); // woken: its files show again
       }
       else if (frame.type === "agent_stderr") status.showAgentStderr(str(frame.text));
       else sessionsChanged(frame.sessions);

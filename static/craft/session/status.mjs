@@ -19,7 +19,10 @@ const SANDBOX_BANNERS = {
   terminating: "This session's sandbox is stopping. The agent can't work here until it has stopped.",
   terminated: "This session's sandbox was stopped. Send a message to carry on: a new sandbox starts for this session, and the conversation stays here.",
   failed: "Your sandbox could not start, so the agent can't work here yet.",
+  sleeping: "Your sandbox is asleep: it wakes with your next message, with your files as they were.",
 };
+// The detail of a sandbox waking from sleep (Sandbox.WAKING, then "waking: <step>").
+const WAKING = "waking";
 // The sandbox's `detail` when staff stopped it (sandboxes.models.Sandbox.STOPPED_BY_STAFF).
 const STOPPED_BY_STAFF = "stopped by an administrator";
 const STOPPED_BY_STAFF_BANNER = "An administrator stopped your sandbox. Send a message to carry on: a new sandbox starts for this session, and the conversation stays here.";
@@ -80,7 +83,7 @@ export function createStatus({ root, turnStartedAt, paths }) {
     root.dataset.running = running ? "true" : "false";
     // While a turn runs (or the sandbox starts) what is sent waits in the queue; nothing can
     // be sent to a sandbox that is stopped or failed.
-    sendButton.disabled = Boolean(sandboxStatus && !["running", "provisioning"].includes(sandboxStatus));
+    sendButton.disabled = Boolean(sandboxStatus && !["running", "provisioning", "sleeping"].includes(sandboxStatus));
     stopButton.hidden = !running;
     working.hidden = !running;
     if (!running) showAgentStderr("");
@@ -170,7 +173,10 @@ export function createStatus({ root, turnStartedAt, paths }) {
     let text = SANDBOX_BANNERS[status];
     // While it starts, the banner shows how far it got (on Kubernetes: the pod's phase and
     // latest event), as the sidebar's sandbox line does.
-    if (status === "provisioning" && str(sandbox.detail)) text = `${text} ${str(sandbox.detail)}`;
+    if (status === "provisioning" && str(sandbox.detail).startsWith(WAKING)) {
+      const step = str(sandbox.detail).slice(WAKING.length).replace(/^:\s*/, "");
+      text = `Waking your sandbox…${step ? ` ${step}` : ""}`;
+    } else if (status === "provisioning" && str(sandbox.detail)) text = `${text} ${str(sandbox.detail)}`;
     if (status === "terminated" && str(sandbox.detail) === STOPPED_BY_STAFF) text = STOPPED_BY_STAFF_BANNER;
     if (status === "terminated" && str(sandbox.detail) === STOPPED_IDLE) text = STOPPED_IDLE_BANNER;
     sandboxBanner.hidden = !text;
@@ -179,7 +185,7 @@ export function createStatus({ root, turnStartedAt, paths }) {
     // A stopped sandbox needs no new session: the next message carries on in a new sandbox.
     sandboxBanner.querySelector(".start-again").hidden = status !== "terminating";
     retrySandbox.hidden = status !== "failed";
-    const usable = !text || status === "provisioning" || status === "terminated";
+    const usable = !text || ["provisioning", "terminated", "sleeping"].includes(status);
     promptBox.disabled = !usable;
     const empty = $("empty-transcript");
     if (empty && !usable) empty.hidden = true;
