@@ -428,17 +428,6 @@ class KubernetesBackend:
         if errors:
             raise SandboxError("; ".join(errors))
 
-    def sleep(self, sandbox: Sandbox) -> None:
-        """Delete the pod only: its Service and Secret stay for the next pod (gone already
-        counts as deleted)."""
-        try:
-            self.core.delete_namespaced_pod(
-                pod_name(sandbox), self.namespace, grace_period_seconds=5
-            )
-        except ApiException as exc:
-            if not _is_status(exc, 404):
-                raise SandboxError(f"cannot delete the pod: {_reason(exc)}") from exc
-
     def health(self, sandbox: Sandbox) -> Health:
         try:
             pod = self.core.read_namespaced_pod(pod_name(sandbox), self.namespace)
