@@ -262,9 +262,9 @@ class KubernetesBackend:
                 if (existing.metadata.labels or {}).get(WARM_LABEL) == "true":
                     # A warm pod this sandbox took, whose claim was cut short (its server
                     # stopped): finish the claim, then wait for it as for any pod.
+                    # (Its claim got the owner's labels when it was adopted, before.)
                     self._relabel_warm(sandbox)
                     self._bind_secret(sandbox)
-                    self._bind_claim(sandbox)
                 return  # adopt it
             if time.monotonic() >= deadline:
                 raise SandboxError("the previous pod of this sandbox is still terminating")
