@@ -28,6 +28,7 @@ from craft import services as craft_services
 from sandboxes import services
 from sandboxes.acp import AgentConnection
 from sandboxes.backends import containment
+from sandboxes.backends.base import SandboxError
 from sandboxes.backends.kubernetes import (
     CREDENTIALS,
     CREDENTIALS_AND_EXEC,
@@ -534,3 +535,22 @@ def test_terminate_deletes_the_credentials_secret(sandbox, kube):
     with pytest.raises(ApiException) as gone:
         api.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
     assert gone.value.status == 404
+
+
+def test_a_claim_being_deleted_is_waited_for_and_made_anew(kube_backend, sandbox, kube, settings):
+    # Its pod keeps it (pvc-protection) after its deletion: a pod cannot mount it meanwhile.
+    core = kube_backend.core
+    core.delete_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    old = core.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    assert old.metadata.deletion_timestamp is not None
+    settings.CRAFT_K8S_READY_TIMEOUT = 0.3
+    lines: list[str] = []
+    with pytest.raises(SandboxError, match="still deleted"):
+        kube_backend.provision(sandbox, lines.append)
+    assert "waiting for the previous volume claim to be deleted" in lines
+
+    kube_backend.sleep(sandbox)  # its last pod goes: so does the claim
+    settings.CRAFT_K8S_READY_TIMEOUT = 10
+    kube_backend.provision(sandbox, lines.append)
+    new = core.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    assert new.metadata.uid != old.metadata.uid and new.metadata.deletion_timestamp is None
