@@ -63,7 +63,9 @@ HOME_SUBPATH = "home"
 GIT_SUBPATH = "git"
 # Made by an init container as the sandbox's user before the others mount them: a subPath
 # the kubelet has to make itself is made by root, and the sandbox's user could not write it.
-MAKE_DATA_FOLDERS = 'mkdir -p "$1/workspace/sessions" "$1/home" "$1/git"'
+MAKE_DATA_FOLDERS = (
+    f'mkdir -p "$1/{WORKSPACE_SUBPATH}/sessions" "$1/{HOME_SUBPATH}" "$1/{GIT_SUBPATH}"'
+)
 DATA_MOUNT = "/craft-data"
 # Craft's git (`sandboxes.repository`): a container of the pod of its own, where the owner's
 # token goes, with the sessions' git stores on a volume that only it may write.
@@ -305,7 +307,9 @@ class KubernetesBackend:
                     self._bind_claim(sandbox)
                 return
             if time.monotonic() >= deadline:
-                raise SandboxError("the previous volume claim of this sandbox is still deleted")
+                raise SandboxError(
+                    "the previous volume claim of this sandbox is still being deleted"
+                )
             progress("waiting for the previous volume claim to be deleted")
             time.sleep(settings.CRAFT_K8S_POLL_INTERVAL)
 

@@ -545,7 +545,7 @@ def test_a_claim_being_deleted_is_waited_for_and_made_anew(kube_backend, sandbox
     assert old.metadata.deletion_timestamp is not None
     settings.CRAFT_K8S_READY_TIMEOUT = 0.3
     lines: list[str] = []
-    with pytest.raises(SandboxError, match="still deleted"):
+    with pytest.raises(SandboxError, match="still being deleted"):
         kube_backend.provision(sandbox, lines.append)
     assert "waiting for the previous volume claim to be deleted" in lines
 
