@@ -96,7 +96,7 @@ async def test_the_sandbox_s_state_reaches_the_page_pushed_not_polled(
     session = await db_sync_to_async(open_ready_session)(owner, "Sandbox pushed")
     await db_sync_to_async(
         lambda: Sandbox.objects.filter(pk=session.sandbox_id).update(
-            status=Sandbox.Status.FAILED, status_detail="gone", error="its folder is gone"
+            status=Sandbox.Status.FAILED, status_detail="", error="the image could not be pulled"
         )
     )()
     fetches: list[str] = []  # every GET of the sandbox's state, by the line or the API
