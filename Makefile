@@ -155,7 +155,7 @@ PYTEST_WORKERS ?= 2
 
 test: dev-venv browser haproxy isolation node stress-ng realagent lint
 	node --test tests/js/
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m realagent tests/realagent
 
 # The benchmarks of bench/ as one table (SQLite; BENCH_DATABASE_URL=postgres://... for PostgreSQL).

@@ -43,8 +43,9 @@ TARGET_S = 1.0
 
 
 @contextlib.contextmanager
-def kubernetes_site(site: Site, warm: int) -> Iterator[tuple[Server, Any]]:
-    """Serve the site on the kubernetes backend against a test API server of its own."""
+def kubernetes_site(site: Site, warm: int, **extra: str) -> Iterator[tuple[Server, Any]]:
+    """Serve the site on the kubernetes backend against a test API server of its own (with
+    `extra` settings)."""
     from sandboxes import workspace_tool
     from tests.kubeapi import KubeTestServer
 
@@ -59,6 +60,7 @@ def kubernetes_site(site: Site, warm: int) -> Iterator[tuple[Server, Any]]:
             # The test server runs exec'd commands on this machine: the demo agent from here.
             "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.demo_agent",
             "CRAFT_K8S_WORKSPACE_TOOL": f"{sys.executable} -I -S {workspace_tool.__file__}",
+            **extra,
         }
         with site.serve(**env) as server:
             yield server, kube

@@ -96,7 +96,7 @@ async def test_the_sandbox_s_state_reaches_the_page_pushed_not_polled(
     session = await db_sync_to_async(open_ready_session)(owner, "Sandbox pushed")
     await db_sync_to_async(
         lambda: Sandbox.objects.filter(pk=session.sandbox_id).update(
-            status=Sandbox.Status.FAILED, status_detail="gone", error="its folder is gone"
+            status=Sandbox.Status.FAILED, status_detail="", error="the image could not be pulled"
         )
     )()
     fetches: list[str] = []  # every GET of the sandbox's state, by the line or the API
@@ -142,6 +142,42 @@ async def test_the_sandbox_s_state_reaches_the_page_pushed_not_polled(
     assert len(frames) >= 2
     assert len(fetches) <= 3 * (len(frames) + 1), (fetches, frames)
     assert await line.get_attribute("hx-trigger") == "craft:refresh"
+
+
+async def test_a_sleeping_sandbox_says_so_and_the_next_message_wakes_it(
+    page, craft_server, owner, staff
+):
+    session = await db_sync_to_async(open_ready_session)(owner, "Sleepy")
+    await open_page(page, craft_server, session)
+    banner = page.locator("#sandbox-banner")
+    line = page.locator("#sandbox-status")
+    await off_the_loop(admin_terminate, craft_server, staff, session.sandbox_id, "sleep")
+    await expect(line).to_contain_text("Asleep — wakes with your next message")
+    await expect(banner).to_contain_text("Your sandbox is asleep: it wakes with your next message")
+    await expect(page.locator("#prompt")).to_be_enabled()
+    await snap(page, "live-sandbox-asleep")
+
+    # Waking, as a pod that takes a while shows it: its latest step (this server's folder
+    # wakes in an instant: the state is written here, and the page opened on it).
+    def put(status: str, detail: str) -> None:
+        Sandbox.objects.filter(pk=session.sandbox_id).update(status=status, status_detail=detail)
+
+    await off_the_loop(put, "provisioning", "waking: waiting for the pod (ContainerCreating)")
+    await open_page(page, craft_server, session)
+    await expect(banner).to_contain_text(
+        "Waking your sandbox… waiting for the pod (ContainerCreating)"
+    )
+    await expect(line).to_contain_text("Waking…")
+    await snap(page, "live-sandbox-waking")
+    await off_the_loop(put, "sleeping", Sandbox.ASLEEP_BY_STAFF)
+    await open_page(page, craft_server, session)
+    await expect(line).to_contain_text("Asleep")
+
+    await page.locator("#prompt").fill("count 2")
+    await page.locator("#send").click()
+    await expect(page.locator("#transcript .msg.agent").last).to_contain_text("2")
+    await expect(line).to_have_attribute("data-status", "running")
+    await expect(banner).to_be_hidden()
 
 
 async def test_the_home_page_s_list_is_live_too(page, craft_server, owner):

@@ -43,10 +43,11 @@ def is_turn_end(frame: dict[str, Any]) -> bool:
     return frame.get("type") == "event" and frame.get("kind") == "turn_end"
 
 
-def admin_terminate(server: Daphne, staff: Any, sandbox_id: Any) -> None:
-    """Terminate a sandbox as an administrator does: the sandbox inventory's action."""
+def admin_terminate(server: Daphne, staff: Any, sandbox_id: Any, action: str = "terminate") -> None:
+    """Terminate a sandbox as an administrator does: the sandbox inventory's action (or
+    another `action` of it: `sleep`, `wake`)."""
     csrf = secrets.token_hex(16)
-    form = {"action": "terminate", "_selected_action": str(sandbox_id), "index": "0", "post": "yes"}
+    form = {"action": action, "_selected_action": str(sandbox_id), "index": "0", "post": "yes"}
     request = urllib.request.Request(
         f"{server.url}/admin/sandboxes/sandbox/",
         data=urlencode(form).encode(),

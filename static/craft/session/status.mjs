@@ -21,6 +21,7 @@ const SANDBOX_BANNERS = {
   failed: "Your sandbox could not start, so the agent can't work here yet.",
   sleeping: "Your sandbox is asleep: it wakes with your next message, with your files as they were.",
 };
+const LOST_BANNER = "Your sandbox was lost (its pod or folder went away). Send a message to carry on: it is set up again for this session.";
 // The detail of a sandbox waking from sleep (Sandbox.WAKING, then "waking: <step>").
 const WAKING = "waking";
 // The sandbox's `detail` when staff stopped it (sandboxes.models.Sandbox.STOPPED_BY_STAFF).
@@ -83,7 +84,8 @@ export function createStatus({ root, turnStartedAt, paths }) {
     root.dataset.running = running ? "true" : "false";
     // While a turn runs (or the sandbox starts) what is sent waits in the queue; nothing can
     // be sent to a sandbox that is stopped or failed.
-    sendButton.disabled = Boolean(sandboxStatus && !["running", "provisioning", "sleeping"].includes(sandboxStatus));
+    const lost = sandboxStatus === "failed" && sandboxDetail === "gone";
+    sendButton.disabled = Boolean(sandboxStatus && !lost && !["running", "provisioning", "sleeping"].includes(sandboxStatus));
     stopButton.hidden = !running;
     working.hidden = !running;
     if (!running) showAgentStderr("");
@@ -179,13 +181,16 @@ export function createStatus({ root, turnStartedAt, paths }) {
     } else if (status === "provisioning" && str(sandbox.detail)) text = `${text} ${str(sandbox.detail)}`;
     if (status === "terminated" && str(sandbox.detail) === STOPPED_BY_STAFF) text = STOPPED_BY_STAFF_BANNER;
     if (status === "terminated" && str(sandbox.detail) === STOPPED_IDLE) text = STOPPED_IDLE_BANNER;
+    // Its folder or pod vanished (Sandbox `detail` "gone"): the next message sets it up again.
+    const lost = status === "failed" && str(sandbox.detail) === "gone";
+    if (lost) text = LOST_BANNER;
     sandboxBanner.hidden = !text;
     sandboxBanner.dataset.status = status;
     if (text) sandboxBanner.querySelector(".sandbox-banner-text").textContent = text;
     // A stopped sandbox needs no new session: the next message carries on in a new sandbox.
     sandboxBanner.querySelector(".start-again").hidden = status !== "terminating";
     retrySandbox.hidden = status !== "failed";
-    const usable = !text || ["provisioning", "terminated", "sleeping"].includes(status);
+    const usable = !text || lost || ["provisioning", "terminated", "sleeping"].includes(status);
     promptBox.disabled = !usable;
     const empty = $("empty-transcript");
     if (empty && !usable) empty.hidden = true;
