@@ -677,7 +677,10 @@ CRAFT_K8S_CPU_REQUEST = env_str("CRAFT_K8S_CPU_REQUEST", "250m")
 CRAFT_K8S_CPU_LIMIT = env_str("CRAFT_K8S_CPU_LIMIT", "2")
 CRAFT_K8S_MEMORY_REQUEST = env_str("CRAFT_K8S_MEMORY_REQUEST", "512Mi")
 CRAFT_K8S_MEMORY_LIMIT = env_str("CRAFT_K8S_MEMORY_LIMIT", "2Gi")
+# Each sandbox's PersistentVolumeClaim: its size, and its storage class (empty: the cluster's
+# default class).
 CRAFT_K8S_WORKSPACE_SIZE = env_str("CRAFT_K8S_WORKSPACE_SIZE", "10Gi")
+CRAFT_K8S_STORAGE_CLASS = env_str("CRAFT_K8S_STORAGE_CLASS")
 CRAFT_K8S_RUN_AS_USER = env_int("CRAFT_K8S_RUN_AS_USER", 1000, minimum=1)
 CRAFT_K8S_READY_TIMEOUT = env_float("CRAFT_K8S_READY_TIMEOUT", 180.0, minimum=1.0)
 CRAFT_K8S_POLL_INTERVAL = env_float("CRAFT_K8S_POLL_INTERVAL", 0.5, minimum=0.05)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 from django.conf import settings
@@ -42,6 +43,17 @@ def test_every_manifest_is_a_known_kubernetes_object_without_unknown_fields():
         assert api.sanitize_for_serialization(obj) == doc, doc["metadata"]["name"]
 
 
+def test_every_manifest_is_valid_against_the_published_schemas():
+    """As an API server of the release the backend targets checks it: unknown fields, types,
+    required fields (the test API server checks what Craft sends the same way)."""
+    from tests.kubeapi.objects import KUBERNETES_VERSION
+
+    documents = manifests()
+    assert documents
+    for doc in documents:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
 def test_the_role_grants_exactly_what_the_kubernetes_backend_calls():
     (role,) = by_kind("Role")
     granted = {
@@ -68,6 +80,13 @@ def test_the_role_grants_exactly_what_the_kubernetes_backend_calls():
         ("secrets", "update"),
         ("secrets", "list"),  # the reaper's inventory
         ("secrets", "delete"),
+        # Each sandbox's volume claim (its files): made or adopted (a 409, then read) before
+        # its pod, relabelled when a warm one is claimed, deleted with the sandbox.
+        ("persistentvolumeclaims", "create"),
+        ("persistentvolumeclaims", "get"),
+        ("persistentvolumeclaims", "list"),  # the reaper's inventory
+        ("persistentvolumeclaims", "patch"),
+        ("persistentvolumeclaims", "delete"),
     }
     assert role["metadata"]["namespace"] == settings.CRAFT_K8S_NAMESPACE
 

@@ -1,9 +1,12 @@
 """The kubernetes backend: a sandbox is a pod (plus a headless Service), agents run by exec.
 
-Each sandbox is one pod named `craft-sandbox-<sandbox uuid>` with a workspace volume at
-`/workspace`; a session's workspace is `/workspace/sessions/<session uuid>`. The agent of a
-session runs through pod exec (stdin, stdout, stderr, no tty), one exec per cached agent
-connection, reused across prompts exactly as a local subprocess would be.
+Each sandbox is one pod named `craft-sandbox-<sandbox uuid>` on a PersistentVolumeClaim of
+the same name, which holds everything that must outlive the pod: the workspaces at
+`/workspace` (a session's is `/workspace/sessions/<session uuid>`, its checkpoints beside
+them), the sandbox user's home (agents keep their own session files there) and Craft's git
+stores. A pod that goes (evicted, deleted, put to sleep) is replaced on the same claim. The
+agent of a session runs through pod exec (stdin, stdout, stderr, no tty), one exec per
+cached agent connection, reused across prompts exactly as a local subprocess would be.
 
 Two kinds of API client, on purpose. `kubernetes.stream.stream()` swaps `call_api` on the
 ApiClient behind the API object it is given while it runs (kubernetes-client/python issue
@@ -50,6 +53,20 @@ if TYPE_CHECKING:
 
 CONTAINER = "sandbox"
 WORKSPACE = "/workspace"
+# The sandbox image's home (deploy/sandbox-image/Dockerfile: the user `craft`), on the claim.
+HOME = "/home/craft"
+# The pod's one volume of data, from the sandbox's claim, and the folders of the claim each
+# mount takes (subPath).
+DATA_VOLUME = "data"
+WORKSPACE_SUBPATH = "workspace"
+HOME_SUBPATH = "home"
+GIT_SUBPATH = "git"
+# Made by an init container as the sandbox's user before the others mount them: a subPath
+# the kubelet has to make itself is made by root, and the sandbox's user could not write it.
+MAKE_DATA_FOLDERS = (
+    f'mkdir -p "$1/{WORKSPACE_SUBPATH}/sessions" "$1/{HOME_SUBPATH}" "$1/{GIT_SUBPATH}"'
+)
+DATA_MOUNT = "/craft-data"
 # Craft's git (`sandboxes.repository`): a container of the pod of its own, where the owner's
 # token goes, with the sessions' git stores on a volume that only it may write.
 GIT_CONTAINER = "git"
@@ -156,6 +173,10 @@ def _secret_name(sandbox_id: UUID) -> str:
     return f"{POD_PREFIX}{sandbox_id}-credentials"
 
 
+def claim_name(sandbox: Sandbox) -> str:
+    return _pod_name(sandbox.id)  # the claim is named like its pod
+
+
 def _label_path(key: str) -> str:
     """Return the JSON Pointer (RFC 6901) of a label, for a JSON patch."""
     return "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
@@ -204,8 +225,10 @@ class KubernetesBackend:
         name = pod_name(sandbox)
         # Before the pod: a sandbox must never run without its network policy.
         self._ensure_network_policy()
-        # Before the pod, which mounts it: the credentials its owner's agents get.
+        # Before the pod, which mounts them: the credentials its owner's agents get, and the
+        # claim that holds its files (adopted when it exists: a pod that went left it).
         self._ensure_credentials_secret(sandbox)
+        self._create_or_adopt_claim(sandbox, progress)
         progress("creating pod")
         self._create_or_adopt_pod(sandbox, progress)
         self._create_or_adopt_service(sandbox)
@@ -241,6 +264,7 @@ class KubernetesBackend:
                 if (existing.metadata.labels or {}).get(WARM_LABEL) == "true":
                     # A warm pod this sandbox took, whose claim was cut short (its server
                     # stopped): finish the claim, then wait for it as for any pod.
+                    # (Its claim got the owner's labels when it was adopted, before.)
                     self._relabel_warm(sandbox)
                     self._bind_secret(sandbox)
                 return  # adopt it
@@ -253,6 +277,55 @@ class KubernetesBackend:
                 self._delete_pod(name)
             time.sleep(settings.CRAFT_K8S_POLL_INTERVAL)
 
+    def _create_or_adopt_claim(self, sandbox: Sandbox, progress: Progress) -> None:
+        """Create the sandbox's PersistentVolumeClaim, or adopt the one it has (409).
+
+        An adopted claim gets its owner's labels (a warm pod's claim whose hand-over was cut
+        short has none). One being deleted (a pvc-protection finalizer keeps it while a pod
+        uses it) cannot be mounted: it is waited for, within CRAFT_K8S_READY_TIMEOUT, and
+        made anew.
+        """
+        name = claim_name(sandbox)
+        deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
+        while True:
+            try:
+                self.core.create_namespaced_persistent_volume_claim(
+                    self.namespace, self.claim_manifest(sandbox)
+                )
+                return
+            except ApiException as exc:
+                if not _is_status(exc, 409):
+                    raise SandboxError(f"cannot create the volume claim: {_reason(exc)}") from exc
+            try:
+                existing = self.core.read_namespaced_persistent_volume_claim(name, self.namespace)
+            except ApiException as exc:
+                if _is_status(exc, 404):
+                    continue  # gone meanwhile: create it
+                raise SandboxError(f"cannot read the volume claim: {_reason(exc)}") from exc
+            if existing.metadata.deletion_timestamp is None:
+                if (existing.metadata.labels or {}) != self.labels(sandbox):
+                    self._bind_claim(sandbox)
+                return
+            if time.monotonic() >= deadline:
+                raise SandboxError(
+                    "the previous volume claim of this sandbox is still being deleted"
+                )
+            progress("waiting for the previous volume claim to be deleted")
+            time.sleep(settings.CRAFT_K8S_POLL_INTERVAL)
+
+    def _bind_claim(self, sandbox: Sandbox) -> None:
+        """Give the sandbox's claim its owner's labels (a warm claim's have none)."""
+        operations = [{"op": "add", "path": "/metadata/labels", "value": self.labels(sandbox)}]
+        try:
+            self.core.patch_namespaced_persistent_volume_claim(
+                claim_name(sandbox),
+                self.namespace,
+                operations,
+                _content_type="application/json-patch+json",
+            )
+        except ApiException as exc:
+            raise SandboxError(f"cannot relabel the volume claim: {_reason(exc)}") from exc
+
     def _delete_pod(self, name: str) -> None:
         try:
             self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
@@ -261,7 +334,7 @@ class KubernetesBackend:
                 raise SandboxError(f"cannot delete the failed pod: {_reason(exc)}") from exc
 
     def disk_usage(self, sandbox: Sandbox) -> int | None:
-        # Not measured: a pod's disk is bounded by its own ephemeral-storage limit.
+        # Not measured: the sandbox's files are bounded by its claim (CRAFT_K8S_WORKSPACE_SIZE).
         return None
 
     def check_isolation(self) -> None:
@@ -329,14 +402,27 @@ class KubernetesBackend:
         latest = max(events, key=when)
         return f"{latest.reason}: {latest.message}" if latest.message else str(latest.reason)
 
+    def sleep(self, sandbox: Sandbox) -> None:
+        """Delete the sandbox's pod only: its claim (every file, the agents' memory), its
+        Secret and its Service stay for the pod that `provision` makes next. Gone already
+        counts as done."""
+        try:
+            self.core.delete_namespaced_pod(
+                pod_name(sandbox), self.namespace, grace_period_seconds=5
+            )
+        except ApiException as exc:
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot delete the pod: {_reason(exc)}") from exc
+
     def terminate(self, sandbox: Sandbox) -> None:
-        """Delete the pod, the service and the credentials Secret, each on its own; gone
-        already counts as deleted."""
+        """Delete the pod, the service, the credentials Secret and the volume claim (every
+        file of the sandbox), each on its own; gone already counts as deleted."""
         errors = []
         for delete, name in (
             (self.core.delete_namespaced_pod, pod_name(sandbox)),
             (self.core.delete_namespaced_service, pod_name(sandbox)),
             (self.core.delete_namespaced_secret, secret_name(sandbox)),
+            (self.core.delete_namespaced_persistent_volume_claim, claim_name(sandbox)),
         ):
             try:
                 delete(name, self.namespace, grace_period_seconds=5)
@@ -345,17 +431,6 @@ class KubernetesBackend:
                     errors.append(f"{delete.__name__}: {_reason(exc)}")
         if errors:
             raise SandboxError("; ".join(errors))
-
-    def sleep(self, sandbox: Sandbox) -> None:
-        """Delete the pod only: its Service and Secret stay for the next pod (gone already
-        counts as deleted)."""
-        try:
-            self.core.delete_namespaced_pod(
-                pod_name(sandbox), self.namespace, grace_period_seconds=5
-            )
-        except ApiException as exc:
-            if not _is_status(exc, 404):
-                raise SandboxError(f"cannot delete the pod: {_reason(exc)}") from exc
 
     def health(self, sandbox: Sandbox) -> Health:
         try:
@@ -376,14 +451,17 @@ class KubernetesBackend:
         return settings.CRAFT_K8S_WARM_SANDBOXES
 
     def create_warm(self, sandbox_id: UUID) -> None:
-        """Create a warm pod and its empty credentials Secret, labelled warm and with no
-        owner, after the namespace's NetworkPolicy as for any sandbox pod. It does not wait
-        for the pod: the pool's next pass finds it Ready."""
+        """Create a warm pod, its empty credentials Secret and its blank volume claim (which
+        the sandbox that takes the pod keeps), labelled warm and with no owner, after the
+        namespace's NetworkPolicy as for any sandbox pod. It does not wait for the pod: the
+        pool's next pass finds it Ready."""
         self._ensure_network_policy()
         labels = self.warm_labels(sandbox_id)
         secret = self._secret_manifest(sandbox_id, labels, {})
+        claim = self._claim_manifest(sandbox_id, labels)
         for create, manifest, what in (
             (self.core.create_namespaced_secret, secret, "credentials secret"),
+            (self.core.create_namespaced_persistent_volume_claim, claim, "volume claim"),
             (self.core.create_namespaced_pod, self._pod_manifest(sandbox_id, labels), "pod"),
         ):
             try:
@@ -421,8 +499,9 @@ class KubernetesBackend:
         succeed (the database row is the first guard; this is the pod's own). Then its
         credentials Secret is bound to the owner (their labels; its data is written at an
         agent's start, as for a fresh pod, and the start waits for the mounted revision),
-        and its Service is created. The NetworkPolicy selects the pod by a label it has had
-        since it was created.
+        its volume claim gets the owner's labels (the owner keeps it: it is the sandbox's
+        from now on), and its Service is created. The NetworkPolicy selects the pod by a
+        label it has had since it was created.
         """
         name = pod_name(sandbox)
         progress("claiming a warm pod")
@@ -436,6 +515,7 @@ class KubernetesBackend:
         labels = (pod.metadata.labels or {}) if pod is not None else {}
         if pod is not None and labels.get(WARM_LABEL) != "true":
             if labels.get(OWNER_LABEL) == str(sandbox.owner_id):  # claimed already
+                self._bind_claim(sandbox)
                 self._create_or_adopt_service(sandbox)
                 return name
             raise SandboxError(f"the warm pod {name} belongs to someone else")
@@ -490,16 +570,19 @@ class KubernetesBackend:
 
     def _finish_claim(self, sandbox: Sandbox, progress: Progress) -> str:
         self._bind_secret(sandbox)
+        self._bind_claim(sandbox)
         self._create_or_adopt_service(sandbox)
         progress("ready")
         return pod_name(sandbox)
 
     def remove_warm(self, sandbox_id: UUID) -> None:
-        """Delete a warm pod (at once: nobody uses it) and its Secret; 404 counts as done."""
+        """Delete a warm pod (at once: nobody uses it), its Secret and its blank volume
+        claim; 404 counts as done."""
         errors = []
         for delete, name in (
             (self.core.delete_namespaced_pod, _pod_name(sandbox_id)),
             (self.core.delete_namespaced_secret, _secret_name(sandbox_id)),
+            (self.core.delete_namespaced_persistent_volume_claim, _pod_name(sandbox_id)),
         ):
             try:
                 delete(name, self.namespace, grace_period_seconds=0)
@@ -510,10 +593,10 @@ class KubernetesBackend:
             raise SandboxError("; ".join(errors))
 
     def inventory(self) -> list[Resource]:
-        """Return Craft's sandbox pods, services and credentials Secrets in the namespace,
-        found by their labels.
+        """Return Craft's sandbox pods, services, credentials Secrets and volume claims in
+        the namespace, found by their labels.
 
-        Pods already being deleted are left out: they are on their way.
+        Pods and claims already being deleted are left out: they are on their way.
         """
         try:
             pods = self.core.list_namespaced_pod(
@@ -525,14 +608,18 @@ class KubernetesBackend:
             secrets = self.core.list_namespaced_secret(
                 self.namespace, label_selector=MANAGED_SELECTOR
             ).items
+            claims = self.core.list_namespaced_persistent_volume_claim(
+                self.namespace, label_selector=MANAGED_SELECTOR
+            ).items
         except ApiException as exc:
             raise SandboxError(f"cannot list sandbox pods and services: {_reason(exc)}") from exc
         except (HTTPError, OSError) as exc:
             raise SandboxError(f"cannot reach the Kubernetes API: {exc}") from exc
         found = []
-        for kind, items in (("pod", pods), ("service", services), ("secret", secrets)):
+        kinds = (("pod", pods), ("service", services), ("secret", secrets), ("claim", claims))
+        for kind, items in kinds:
             for item in items:
-                if kind == "pod" and item.metadata.deletion_timestamp is not None:
+                if kind in ("pod", "claim") and item.metadata.deletion_timestamp is not None:
                     continue
                 try:
                     sandbox_id = UUID((item.metadata.labels or {}).get(SANDBOX_ID_LABEL, ""))
@@ -546,6 +633,7 @@ class KubernetesBackend:
             "pod": self.core.delete_namespaced_pod,
             "service": self.core.delete_namespaced_service,
             "secret": self.core.delete_namespaced_secret,
+            "claim": self.core.delete_namespaced_persistent_volume_claim,
         }[resource.kind]
         try:
             delete(resource.name, self.namespace, grace_period_seconds=5)
@@ -770,7 +858,9 @@ class KubernetesBackend:
         return self._pod_manifest(sandbox.id, self.labels(sandbox))
 
     def _pod_manifest(self, sandbox_id: UUID, labels: dict[str, str]) -> dict[str, Any]:
-        """Return the pod: non-root, no capabilities, bounded resources, one workspace."""
+        """Return the pod: non-root, no capabilities, bounded resources, its files on the
+        sandbox's claim (workspaces, home, git stores: one folder of it each)."""
+        locked = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -786,16 +876,24 @@ class KubernetesBackend:
                     "fsGroup": settings.CRAFT_K8S_RUN_AS_USER,
                     "seccompProfile": {"type": "RuntimeDefault"},
                 },
+                "initContainers": [
+                    {
+                        "name": "data",
+                        "image": settings.CRAFT_K8S_IMAGE,
+                        "imagePullPolicy": settings.CRAFT_K8S_IMAGE_PULL_POLICY,
+                        "command": ["sh", "-c", MAKE_DATA_FOLDERS, "sh", DATA_MOUNT],
+                        "securityContext": locked,
+                        "resources": GIT_RESOURCES,
+                        "volumeMounts": [{"name": DATA_VOLUME, "mountPath": DATA_MOUNT}],
+                    }
+                ],
                 "containers": [
                     {
                         "name": CONTAINER,
                         "image": settings.CRAFT_K8S_IMAGE,
                         "imagePullPolicy": settings.CRAFT_K8S_IMAGE_PULL_POLICY,
                         "workingDir": WORKSPACE,
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
+                        "securityContext": locked,
                         "resources": {
                             "requests": {
                                 "cpu": settings.CRAFT_K8S_CPU_REQUEST,
@@ -807,9 +905,10 @@ class KubernetesBackend:
                             },
                         },
                         "volumeMounts": [
-                            {"name": "workspace", "mountPath": WORKSPACE},
+                            self._data_mount(WORKSPACE, WORKSPACE_SUBPATH),
+                            self._data_mount(HOME, HOME_SUBPATH),
                             {"name": "credentials", "mountPath": CREDENTIALS, "readOnly": True},
-                            {"name": "git-stores", "mountPath": GIT_STORES, "readOnly": True},
+                            self._data_mount(GIT_STORES, GIT_SUBPATH, read_only=True),
                         ],
                     },
                     {
@@ -819,25 +918,18 @@ class KubernetesBackend:
                         "image": settings.CRAFT_K8S_IMAGE,
                         "imagePullPolicy": settings.CRAFT_K8S_IMAGE_PULL_POLICY,
                         "workingDir": WORKSPACE,
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
+                        "securityContext": locked,
                         "resources": GIT_RESOURCES,
                         "volumeMounts": [
-                            {"name": "workspace", "mountPath": WORKSPACE},
-                            {"name": "git-stores", "mountPath": GIT_STORES},
+                            self._data_mount(WORKSPACE, WORKSPACE_SUBPATH),
+                            self._data_mount(GIT_STORES, GIT_SUBPATH),
                         ],
                     },
                 ],
                 "volumes": [
                     {
-                        "name": "workspace",
-                        "emptyDir": {"sizeLimit": settings.CRAFT_K8S_WORKSPACE_SIZE},
-                    },
-                    {
-                        "name": "git-stores",
-                        "emptyDir": {"sizeLimit": settings.CRAFT_K8S_WORKSPACE_SIZE},
+                        "name": DATA_VOLUME,
+                        "persistentVolumeClaim": {"claimName": _pod_name(sandbox_id)},
                     },
                     {
                         # Its owner's credentials, for its agents (docs/agents.md): readable
@@ -851,6 +943,33 @@ class KubernetesBackend:
                     },
                 ],
             },
+        }
+
+    @staticmethod
+    def _data_mount(path: str, sub_path: str, read_only: bool = False) -> dict[str, Any]:
+        mount: dict[str, Any] = {"name": DATA_VOLUME, "mountPath": path, "subPath": sub_path}
+        if read_only:
+            mount["readOnly"] = True
+        return mount
+
+    def claim_manifest(self, sandbox: Sandbox) -> dict[str, Any]:
+        return self._claim_manifest(sandbox.id, self.labels(sandbox))
+
+    def _claim_manifest(self, sandbox_id: UUID, labels: dict[str, str]) -> dict[str, Any]:
+        """Return the sandbox's PersistentVolumeClaim: named and labelled like its pod, one
+        node's at a time (the pod's), CRAFT_K8S_WORKSPACE_SIZE, of CRAFT_K8S_STORAGE_CLASS
+        (none named: the cluster's default class)."""
+        spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": settings.CRAFT_K8S_WORKSPACE_SIZE}},
+        }
+        if settings.CRAFT_K8S_STORAGE_CLASS:
+            spec["storageClassName"] = settings.CRAFT_K8S_STORAGE_CLASS
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": _pod_name(sandbox_id), "labels": labels},
+            "spec": spec,
         }
 
     def secret_manifest(self, sandbox: Sandbox, values: dict[str, str]) -> dict[str, Any]:

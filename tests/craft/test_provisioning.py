@@ -8,7 +8,9 @@ as a browser uses them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,11 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client as kubernetes
 
 from craft.models import Event
-from sandboxes.models import Sandbox
+from sandboxes.models import Sandbox, WarmSandbox
 
-from ..server import Daphne, Socket, api
+from ..server import Daphne, Socket, api, open_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -243,3 +246,100 @@ def provisioning_started(server: Daphne, user, timeout: float = 60) -> None:
             return
         assert time.monotonic() < deadline, body
         time.sleep(0.05)
+
+
+# --- the sandbox's claim: what outlives its pod --------------------------------------------
+
+RESTORING_AGENTS = """\
+[[agents]]
+id = "load"
+title = "Loads its sessions"
+command = {load}
+
+[[agents]]
+id = "resume"
+title = "Resumes its sessions"
+command = {resume}
+"""
+
+
+def turn(socket: Socket, text: str) -> list[dict]:
+    """Send a prompt; return the frames up to its turn's end."""
+    socket.send({"type": "prompt", "id": f"{text}-{time.monotonic()}", "text": text})
+    return socket.until(lambda f: f.get("kind") == "turn_end")
+
+
+def said(frames: list[dict]) -> str:
+    chunks = [f["data"] for f in frames if f.get("kind") == "agent_message_chunk"]
+    return "".join(chunk["content"]["text"] for chunk in chunks)
+
+
+def test_a_pod_that_vanished_comes_back_on_the_sandboxs_claim_with_its_files_and_memory(
+    kube, owner, tmp_path
+):
+    """Through daphne and the real client: a new user's sandbox takes a warm pod and its
+    blank claim (no pod started on the user's path); two sessions (an agent that offers
+    `session/load`, one that offers only `session/resume`) leave files and memory; the pod
+    is deleted behind Craft's back; the next prompts find every file and agents that
+    remember; Delete removes the claim."""
+    kube.ready_delay = 2
+    demo = [sys.executable, "-m", "sandboxes.demo_agent", "--restore"]
+    catalog = tmp_path / "agents.toml"
+    catalog.write_text(
+        RESTORING_AGENTS.format(
+            load=json.dumps(shlex.join([*demo, "load"])),
+            resume=json.dumps(shlex.join([*demo, "resume"])),
+        )
+    )
+    server = kubernetes_server(
+        kube, tmp_path, CRAFT_AGENTS_FILE=str(catalog), CRAFT_K8S_WARM_SANDBOXES="1"
+    ).start()
+    namespace = "craft-provisioning"
+    core = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    try:
+        deadline = time.monotonic() + 30
+        while not WarmSandbox.objects.filter(status=WarmSandbox.Status.READY).exists():
+            assert time.monotonic() < deadline, "no warm pod"
+            time.sleep(0.1)
+        kube.requests.clear()
+        started = time.monotonic()
+        load = open_session(server, owner, "load")
+        first = turn(load, "remember the blue door")
+        answered = time.monotonic() - started
+        assert said(first) == "I will remember the blue door.", first
+        # The warm pod's: no pod and no claim was created on the user's path.
+        assert not [p for m, p in kube.requests if m == "POST" and p.endswith(("/pods", "claims"))]
+        assert answered < kube.ready_delay, f"{answered:.2f} s: a pod was started meanwhile?"
+        sandbox = Sandbox.objects.get(owner=owner)
+        pod = f"craft-sandbox-{sandbox.pk}"
+        claim = core.read_namespaced_persistent_volume_claim(pod, namespace)
+        assert claim.metadata.labels["craft.dev/owner"] == str(owner.pk)
+        assert "craft.dev/warm" not in claim.metadata.labels
+        resume = open_session(server, owner, "resume")
+        assert "red key" in said(turn(resume, "remember the red key"))
+        load_id = load.hello["session"]
+        folder = kube.workspace(namespace, pod) / "sessions" / load_id
+        (folder / "kept.txt").write_text("on the claim")
+
+        core.delete_namespaced_pod(pod, namespace)  # behind Craft's back
+
+        frames = turn(load, "read kept.txt")
+        frames += turn(load, "recall")
+        restarted = [f["data"] for f in frames if f.get("kind") == "agent_restarted"]
+        assert restarted == [{"restored": "load"}], restarted
+        assert "Read kept.txt (12 characters)." in said(frames), frames
+        assert said(frames).endswith("You asked me to remember: the blue door."), frames
+        assert core.read_namespaced_pod(pod, namespace).metadata.uid  # a new pod, same claim
+        frames = turn(resume, "recall")
+        restarted = [f["data"] for f in frames if f.get("kind") == "agent_restarted"]
+        assert restarted == [{"restored": "resume"}], restarted
+        assert said(frames) == "You asked me to remember: the red key.", frames
+        load.close()
+        resume.close()
+
+        status, body = api(server, owner, "DELETE", "/api/sandbox/")  # Delete: files too
+        assert (status, body["status"]) == (200, "terminated"), body
+        assert (namespace, pod) not in kube.cluster.claims
+        assert not kube.claim_folder(namespace, pod).exists()
+    finally:
+        server.stop()

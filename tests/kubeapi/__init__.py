@@ -1,7 +1,8 @@
 """A Kubernetes API server for tests, serving what Craft's kubernetes backend calls.
 
-`server.py` is the server (`KubeTestServer`), `objects.py` its pods, services, events and
-network policies, `exec.py` its pod exec websocket.
+`server.py` is the server (`KubeTestServer`) and the folders of its volumes, `objects.py` its
+pods, services, events, secrets, volume claims and network policies (and their schema
+checks), `exec.py` its pod exec websocket.
 """
 
 from tests.kubeapi.exec import ExecRecord

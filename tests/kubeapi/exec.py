@@ -116,8 +116,9 @@ def parse_exec_options(query: Any, pod_name: str, containers: list[str]) -> Exec
 
 def map_workspace(arg: str, workspace: Path, mounts: dict[str, Path] | None = None) -> str:
     """Rewrite `/workspace` and `/workspace/...` to the pod's local folder, and the mount
-    paths of its secret volumes to their local folders."""
-    for inside, local in {**(mounts or {}), "/workspace": workspace}.items():
+    paths of the container's other volumes to their local folders (the longest first)."""
+    paths = {**(mounts or {}), "/workspace": workspace}
+    for inside, local in sorted(paths.items(), key=lambda item: -len(item[0])):
         if arg == inside:
             return str(local)
         if arg.startswith(inside + "/"):

@@ -1,9 +1,13 @@
 """The REST side of the test API server: the objects Craft creates, and Status errors.
 
-Pods, Services, Events and NetworkPolicies, kept in memory by a `Cluster`, which only the
-server's event loop thread touches. A pod moves along a timeline (Pending, then Running and
-Ready, or stuck on the way) computed from its age whenever it is read, so there are no timers;
-it records the events a scheduler and a kubelet would, which Craft shows as progress.
+Pods, Services, Events, Secrets, PersistentVolumeClaims and NetworkPolicies, kept in memory
+by a `Cluster`, which only the server's event loop thread touches. A pod moves along a
+timeline (Pending, then Running and Ready, or stuck on the way) computed from its age
+whenever it is read, so there are no timers; it records the events a scheduler and a kubelet
+would, which Craft shows as progress. A pod is scheduled only once every claim it mounts
+exists and is not being deleted, and scheduling binds them (WaitForFirstConsumer); a claim
+deleted while a pod uses it stays, with its pvc-protection finalizer, until no pod does.
+Every object written is checked against Kubernetes' published schemas (`check_schema`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import kubernetes_validate
 from aiohttp import web
+
+# The schemas objects are checked against: those of the Kubernetes release the backend
+# targets (PyPI kubernetes-validate, strict: unknown fields are refused, as a server with
+# strict field validation does).
+KUBERNETES_VERSION = "1.37.0"
 
 # --------------------------------------------------------------------------------------------
 # Status errors
@@ -80,6 +90,21 @@ def invalid(kind: str, name: str, field_path: str, cause: str, detail: str) -> A
             "causes": [{"reason": cause, "message": detail, "field": field_path}],
         },
     )
+
+
+def check_schema(obj: dict[str, Any], kind: str, api_version: str = "v1") -> None:
+    """Refuse `obj` with a 422 Invalid, as an API server does, unless it is valid against
+    the published schema of `kind` (unknown fields, types, required fields)."""
+    document = {"kind": kind, "apiVersion": api_version, **obj}
+    try:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path)
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        path = field.lstrip(".") or "<root>"
+        raise invalid(kind, name, path, "FieldValueInvalid", exc.message) from None
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        raise bad_request(f"no schema for {api_version} {kind}: {exc}") from None
 
 
 def bad_request(message: str) -> ApiError:
@@ -198,6 +223,10 @@ TIMELINES: dict[str, list[tuple[float, str]]] = {
     PLAN_UNSCHEDULABLE: [(0, "unschedulable")],
 }
 
+# The storage class a claim that names none gets (DefaultStorageClass admission).
+DEFAULT_STORAGE_CLASS = "standard"
+PVC_PROTECTION = "kubernetes.io/pvc-protection"
+
 UNSCHEDULABLE_MESSAGE = (
     "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: "
     "1 No preemption victims found for incoming pod."
@@ -223,6 +252,16 @@ class Pod:
     ready_delay: float
     created: float  # monotonic clock
     applied: int = 0  # how many timeline steps have been applied
+    blocked: str = ""  # why the scheduler cannot place it yet (a claim), "" if it can
+
+    @property
+    def claims(self) -> list[str]:
+        """Return the names of the claims its volumes mount."""
+        return [
+            volume["persistentVolumeClaim"].get("claimName", "")
+            for volume in self.obj["spec"].get("volumes") or []
+            if isinstance(volume.get("persistentVolumeClaim"), dict)
+        ]
 
     @property
     def name(self) -> str:
@@ -274,9 +313,11 @@ class Cluster:
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.network_policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         # Called with (namespace, pod) when a pod is deleted, so the server can stop its
-        # processes.
+        # processes; with (namespace, claim) when a claim is gone, so it can drop its data.
         self.on_pod_deleted: Callable[[str, str], None] = lambda namespace, name: None
+        self.on_claim_deleted: Callable[[str, str], None] = lambda namespace, name: None
 
     @staticmethod
     def _name(kind: str, namespace: str, body: dict[str, Any]) -> str:
@@ -318,6 +359,7 @@ class Cluster:
         self, namespace: str, body: dict[str, Any], *, plan: str, ready_delay: float
     ) -> Pod:
         name = self._name("Pod", namespace, body)
+        check_schema(body, "Pod")
         if (namespace, name) in self.pods:
             raise already_exists("pods", name)
         spec = body.get("spec") or {}
@@ -356,55 +398,30 @@ class Cluster:
         return pods
 
     def patch_pod_labels(self, namespace: str, name: str, operations: list[Any]) -> Pod:
-        """Apply a JSON Patch (RFC 6902) to the pod's labels, all or nothing.
-
-        Only what relabelling needs is modelled: `test`, `add`, `replace` and `remove` on
-        `/metadata/labels/<key>` (`~1` for `/`). A failed `test` is a 422, as in Kubernetes,
-        and changes nothing: the compare-and-swap a claim relies on.
-        """
+        """Apply a JSON Patch (RFC 6902) to the pod's labels, all or nothing (`patch_labels`)."""
         pod = self.get_pod(namespace, name)
-        labels = dict(pod.obj["metadata"].get("labels") or {})
-        prefix = "/metadata/labels/"
-        for operation in operations:
-            op = operation.get("op") if isinstance(operation, dict) else None
-            path = operation.get("path", "") if isinstance(operation, dict) else ""
-            if op not in ("test", "add", "replace", "remove") or not path.startswith(prefix):
-                raise bad_request(
-                    f"JSON patch operation not modelled by this test server: {operation}"
-                )
-            key = path[len(prefix) :].replace("~1", "/").replace("~0", "~")
-            if op == "test" and labels.get(key) != operation.get("value"):
-                raise ApiError(
-                    422,
-                    "Invalid",
-                    f"the server rejected our request due to an error in our request: test "
-                    f'operation on "{path}" failed',
-                    {"name": name, "kind": "pods"},
-                )
-            if op in ("replace", "remove") and key not in labels:
-                raise ApiError(
-                    422,
-                    "Invalid",
-                    f'{op} operation does not apply: doc is missing path: "{path}"',
-                    {"name": name, "kind": "pods"},
-                )
-            if op in ("add", "replace"):
-                labels[key] = str(operation.get("value"))
-            elif op == "remove":
-                del labels[key]
+        labels = patch_labels(pod.obj, operations, "pods")
+        check_schema(_with_labels(pod.obj, labels), "Pod")
         pod.obj["metadata"]["labels"] = labels
         return pod
 
     def delete_pod(self, namespace: str, name: str) -> Pod:
-        """Delete the pod at once (no grace period is modelled) and stop its processes."""
+        """Delete the pod at once (no grace period is modelled) and stop its processes; then
+        the claims being deleted that no pod uses any more go."""
         pod = self.get_pod(namespace, name)
         del self.pods[(namespace, name)]
         pod.obj["metadata"]["deletionTimestamp"] = rfc3339()
         self.on_pod_deleted(namespace, name)
+        for claim in pod.claims:
+            found = self.claims.get((namespace, claim))
+            if found is not None and found["metadata"].get("deletionTimestamp"):
+                self._remove_claim_unless_used(namespace, claim)
         return pod
 
     def _advance(self, pod: Pod) -> None:
         timeline = TIMELINES[pod.plan]
+        if pod.applied == 0 and timeline[0][1] == "scheduled" and not self._schedulable(pod):
+            return
         elapsed = time.monotonic() - pod.created
         while pod.applied < len(timeline):
             factor, step = timeline[pod.applied]
@@ -413,9 +430,57 @@ class Cluster:
             getattr(self, f"_step_{step}")(pod)
             pod.applied += 1
 
+    def _schedulable(self, pod: Pod) -> bool:
+        """Return whether every claim the pod mounts can be had; if not, keep it Pending
+        with the scheduler's condition and event (once per reason), and start its timeline
+        afresh when it can."""
+        why = ""
+        for name in pod.claims:
+            claim = self.claims.get((pod.namespace, name))
+            if claim is None:
+                why = f'persistentvolumeclaim "{name}" not found'
+            elif claim["metadata"].get("deletionTimestamp"):
+                why = f'persistentvolumeclaim "{name}" is being deleted'
+            if why:
+                break
+        if not why:
+            if pod.blocked:
+                pod.blocked, pod.created = "", time.monotonic()
+            return True
+        if why != pod.blocked:
+            pod.blocked = why
+            message = (
+                f"0/1 nodes are available: {why}. preemption: 0/1 nodes are available: "
+                "1 Preemption is not helpful for scheduling."
+            )
+            pod.obj["status"].update(
+                phase="Pending",
+                conditions=[_condition("PodScheduled", False, "Unschedulable", message)],
+            )
+            self._record_event(
+                pod, "FailedScheduling", message, component="default-scheduler", warning=True
+            )
+        return False
+
     # -- pod timeline steps ---------------------------------------------------------------------
 
     def _step_scheduled(self, pod: Pod) -> None:
+        for name in pod.claims:  # WaitForFirstConsumer: bound where its first pod runs
+            self._bind(self.claims[(pod.namespace, name)])
+        self._schedule(pod)
+
+    def _bind(self, claim: dict[str, Any]) -> None:
+        if claim["status"].get("phase") == "Bound":
+            return
+        spec = claim["spec"]
+        spec["volumeName"] = f"pvc-{claim['metadata']['uid']}"
+        claim["status"] = {
+            "phase": "Bound",
+            "accessModes": list(spec.get("accessModes") or []),
+            "capacity": dict((spec.get("resources") or {}).get("requests") or {}),
+        }
+
+    def _schedule(self, pod: Pod) -> None:
         pod.obj["spec"]["nodeName"] = NODE_NAME
         unready = self._unready_message(pod)
         pod.obj["status"].update(
@@ -553,6 +618,7 @@ class Cluster:
 
     def create_service(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = self._name("Service", namespace, body)
+        check_schema(body, "Service")
         if (namespace, name) in self.services:
             raise already_exists("services", name)
         service = self._object("Service", "v1", namespace, name, body)
@@ -577,6 +643,7 @@ class Cluster:
     # -- secrets (data as base64, as the API serves it) ----------------------------------------
 
     def _secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        check_schema(body, "Secret")
         secret = self._object("Secret", "v1", namespace, name, body)
         data = dict(body.get("data") or {})
         for key, value in (body.get("stringData") or {}).items():
@@ -628,6 +695,7 @@ class Cluster:
 
     def create_network_policy(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = self._name("NetworkPolicy", namespace, body)
+        check_schema(body, "NetworkPolicy", "networking.k8s.io/v1")
         if (namespace, name) in self.network_policies:
             raise already_exists("networkpolicies.networking.k8s.io", name)
         policy = self._object("NetworkPolicy", "networking.k8s.io/v1", namespace, name, body)
@@ -640,3 +708,112 @@ class Cluster:
         if policy is None:
             raise not_found("networkpolicies.networking.k8s.io", name)
         return policy
+
+    # -- persistent volume claims: Pending until a pod that mounts one is scheduled -------------
+
+    def create_claim(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = self._name("PersistentVolumeClaim", namespace, body)
+        check_schema(body, "PersistentVolumeClaim")
+        if (namespace, name) in self.claims:
+            raise already_exists("persistentvolumeclaims", name)
+        spec = dict(body.get("spec") or {})
+        for required in ("accessModes", "resources"):
+            if not spec.get(required):
+                raise invalid(
+                    "PersistentVolumeClaim",
+                    name,
+                    f"spec.{required}",
+                    "FieldValueRequired",
+                    "Required value",
+                )
+        spec.setdefault("storageClassName", DEFAULT_STORAGE_CLASS)
+        spec.setdefault("volumeMode", "Filesystem")
+        claim = self._object("PersistentVolumeClaim", "v1", namespace, name, body)
+        claim["metadata"]["finalizers"] = [PVC_PROTECTION]
+        claim["spec"] = spec
+        claim["status"] = {"phase": "Pending"}
+        self.claims[(namespace, name)] = claim
+        return claim
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self.list_pods(namespace)  # scheduling binds claims
+        claim = self.claims.get((namespace, name))
+        if claim is None:
+            raise not_found("persistentvolumeclaims", name)
+        return claim
+
+    def list_claims(self, namespace: str) -> list[dict[str, Any]]:
+        self.list_pods(namespace)
+        return [c for (ns, _), c in sorted(self.claims.items()) if ns == namespace]
+
+    def patch_claim_labels(
+        self, namespace: str, name: str, operations: list[Any]
+    ) -> dict[str, Any]:
+        claim = self.get_claim(namespace, name)
+        labels = patch_labels(claim, operations, "persistentvolumeclaims")
+        check_schema(_with_labels(claim, labels), "PersistentVolumeClaim")
+        claim["metadata"]["labels"] = labels
+        return claim
+
+    def delete_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """Delete the claim, or, while a pod uses it, mark it deleted (pvc-protection): it
+        and its data go when the last pod that uses it does."""
+        claim = self.get_claim(namespace, name)
+        claim["metadata"].setdefault("deletionTimestamp", rfc3339())
+        self._remove_claim_unless_used(namespace, name)
+        return claim
+
+    def _remove_claim_unless_used(self, namespace: str, name: str) -> None:
+        if any(name in pod.claims for (ns, _), pod in self.pods.items() if ns == namespace):
+            return
+        del self.claims[(namespace, name)]
+        self.on_claim_deleted(namespace, name)
+
+
+def patch_labels(obj: dict[str, Any], operations: list[Any], resource: str) -> dict[str, str]:
+    """Return the labels of `obj` after a JSON Patch (RFC 6902), or raise: all or nothing.
+
+    Only what relabelling needs is modelled: `test`, `add`, `replace` and `remove` on
+    `/metadata/labels/<key>` (`~1` for `/`), and `add` or `replace` of `/metadata/labels`
+    as a whole. A failed `test` is a 422, as in Kubernetes, and changes nothing: the
+    compare-and-swap a warm pod's claim relies on.
+    """
+    name = obj["metadata"]["name"]
+    labels = dict(obj["metadata"].get("labels") or {})
+    prefix = "/metadata/labels/"
+    for operation in operations:
+        op = operation.get("op") if isinstance(operation, dict) else None
+        path = operation.get("path", "") if isinstance(operation, dict) else ""
+        if op in ("add", "replace") and path == "/metadata/labels":
+            value = operation.get("value")
+            if not isinstance(value, dict):
+                raise bad_request("the labels of an object are a map of strings")
+            labels = dict(value)  # the schema check says whether they are strings
+            continue
+        if op not in ("test", "add", "replace", "remove") or not path.startswith(prefix):
+            raise bad_request(f"JSON patch operation not modelled by this test server: {operation}")
+        key = path[len(prefix) :].replace("~1", "/").replace("~0", "~")
+        if op == "test" and labels.get(key) != operation.get("value"):
+            raise ApiError(
+                422,
+                "Invalid",
+                f"the server rejected our request due to an error in our request: test "
+                f'operation on "{path}" failed',
+                {"name": name, "kind": resource},
+            )
+        if op in ("replace", "remove") and key not in labels:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{op} operation does not apply: doc is missing path: "{path}"',
+                {"name": name, "kind": resource},
+            )
+        if op in ("add", "replace"):
+            labels[key] = str(operation.get("value"))
+        elif op == "remove":
+            del labels[key]
+    return labels
+
+
+def _with_labels(obj: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    return {**obj, "metadata": {**obj["metadata"], "labels": labels}}

@@ -13,25 +13,40 @@ a cluster. What it serves, as a real API server answers it:
 * services: create, get, list (by label), delete; events: list (by field, e.g.
   `involvedObject.name=x`); NetworkPolicies (`networking.k8s.io/v1`): create and get, stored
   as sent and enforced by nothing;
-* `pods/exec` over the `v5.channel.k8s.io` websocket, run as a process of this machine whose
-  `/workspace` is a folder under the server's root (`exec.py`);
+* persistentvolumeclaims: create, get, list (by label), delete, a JSON patch of their
+  labels; `Pending` until a pod that mounts one is scheduled, then `Bound`
+  (WaitForFirstConsumer); a pod that names a missing claim stays Pending with the
+  scheduler's `FailedScheduling` event; a claim deleted while a pod uses it stays (its
+  `deletionTimestamp` set, the pvc-protection finalizer) until no pod does. Each claim's
+  data is a folder under the server's root that lives as long as the claim;
+* `pods/exec` over the `v5.channel.k8s.io` websocket, run as a process of this machine
+  (`exec.py`) whose mount paths are folders under the server's root: a claim's folder (and
+  its `subPath`), a secret's, an `emptyDir`'s (a folder of the pod, removed with it); a
+  `/workspace` that no volume is mounted at is a folder of the pod too (its container's
+  own filesystem), removed with it. `HOME` is the folder of the container's mount at the
+  image's home (`image_home`) if it has one, else its `/workspace`;
+* every object created, replaced or patched (the patch's result) is checked against the
+  published schemas of Kubernetes 1.37 (PyPI `kubernetes-validate`, strict: unknown
+  fields, types, required fields), a failure being a 422 `Invalid` with its cause;
 * every failure as a `Status` object with the code and reason a real server uses, and a
   switch that fails the next REST requests with 500s.
 
 What it does not model (so that nobody relies on it):
 
 * authentication and authorization: any bearer token, or none, is accepted;
-* scheduling, nodes, images, probes, restarts: the pod's "container" is whatever its execs
-  run on this machine, unconfined; a deleted pod is gone at once (no grace period);
+* scheduling (but for claims), nodes, images, probes, restarts, init containers (not run):
+  the pod's "container" is whatever its execs run on this machine, unconfined; a deleted
+  pod is gone at once (no grace period);
+* persistent volumes, storage classes and their provisioners, sizes and access modes (a
+  claim is bound to a volume that exists only in its name); `readOnly` mounts (execs run as
+  this server's user); semantic validation beyond the schemas (names aside);
 * watches, discovery, namespaces as objects, lists across namespaces, other PATCHes and PUTs, logs,
   attach, port-forward, resource versions; selectors other than `key=value` (refused);
-* exec protocols older than v5 (refused), TTYs (refused), a container's `env` and
-  `workingDir` (commands start in `/workspace`);
-* paths other than `/workspace` and `/workspace/...` (and the mount paths of the exec's
-  container's other volumes: secrets, `emptyDir`s) in argv, and JSON strings starting with
-  `/workspace` in stdin (how an ACP agent learns its `cwd`), are not mapped to the pod's
-  folder: paths inside a shell script or glued to an option pass through;
-* the workspace folder outlives the pod, like a persistent volume mounted at `/workspace`;
+* exec protocols older than v5 (refused), a container's `env` and `workingDir` (commands
+  start in `/workspace`);
+* only the exec's container's mount paths (and `/workspace`) in argv, and JSON strings
+  starting with `/workspace` in stdin (how an ACP agent learns its `cwd`), are mapped to
+  their folders: paths inside a shell script or glued to an option pass through;
 * when the exec client goes away, the command's process group is killed at once (a real
   kubelet may leave it running); background processes a finished command left behind run on,
   as in a container, until the pod is deleted or the server stops.
@@ -58,6 +73,7 @@ from .exec import (
     ExecRecord,
     ExecSession,
     kill_group,
+    map_workspace,
     negotiate_subprotocol,
     parse_exec_options,
 )
@@ -115,12 +131,15 @@ class KubeTestServer:
         self.exec_handshake_delay = 0.0
         self.exec_refused = False
         self.exec_frame_size = 65536
+        # The home of the image's user: an exec's HOME is the folder mounted there, if any.
+        self.image_home = "/home/craft"
         # What happened, appended on the server thread.
         self.execs: list[ExecRecord] = []
         self.requests: list[tuple[str, str]] = []
 
         self.cluster = Cluster()
-        self.cluster.on_pod_deleted = self._kill_pod_processes
+        self.cluster.on_pod_deleted = self._pod_deleted
+        self.cluster.on_claim_deleted = self._claim_deleted
         # Every exec process per pod, kept after the command ends: background processes it
         # left behind run on, as in a container, until the pod is deleted or the server stops.
         self._processes: dict[tuple[str, str], list[asyncio.subprocess.Process]] = {}
@@ -174,8 +193,32 @@ class KubeTestServer:
         self.stop()
 
     def workspace(self, namespace: str, pod_name: str) -> Path:
-        """Return the local folder that is `/workspace` in that pod."""
+        """Return the local folder that is `/workspace` in that pod (its first container's):
+        a volume's folder if one is mounted there, else a folder of the pod's own."""
+        return self.folder(namespace, pod_name, "/workspace")
+
+    def folder(self, namespace: str, pod_name: str, path: str, container: str = "") -> Path:
+        """Return the local folder that is `path` in the pod's `container` (default: its
+        first); a pod that is gone has only its own folder."""
+        pod = self.cluster.pods.get((namespace, pod_name))
+        if pod is None:
+            return self.pod_folder(namespace, pod_name) / path.lstrip("/")
+        mounts = self.mounts(namespace, pod, container or pod.containers[0]["name"])
+        workspace = mounts.pop("/workspace", self.pod_folder(namespace, pod_name))
+        local = map_workspace(path, workspace, mounts)
+        if local == path:
+            raise ValueError(f"{path} is on no volume of pod {pod_name}'s container")
+        return Path(local)
+
+    def pod_folder(self, namespace: str, pod_name: str) -> Path:
+        """Return the pod's own folder: its container's `/workspace` when no volume is
+        mounted there; removed with the pod."""
         return self.root / namespace / pod_name
+
+    def claim_folder(self, namespace: str, name: str) -> Path:
+        """Return the local folder of a claim's data (claim names never start with a dot,
+        so it is no pod's folder); it lives as long as the claim."""
+        return self.root / namespace / ".claims" / name
 
     def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
         """Write a kubeconfig for this server; load it with `config.load_kube_config`."""
@@ -247,9 +290,15 @@ class KubeTestServer:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    def _kill_pod_processes(self, namespace: str, name: str) -> None:
+    def _pod_deleted(self, namespace: str, name: str) -> None:
+        """Stop the pod's processes; its own folder and its `emptyDir`s go with it."""
         for process in self._processes.pop((namespace, name), []):
             kill_group(process)
+        shutil.rmtree(self.pod_folder(namespace, name), ignore_errors=True)
+        shutil.rmtree(self.root / namespace / ".volumes" / name, ignore_errors=True)
+
+    def _claim_deleted(self, namespace: str, name: str) -> None:
+        shutil.rmtree(self.claim_folder(namespace, name), ignore_errors=True)
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -273,6 +322,11 @@ class KubeTestServer:
         app.router.add_get(ns + "/secrets/{name}", self._get_secret)
         app.router.add_put(ns + "/secrets/{name}", self._replace_secret)
         app.router.add_delete(ns + "/secrets/{name}", self._delete_secret)
+        app.router.add_post(ns + "/persistentvolumeclaims", self._create_claim)
+        app.router.add_get(ns + "/persistentvolumeclaims", self._list_claims)
+        app.router.add_get(ns + "/persistentvolumeclaims/{name}", self._get_claim)
+        app.router.add_patch(ns + "/persistentvolumeclaims/{name}", self._patch_claim)
+        app.router.add_delete(ns + "/persistentvolumeclaims/{name}", self._delete_claim)
         app.router.add_post(policies, self._create_network_policy)
         app.router.add_get(policies + "/{name}", self._get_network_policy)
 
@@ -343,7 +397,7 @@ class KubeTestServer:
             plan=self._pod_plan(),
             ready_delay=float(self.ready_delay),
         )
-        self.workspace(namespace, pod.name).mkdir(parents=True, exist_ok=True)
+        self.pod_folder(namespace, pod.name).mkdir(parents=True, exist_ok=True)
         return web.json_response(pod.obj, status=201)
 
     async def _get_pod(self, request: web.Request) -> web.Response:
@@ -355,6 +409,12 @@ class KubeTestServer:
         return _list("PodList", self._select(request, pods, set()))
 
     async def _patch_pod(self, request: web.Request) -> web.Response:
+        operations = await self._json_patch(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return web.json_response(self.cluster.patch_pod_labels(namespace, name, operations).obj)
+
+    @staticmethod
+    async def _json_patch(request: web.Request) -> list[Any]:
         if request.content_type != "application/json-patch+json":
             raise ApiError(
                 415, "UnsupportedMediaType",
@@ -367,8 +427,7 @@ class KubeTestServer:
             raise bad_request(f"the body of the request was in an unknown format: {exc}") from None
         if not isinstance(operations, list):
             raise bad_request("a JSON patch must be a list of operations")
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        return web.json_response(self.cluster.patch_pod_labels(namespace, name, operations).obj)
+        return operations
 
     async def _delete_pod(self, request: web.Request) -> web.Response:
         # DeleteOptions (gracePeriodSeconds, propagationPolicy, ...) are accepted and ignored.
@@ -439,37 +498,72 @@ class KubeTestServer:
         self._write_secret_files(namespace, None, name)
         return web.json_response(secret)
 
-    def secret_mounts(self, namespace: str, pod: Pod, container: str) -> dict[str, Path]:
-        """Return the container's volumes but `/workspace`: mount path -> local folder.
+    def mounts(self, namespace: str, pod: Pod, container: str) -> dict[str, Path]:
+        """Return the container's volume mounts: mount path -> local folder, made if need be
+        (a kubelet makes a missing `subPath`).
 
-        A secret volume is the secret's folder; an `emptyDir` one a folder of the pod's
-        (`volume_folder`). Only the container's own mounts are mapped: another container's
-        volume is not there (its path passes through, and is missing on this machine).
-        `readOnly` is not enforced (execs run as this server's user).
+        A secret volume is the secret's folder; a claim's is the claim's folder
+        (`claim_folder`); an `emptyDir`'s a folder of the pod's, removed with it; each plus
+        the mount's `subPath`. Only the container's own mounts are mapped: another
+        container's volume is not there (its path passes through, and is missing on this
+        machine). `readOnly` is not enforced (execs run as this server's user).
         """
-        secrets, empty = {}, set()
+        sources: dict[str, tuple[Path, bool]] = {}  # volume -> (folder, made when mounted)
         for volume in pod.obj["spec"].get("volumes") or []:
+            name = volume["name"]
             if isinstance(volume.get("secret"), dict):
-                secrets[volume["name"]] = volume["secret"].get("secretName", "")
+                secret = volume["secret"].get("secretName", "")
+                sources[name] = (self.secret_folder(namespace, secret), False)
+            elif isinstance(volume.get("persistentVolumeClaim"), dict):
+                claim = volume["persistentVolumeClaim"].get("claimName", "")
+                sources[name] = (self.claim_folder(namespace, claim), True)
             elif isinstance(volume.get("emptyDir"), dict):
-                empty.add(volume["name"])
+                sources[name] = (self.volume_folder(namespace, pod.name, name), True)
         mounts = {}
         for spec in pod.obj["spec"].get("containers") or []:
             if spec.get("name") != container:
                 continue
             for mount in spec.get("volumeMounts") or []:
-                name, path = mount.get("name"), mount.get("mountPath")
-                if name in secrets:
-                    mounts[path] = self.secret_folder(namespace, secrets[name])
-                elif name in empty and path != "/workspace":
-                    folder = self.volume_folder(namespace, pod.name, name)
+                if mount.get("name") not in sources:
+                    continue
+                source, made = sources[mount["name"]]
+                sub_path = mount.get("subPath") or ""
+                if sub_path.startswith("/") or ".." in Path(sub_path).parts:
+                    raise bad_request(f"subPath {sub_path!r} must be a relative path")
+                folder = source / sub_path if sub_path else source
+                if made:
                     folder.mkdir(parents=True, exist_ok=True)
-                    mounts[path] = folder
+                mounts[mount["mountPath"]] = folder
         return mounts
 
     def volume_folder(self, namespace: str, pod_name: str, volume: str) -> Path:
-        """Return the local folder of a pod's `emptyDir` volume (other than the workspace)."""
+        """Return the local folder of a pod's `emptyDir` volume; removed with the pod."""
         return self.root / namespace / ".volumes" / pod_name / volume
+
+    # -- persistent volume claims --------------------------------------------------------------
+
+    async def _create_claim(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        claim = self.cluster.create_claim(namespace, await self._body(request))
+        self.claim_folder(namespace, claim["metadata"]["name"]).mkdir(parents=True)
+        return web.json_response(claim, status=201)
+
+    async def _get_claim(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return web.json_response(self.cluster.get_claim(namespace, name))
+
+    async def _list_claims(self, request: web.Request) -> web.Response:
+        claims = self.cluster.list_claims(request.match_info["namespace"])
+        return _list("PersistentVolumeClaimList", self._select(request, claims, set()))
+
+    async def _patch_claim(self, request: web.Request) -> web.Response:
+        operations = await self._json_patch(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return web.json_response(self.cluster.patch_claim_labels(namespace, name, operations))
+
+    async def _delete_claim(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return web.json_response(self.cluster.delete_claim(namespace, name))
 
     # -- events and network policies ----------------------------------------------------------
 
@@ -507,14 +601,17 @@ class KubeTestServer:
         await ws.prepare(request)
         record = ExecRecord(namespace, name, options.container, list(options.command), protocol)
         self.execs.append(record)
-        workspace = self.workspace(namespace, name)
+        mounts = self.mounts(namespace, pod, options.container)
+        workspace = mounts.pop("/workspace", self.pod_folder(namespace, name))
+        workspace.mkdir(parents=True, exist_ok=True)
+        home = mounts.get(self.image_home, workspace)
         session = ExecSession(
             ws,
             record,
             options,
             workspace,
-            {**os.environ, "HOSTNAME": name, "HOME": str(workspace)},
-            mounts=self.secret_mounts(namespace, pod, options.container),
+            {**os.environ, "HOSTNAME": name, "HOME": str(home)},
+            mounts=mounts,
             frame_size=lambda: self.exec_frame_size,
             on_spawn=lambda process: self._processes.setdefault((namespace, name), []).append(
                 process

@@ -327,6 +327,188 @@ def test_services(api: client.CoreV1Api) -> None:
     assert delete_missing.value.status == 404
 
 
+# -- persistent volume claims -------------------------------------------------------------------
+
+
+def claim_body(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
+def pod_on_claim(name: str, claim: str) -> dict[str, Any]:
+    """A pod whose `/workspace` and `/home/craft` are folders of `claim`, with a scratch
+    `emptyDir` at `/scratch`."""
+    body = pod_body(name)
+    body["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "data", "mountPath": "/workspace", "subPath": "workspace"},
+        {"name": "data", "mountPath": "/home/craft", "subPath": "home"},
+        {"name": "scratch", "mountPath": "/scratch"},
+    ]
+    body["spec"]["volumes"] = [
+        {"name": "data", "persistentVolumeClaim": {"claimName": claim}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    return body
+
+
+def run(run_exec: RunExec, pod: str, script: str) -> str:
+    resp = run_exec(pod, ["sh", "-c", script, "sh", "/workspace", "/scratch"])
+    resp.run_forever(timeout=5)
+    assert resp.returncode == 0, resp.read_stderr()
+    return resp.read_stdout()
+
+
+def test_claims_create_get_list_relabel_delete(api: client.CoreV1Api) -> None:
+    created = api.create_namespaced_persistent_volume_claim(NS, claim_body("data", {"a": "1"}))
+    assert created.status.phase == "Pending"  # WaitForFirstConsumer: no pod uses it yet
+    assert created.spec.storage_class_name == "standard"  # the cluster's default class
+    with pytest.raises(ApiException) as conflict:
+        api.create_namespaced_persistent_volume_claim(NS, claim_body("data"))
+    assert conflict.value.status == 409 and body_of(conflict.value)["reason"] == "AlreadyExists"
+    api.create_namespaced_persistent_volume_claim(NS, claim_body("other"))
+    listed = api.list_namespaced_persistent_volume_claim(NS, label_selector="a=1").items
+    assert [c.metadata.name for c in listed] == ["data"]
+    patched = api.patch_namespaced_persistent_volume_claim(
+        "data",
+        NS,
+        [{"op": "add", "path": "/metadata/labels", "value": {"b": "2"}}],
+        _content_type="application/json-patch+json",
+    )
+    assert patched.metadata.labels == {"b": "2"}
+    api.delete_namespaced_persistent_volume_claim("data", NS)
+    with pytest.raises(ApiException) as missing:
+        api.read_namespaced_persistent_volume_claim("data", NS)
+    assert missing.value.status == 404
+
+
+def test_a_claim_is_bound_when_its_first_pod_is_scheduled(
+    server: KubeTestServer, api: client.CoreV1Api
+) -> None:
+    api.create_namespaced_persistent_volume_claim(NS, claim_body("data"))
+    api.create_namespaced_pod(NS, pod_on_claim("box", "data"))
+    wait_for(lambda: is_ready(api.read_namespaced_pod("box", NS)))
+    claim = api.read_namespaced_persistent_volume_claim("data", NS)
+    assert claim.status.phase == "Bound"
+    assert claim.spec.volume_name == f"pvc-{claim.metadata.uid}"
+    assert claim.status.capacity == {"storage": "1Gi"}
+
+
+def test_a_pod_on_a_missing_claim_waits_for_it_as_a_scheduler_does(
+    server: KubeTestServer, api: client.CoreV1Api
+) -> None:
+    api.create_namespaced_pod(NS, pod_on_claim("box", "data"))
+    time.sleep(0.2)
+    pod = api.read_namespaced_pod("box", NS)
+    assert pod.status.phase == "Pending" and not pod.spec.node_name
+    (condition,) = pod.status.conditions
+    assert (condition.type, condition.reason) == ("PodScheduled", "Unschedulable")
+    events = api.list_namespaced_event(NS, field_selector="involvedObject.name=box").items
+    assert [e.reason for e in events] == ["FailedScheduling"]
+    assert 'persistentvolumeclaim "data" not found' in events[0].message
+
+    api.create_namespaced_persistent_volume_claim(NS, claim_body("data"))
+    wait_for(lambda: is_ready(api.read_namespaced_pod("box", NS)))
+    assert api.read_namespaced_persistent_volume_claim("data", NS).status.phase == "Bound"
+
+
+def test_a_claims_files_outlive_its_pods_and_an_empty_dirs_do_not(
+    server: KubeTestServer, api: client.CoreV1Api, run_exec: RunExec
+) -> None:
+    api.create_namespaced_persistent_volume_claim(NS, claim_body("data"))
+    api.create_namespaced_pod(NS, pod_on_claim("box", "data"))
+    wait_for(lambda: is_ready(api.read_namespaced_pod("box", NS)))
+    out = run(
+        run_exec, "box", 'echo kept > "$1/notes"; echo gone > "$2/tmp"; echo memory > ~/m; pwd'
+    )
+    folder = server.claim_folder(NS, "data")
+    assert out == f"{folder / 'workspace'}\n"  # /workspace is the claim's subPath
+    assert (folder / "home" / "m").read_text() == "memory\n"  # HOME: the image's home
+    scratch = server.folder(NS, "box", "/scratch")
+    assert (scratch / "tmp").is_file()
+
+    api.delete_namespaced_pod("box", NS)
+    assert not scratch.exists()  # an emptyDir goes with its pod
+    api.create_namespaced_pod(NS, pod_on_claim("box", "data"))  # a new pod, the same claim
+    wait_for(lambda: is_ready(api.read_namespaced_pod("box", NS)))
+    assert run(run_exec, "box", 'cat "$1/notes" ~/m; ls "$2"') == "kept\nmemory\n"
+
+
+def test_a_claim_in_use_stays_until_its_last_pod_goes(
+    server: KubeTestServer, api: client.CoreV1Api
+) -> None:
+    api.create_namespaced_persistent_volume_claim(NS, claim_body("data"))
+    api.create_namespaced_pod(NS, pod_on_claim("box", "data"))
+    wait_for(lambda: is_ready(api.read_namespaced_pod("box", NS)))
+    (server.workspace(NS, "box") / "f").write_text("x")
+
+    api.delete_namespaced_persistent_volume_claim("data", NS)
+    claim = api.read_namespaced_persistent_volume_claim("data", NS)
+    assert claim.metadata.deletion_timestamp is not None
+    assert claim.metadata.finalizers == ["kubernetes.io/pvc-protection"]
+    assert (server.claim_folder(NS, "data") / "workspace" / "f").exists()
+    # A new pod cannot have it meanwhile.
+    api.create_namespaced_pod(NS, pod_on_claim("other", "data"))
+    time.sleep(0.1)
+    assert api.read_namespaced_pod("other", NS).status.phase == "Pending"
+
+    api.delete_namespaced_pod("box", NS)
+    assert api.read_namespaced_persistent_volume_claim("data", NS)  # "other" names it too
+    api.delete_namespaced_pod("other", NS)
+    with pytest.raises(ApiException) as gone:
+        api.read_namespaced_persistent_volume_claim("data", NS)
+    assert gone.value.status == 404
+    assert not server.claim_folder(NS, "data").exists()  # its data went with it
+
+
+# -- schemas ----------------------------------------------------------------------------------
+
+
+def send(server: KubeTestServer, method: str, path: str, body: Any, kind: str) -> tuple:
+    """Send `body` as JSON, as a client that checks nothing would; return (code, Status)."""
+    request = urllib.request.Request(
+        f"{server.url}/api/v1/namespaces/{NS}/{path}",
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": kind},
+    )
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def test_objects_that_break_the_published_schemas_are_refused_as_invalid(
+    server: KubeTestServer, api: client.CoreV1Api
+) -> None:
+    unknown = pod_body("box")
+    unknown["spec"]["containers"][0]["volumeMount"] = []  # a typo of volumeMounts
+    wrong_type = claim_body("data")
+    wrong_type["spec"]["accessModes"] = "ReadWriteOnce"
+    missing = {"metadata": {"name": "web"}, "spec": {"ports": [{"name": "http"}]}}
+    for path, body, field in (
+        ("pods", unknown, "spec.containers[0]"),
+        ("persistentvolumeclaims", wrong_type, "spec.accessModes"),
+        ("services", missing, "spec.ports[0]"),
+    ):
+        code, status = send(server, "POST", path, body, "application/json")
+        assert (code, status["reason"]) == (422, "Invalid"), status
+        (cause,) = status["details"]["causes"]
+        assert cause["field"] == field, cause
+    assert api.list_namespaced_pod(NS).items == []
+    # A patch's result is checked too: label values are strings.
+    api.create_namespaced_pod(NS, pod_body("box"))
+    patch = [{"op": "add", "path": "/metadata/labels", "value": {"a": ["not", "a", "string"]}}]
+    code, status = send(server, "PATCH", "pods/box", patch, "application/json-patch+json")
+    assert (code, status["reason"]) == (422, "Invalid"), status
+    assert api.read_namespaced_pod("box", NS).metadata.labels == {}
+
+
 # -- exec -------------------------------------------------------------------------------------
 
 

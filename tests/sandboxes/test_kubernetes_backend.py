@@ -28,11 +28,13 @@ from craft import services as craft_services
 from sandboxes import services
 from sandboxes.acp import AgentConnection
 from sandboxes.backends import containment
+from sandboxes.backends.base import SandboxError
 from sandboxes.backends.kubernetes import (
     CREDENTIALS,
     CREDENTIALS_AND_EXEC,
     NETWORK_POLICY,
     KubernetesBackend,
+    claim_name,
     pod_name,
     secret_name,
 )
@@ -85,9 +87,63 @@ def test_provisioning_creates_a_locked_down_pod_and_a_service(sandbox, kube, set
         "cpu": settings.CRAFT_K8S_CPU_LIMIT,
         "memory": settings.CRAFT_K8S_MEMORY_LIMIT,
     }
-    assert container.volume_mounts[0].mount_path == "/workspace"
     service = api.read_namespaced_service(pod_name(sandbox), NAMESPACE)
     assert service.spec.selector == {"craft.dev/sandbox": str(sandbox.id)}
+
+
+def test_the_pods_files_are_on_a_claim_of_the_sandboxs_own(kube_backend, sandbox, kube, settings):
+    api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    pod = api.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
+    claim = api.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    assert claim.metadata.name == pod.metadata.name
+    assert claim.metadata.labels == pod.metadata.labels  # the inventory's selector finds it
+    assert claim.spec.access_modes == ["ReadWriteOnce"]
+    assert claim.spec.resources.requests == {"storage": settings.CRAFT_K8S_WORKSPACE_SIZE}
+    assert claim.spec.storage_class_name == "standard"  # none named: the cluster's default
+    assert claim.status.phase == "Bound"
+    # One volume from it, a folder of it per mount; no emptyDir is left.
+    (data,) = [v for v in pod.spec.volumes if v.persistent_volume_claim is not None]
+    assert data.persistent_volume_claim.claim_name == claim_name(sandbox)
+    assert not [v for v in pod.spec.volumes if v.empty_dir is not None]
+    container = pod.spec.containers[0]
+    mounts = {m.mount_path: (m.sub_path, bool(m.read_only)) for m in container.volume_mounts}
+    assert mounts["/workspace"] == ("workspace", False)
+    assert mounts["/home/craft"] == ("home", False)
+    assert mounts["/craft-git"] == ("git", True)
+    (init,) = pod.spec.init_containers  # makes those folders as the sandbox's user
+    assert init.security_context.capabilities.drop == ["ALL"]
+
+    settings.CRAFT_K8S_STORAGE_CLASS = "fast-ssd"
+    assert kube_backend.claim_manifest(sandbox)["spec"]["storageClassName"] == "fast-ssd"
+
+
+def test_a_sleeping_sandbox_loses_its_pod_only_and_wakes_with_every_file(
+    kube_backend, sandbox, kube
+):
+    session_id = new_session(sandbox)
+    connection = services.connect_agent(sandbox, session_id)
+    run_turn(connection, "write notes.txt kept", answer="allow")
+    home = kube.folder(NAMESPACE, pod_name(sandbox), "/home/craft")
+    (home / ".agent-memory").write_text("first turn")  # an agent's own files, in its home
+    api = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    uid = api.read_namespaced_pod(pod_name(sandbox), NAMESPACE).metadata.uid
+
+    kube_backend.sleep(sandbox)
+    kube_backend.sleep(sandbox)  # gone already: done
+
+    with pytest.raises(ApiException) as gone:
+        api.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
+    assert gone.value.status == 404
+    api.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    api.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
+    api.read_namespaced_service(pod_name(sandbox), NAMESPACE)
+
+    assert kube_backend.provision(sandbox, lambda line: None) == pod_name(sandbox)
+    assert api.read_namespaced_pod(pod_name(sandbox), NAMESPACE).metadata.uid != uid
+    assert (workspace(kube, sandbox, session_id) / "notes.txt").read_text() == "kept"
+    process = kube_backend.exec(sandbox, ["sh", "-c", 'cat "$HOME/.agent-memory"'])
+    process.close_stdin()
+    assert process.wait(10).stdout == b"first turn"
 
 
 def test_sandbox_pods_get_a_network_policy_before_they_exist(sandbox, kube, settings):
@@ -197,7 +253,12 @@ def test_terminate_deletes_each_resource_and_404_counts_as_done(sandbox, kube):
     api.delete_namespaced_pod(pod_name(sandbox), NAMESPACE)  # already gone: fine
     terminated = services.terminate_sandbox(sandbox)
     assert terminated.status == Sandbox.Status.TERMINATED
-    for read in (api.read_namespaced_pod, api.read_namespaced_service):
+    assert not kube.claim_folder(NAMESPACE, claim_name(sandbox)).exists()  # every file
+    for read in (
+        api.read_namespaced_pod,
+        api.read_namespaced_service,
+        api.read_namespaced_persistent_volume_claim,
+    ):
         with pytest.raises(ApiException) as gone:
             read(pod_name(sandbox), NAMESPACE)
         assert gone.value.status == 404
@@ -474,3 +535,22 @@ def test_terminate_deletes_the_credentials_secret(sandbox, kube):
     with pytest.raises(ApiException) as gone:
         api.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
     assert gone.value.status == 404
+
+
+def test_a_claim_being_deleted_is_waited_for_and_made_anew(kube_backend, sandbox, kube, settings):
+    # Its pod keeps it (pvc-protection) after its deletion: a pod cannot mount it meanwhile.
+    core = kube_backend.core
+    core.delete_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    old = core.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    assert old.metadata.deletion_timestamp is not None
+    settings.CRAFT_K8S_READY_TIMEOUT = 0.3
+    lines: list[str] = []
+    with pytest.raises(SandboxError, match="still being deleted"):
+        kube_backend.provision(sandbox, lines.append)
+    assert "waiting for the previous volume claim to be deleted" in lines
+
+    kube_backend.sleep(sandbox)  # its last pod goes: so does the claim
+    settings.CRAFT_K8S_READY_TIMEOUT = 10
+    kube_backend.provision(sandbox, lines.append)
+    new = core.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    assert new.metadata.uid != old.metadata.uid and new.metadata.deletion_timestamp is None

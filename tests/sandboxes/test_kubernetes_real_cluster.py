@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from sandboxes import services
-from sandboxes.backends import forget_backends
+from sandboxes.backends import forget_backends, get_backend
 from sandboxes.models import Sandbox
 
 from .agents import reply_text, run_turn
@@ -58,5 +58,32 @@ def test_a_sandbox_pod_runs_one_agent_for_several_prompts(cluster, owner):
         assert "from a real pod" in reply_text(run_turn(connection, "read hello.txt"))
         services.remove_session_workspace(sandbox, session_id)
         assert not connection.is_running
+    finally:
+        assert services.terminate_sandbox(sandbox).status == Sandbox.Status.TERMINATED
+
+
+def test_a_sandbox_woken_on_its_claim_has_its_files_and_a_writable_home(cluster, owner):
+    """The claim's folders (subPaths), made by the init container as the sandbox's user,
+    are the pod's to write, and a new pod after sleep finds them as they were left."""
+    backend = get_backend("kubernetes")
+    sandbox = services.provision_sandbox(owner)
+    try:
+        assert sandbox.status == Sandbox.Status.RUNNING, sandbox.error
+        session_id = uuid.uuid4()
+        connection = services.connect_agent(sandbox, session_id)
+        items = run_turn(connection, "write kept.txt on the claim", answer="allow", timeout=60)
+        assert "Wrote kept.txt." in reply_text(items)
+        home = backend.exec(sandbox, ["sh", "-c", 'echo memory > "$HOME/.craft-test"'])
+        home.close_stdin()
+        assert home.wait(60).exit_code == 0
+
+        backend.sleep(sandbox)
+        backend.provision(sandbox, lambda line: None)
+
+        connection = services.connect_agent(sandbox, session_id)  # a new agent, a new pod
+        assert "Read kept.txt" in reply_text(run_turn(connection, "read kept.txt", timeout=60))
+        home = backend.exec(sandbox, ["sh", "-c", 'cat "$HOME/.craft-test"'])
+        home.close_stdin()
+        assert home.wait(60).stdout == b"memory\n"
     finally:
         assert services.terminate_sandbox(sandbox).status == Sandbox.Status.TERMINATED

@@ -337,9 +337,12 @@ def test_orphan_folders_are_removed_and_live_ones_kept(owner, stranger, sandbox_
     assert (sandbox_root / ".craft" / "bin").is_dir()
 
 
-def test_an_orphan_pod_and_service_are_removed_and_live_ones_kept(kube_backend, kube, owner):
+def test_an_orphan_pod_service_and_claim_are_removed_and_live_ones_kept(kube_backend, kube, owner):
     live = services.provision_sandbox(owner)
     ghost = Sandbox(id=uuid.uuid4(), owner=owner, backend="kubernetes")  # never saved
+    kube_backend.core.create_namespaced_persistent_volume_claim(
+        NAMESPACE, kube_backend.claim_manifest(ghost)
+    )
     kube_backend.core.create_namespaced_pod(NAMESPACE, kube_backend.pod_manifest(ghost))
     kube_backend.core.create_namespaced_service(NAMESPACE, kube_backend.service_manifest(ghost))
     stranger_pod = {
@@ -353,13 +356,19 @@ def test_an_orphan_pod_and_service_are_removed_and_live_ones_kept(kube_backend, 
     report = reaper.reap_sandboxes(session_activity)
 
     assert sorted(a.target for a in report.actions) == [
+        f"claim {pod_name(ghost)}",
         f"pod {pod_name(ghost)}",
         f"service {pod_name(ghost)}",
     ]
-    for read in (kube_backend.core.read_namespaced_pod, kube_backend.core.read_namespaced_service):
+    for read in (
+        kube_backend.core.read_namespaced_pod,
+        kube_backend.core.read_namespaced_service,
+        kube_backend.core.read_namespaced_persistent_volume_claim,
+    ):
         with pytest.raises(ApiException) as missing:
             read(pod_name(ghost), NAMESPACE)
         assert missing.value.status == 404
+    kube_backend.core.read_namespaced_persistent_volume_claim(pod_name(live), NAMESPACE)
     kube_backend.core.read_namespaced_pod(pod_name(live), NAMESPACE)
     kube_backend.core.read_namespaced_service(pod_name(live), NAMESPACE)
     kube_backend.core.read_namespaced_pod("not-ours", NAMESPACE)
@@ -378,6 +387,7 @@ def test_a_sandbox_whose_pod_vanished_is_marked_failed_and_the_next_session_repr
 ):
     first = open_ready_session(owner)
     agent = services.connect_agent(first.sandbox, first.pk)
+    run_turn(agent, "write kept.txt on the claim", answer="allow")
     # Deleted through the API server, behind Craft's back (kubectl delete pod, say).
     kube_backend.core.delete_namespaced_pod(pod_name(first.sandbox), NAMESPACE)
     wait_until(lambda: not agent.is_running)
@@ -399,6 +409,9 @@ def test_a_sandbox_whose_pod_vanished_is_marked_failed_and_the_next_session_repr
     kube_backend.core.read_namespaced_pod(pod_name(sandbox), NAMESPACE)
     agent = services.connect_agent(second.sandbox, second.pk)
     assert reply_text(run_turn(agent, "new pod")) == "Echo: new pod"
+    # The new pod is on the sandbox's claim: the first session's files are all there.
+    agent = services.connect_agent(second.sandbox, first.pk)
+    assert reply_text(run_turn(agent, "read kept.txt")) == "Read kept.txt (12 characters)."
 
 
 def test_a_prompt_in_a_sandbox_whose_pod_vanished_fails_in_words_and_marks_it_failed(

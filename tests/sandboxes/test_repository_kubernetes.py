@@ -78,10 +78,15 @@ def test_the_pod_has_a_git_container_with_the_stores(kube_backend, owner):
     containers = {c["name"]: c for c in spec["containers"]}
     assert set(containers) == {"sandbox", GIT_CONTAINER}
     assert not spec.get("shareProcessNamespace")
-    mounts = {c: {m["name"]: m.get("readOnly", False) for m in containers[c]["volumeMounts"]}
+    # The stores are a folder of the sandbox's claim that only the git container writes.
+    mounts = {c: {m["mountPath"]: (m.get("subPath"), m.get("readOnly", False))
+                  for m in containers[c]["volumeMounts"]}
               for c in containers}  # fmt: skip
-    assert mounts[GIT_CONTAINER] == {"workspace": False, "git-stores": False}
-    assert mounts["sandbox"]["git-stores"] is True
+    assert mounts[GIT_CONTAINER] == {
+        "/workspace": ("workspace", False),
+        "/craft-git": ("git", False),
+    }
+    assert mounts["sandbox"]["/craft-git"] == ("git", True)
 
 
 def test_the_network_policy_lets_named_hosts_through(settings, kube_backend):

@@ -19,7 +19,13 @@ from kubernetes.client.rest import ApiException
 
 from craft.session_activity import session_activity
 from sandboxes import reaper, services, warm
-from sandboxes.backends.kubernetes import NETWORK_POLICY, WARM_LABEL, pod_name, secret_name
+from sandboxes.backends.kubernetes import (
+    NETWORK_POLICY,
+    WARM_LABEL,
+    claim_name,
+    pod_name,
+    secret_name,
+)
 from sandboxes.models import Sandbox, WarmSandbox
 from tests.ready import settled_sandbox
 
@@ -30,6 +36,7 @@ from .test_kubernetes_backend import keyed_launch
 pytestmark = pytest.mark.django_db(transaction=True)
 
 POST_POD = ("POST", f"/api/v1/namespaces/{NAMESPACE}/pods")
+POST_CLAIM = ("POST", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims")
 
 
 def user(name: str):
@@ -74,11 +81,18 @@ def test_a_new_users_sandbox_claims_a_warm_pod_and_its_agent_runs_there(pool, ku
     assert sandbox.pk in warm_ids
     assert sandbox.reference == pod_name(sandbox)
     assert POST_POD not in kube.requests  # no pod was created on its path
+    assert POST_CLAIM not in kube.requests  # nor a claim: the warm pod's is the sandbox's now
     assert WarmSandbox.objects.filter(pk=sandbox.pk).count() == 0
-    connection = services.connect_agent(sandbox, uuid.uuid4())
+    session = uuid.uuid4()
+    connection = services.connect_agent(sandbox, session)
     assert "Wrote hello.txt." in reply_text(run_turn(connection, "write hello.txt hi"))
     (agent,) = agent_execs(kube)
     assert agent.pod == pod_name(sandbox)
+    claim = pool.core.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    assert claim.metadata.labels == pool.labels(sandbox)  # the owner's, like the pod's
+    assert claim.status.phase == "Bound"
+    folder = kube.claim_folder(NAMESPACE, claim_name(sandbox))
+    assert (folder / "workspace" / "sessions" / str(session) / "hello.txt").read_text() == "hi"
 
 
 def test_the_claimed_pod_carries_its_owners_labels_policy_and_credentials_secret(pool, kube, owner):
@@ -173,6 +187,8 @@ def test_a_claim_cut_short_is_finished_by_the_next_provisioning(pool, kube, owne
     assert pod.metadata.labels == pool.labels(sandbox)
     secret = pool.core.read_namespaced_secret(secret_name(sandbox), NAMESPACE)
     assert secret.metadata.labels == pool.labels(sandbox)
+    claim = pool.core.read_namespaced_persistent_volume_claim(claim_name(sandbox), NAMESPACE)
+    assert claim.metadata.labels == pool.labels(sandbox)
 
 
 def test_a_pod_already_claimed_is_never_claimed_again(pool, kube, owner):
@@ -326,6 +342,7 @@ def test_the_reaper_keeps_warm_pods_and_removes_them_once_their_row_is_gone(pool
     report = reaper.reap_sandboxes(session_activity)
 
     assert sorted(a.target for a in report.actions) == [
+        f"claim craft-sandbox-{rows[0].pk}",
         f"pod craft-sandbox-{rows[0].pk}",
         f"secret craft-sandbox-{rows[0].pk}-credentials",
     ]
