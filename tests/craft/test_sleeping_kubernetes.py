@@ -89,6 +89,10 @@ def test_a_sleeping_pod_is_deleted_and_the_next_prompt_wakes_it_on_the_same_volu
         asleep = wait_for_status(server, owner, "sleeping")
 
         assert not pod_exists(kube_backend, asleep["id"])
+        claim = kube_backend.core.read_namespaced_persistent_volume_claim(
+            pod_name(Sandbox.objects.get(pk=asleep["id"])), NAMESPACE
+        )
+        assert claim.metadata.deletion_timestamp is None  # the volume stays while it sleeps
         assert "pelican" in ask(sock, "recall")  # woken: a new pod, the agent's session loaded
         restarted = [e["data"] for e in sock.events if e["kind"] == "agent_restarted"]
         assert restarted and restarted[-1]["restored"] in ("resume", "load"), restarted
