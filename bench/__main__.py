@@ -5,11 +5,11 @@ benchmarks on PostgreSQL (in a fresh database beside `name`). Each benchmark is 
 of its own (`python -m bench.hotpath`, `bench.resume`, `bench.page`, `bench.idle`,
 `bench.failover`, `bench.workspace`, `bench.warm`, `bench.opencode`, `bench.isolation`,
 `bench.scale`, `bench.repository`, `bench.preview`, `bench.search`, `bench.terminal`,
-`bench.fork`, `bench.wake`).
+`bench.fork`, `bench.wake`, `bench.first_answer`).
 
     .venv/bin/python -m bench [--quick]
         [--only hotpath,opencode,resume,page,idle,failover,workspace,warm,isolation,scale,
-                repository,preview,search,terminal,fork,wake]
+                repository,preview,search,terminal,fork,wake,first_answer]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .harness import Figure, Site
 BENCHMARKS = [
     "hotpath", "opencode", "resume", "page", "idle", "failover", "workspace", "warm",
     "isolation", "scale", "repository", "preview", "search", "terminal", "fork", "wake",
+    "first_answer",
 ]  # fmt: skip
 
 
@@ -67,6 +68,7 @@ def main() -> None:
                 "terminal": {"keystrokes": 100 if args.quick else 300},
                 "fork": {"rounds": 3 if args.quick else 5},
                 "wake": {"runs": 2 if args.quick else 3},
+                "first_answer": {"rounds": 3 if args.quick else 7},
                 "scale": {
                     "sessions": 100 if args.quick else 400,
                     "cluster_sessions": 150 if args.quick else 600,

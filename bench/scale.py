@@ -15,6 +15,9 @@ In one run, one after the other (N = 400 by default):
   floor's, and what Craft adds to them. Beside them, the p99 of each chunk's lateness (its
   arrival after the prompt minus the agent's 50 ms per chunk): chunks that pile up and
   arrive together have short gaps, so the gap figure holds only if they were also in time.
+* one user, ten at a time (on its own daphne, before the rest): N sessions of one more user,
+  AT_ONCE at a time, each created, its socket connected and resumed, its first prompt sent
+  and answered, its socket closed; the time until every one is answered.
 * one at a time, first (on its own daphne, stopped before the rest): ONE_AT_A_TIME sessions
   of one more user opened one after another, after a few untimed; daphne's CPU per session
   opened (its create, socket, resume, first prompt and turn, its agent's start and first
@@ -81,6 +84,8 @@ OPENING_TARGET = 5.0
 DIRECT_STARTS = 8  # floor agents started at once (untimed)
 WARM_WAIT = 120.0  # seconds to wait, untimed, for every sandbox's warm agent
 ONE_AT_A_TIME = 40  # sessions opened one after another (after WARM_UP untimed)
+AT_ONCE = 10  # one user's sessions opened this many at a time
+TENS_TARGET = 10.0
 WARM_UP = 5
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -273,6 +278,34 @@ async def one_at_a_time(site: Site, count: int) -> dict[str, float]:
     }
 
 
+async def one_user_in_tens(site: Site, count: int) -> dict[str, float]:
+    """Open `count` sessions of one new user, AT_ONCE at a time, on a daphne of their own (its
+    sandbox running, provisioned untimed; room for all their agents): each created, its
+    socket connected and resumed, a first prompt sent and answered, its socket then closed;
+    return the seconds until every one is answered, and the median session's."""
+    from sandboxes.services import provision_sandbox
+
+    user, cookie = site.user(f"tens-{uuid.uuid4().hex[:6]}")
+    provision_sandbox(user)
+    room = str(count + 50)
+    places = asyncio.Semaphore(AT_ONCE)
+    times: list[float] = []
+
+    async def one(server: Server) -> None:
+        async with places:
+            began = time.perf_counter()
+            opened = await open_one(server, cookie, began, lambda: None)
+            times.append(opened.answered)
+            await opened.client.close()
+
+    env = {"CRAFT_MAX_AGENTS_PER_USER": room, "CRAFT_MAX_AGENT_CONNECTIONS": room}
+    with site.serve("--ping-interval", "600", **env) as server:
+        began = time.perf_counter()
+        await asyncio.gather(*(one(server) for _ in range(count)))
+        took = time.perf_counter() - began
+    return {"seconds": took, "session_p50": percentile(times, 50)}
+
+
 async def warm_agents_waiting(homes: list[Path]) -> float:
     """Wait (untimed) until a process works in each sandbox home: its warm agent; return
     the seconds it took."""
@@ -368,10 +401,12 @@ async def measure(site: Site, sessions: int, workers: int) -> list[Figure]:
         provision_sandbox(user)  # here, untimed: the figures are about sessions
     homes = [site.home_of(user) for user, _ in users]
     cookies = [cookie for _, cookie in users]
-    serial = None
+    serial = tens = None
     if workers == 1:
         note(f"{ONE_AT_A_TIME} sessions opened one at a time")
         serial = await one_at_a_time(site, ONE_AT_A_TIME)
+        note(f"{sessions} sessions of one user, {AT_ONCE} at a time")
+        tens = await one_user_in_tens(site, sessions)
     load = os.getloadavg()[0]
     note(f"floor: {sessions} agents direct")
     floor = await direct_floor(site.workdir, sessions)
@@ -429,8 +464,17 @@ async def measure(site: Site, sessions: int, workers: int) -> list[Figure]:
                 f"streaming: {cores(craft['cpu'])}; floor: {cores(floor['cpu'])}",
             ),
         ]
-    assert serial is not None
+    assert serial is not None and tens is not None
     return [
+        Figure(
+            f"{sessions} sessions of one user, {AT_ONCE} at a time: opened and answered",
+            tens["seconds"],
+            "s",
+            f"<= {TENS_TARGET:g} s",
+            tens["seconds"] <= TENS_TARGET,
+            f"each created, connected, prompted and answered (median session "
+            f"{tens['session_p50'] * ms:.0f} ms), on a daphne of its own",
+        ),
         Figure(
             f"{ONE_AT_A_TIME} sessions opened one at a time: daphne CPU per session",
             serial["cpu"] * ms,

@@ -148,7 +148,19 @@ def sessions(request: SignedInRequest) -> HttpResponse:
     session.running = False  # new: no prompt, so no turn yet (saves the query)
     if repository is not None:
         start_cloning(session.pk)
+    elif session.sandbox.status == Sandbox.Status.RUNNING:
+        start_agent_early(session.pk)
     return JsonResponse(session_json(session), status=201)
+
+
+def start_agent_early(session_id: UUID) -> None:
+    """Start the new session's agent in the background (from a sync view), as the page's
+    `start_agent` does: an API client does not send it, and its first prompt would otherwise
+    wait for the warm agent's `session/new` and the session's first checkpoint."""
+    try:
+        async_to_sync(services.start_agent_soon)(session_id)
+    except Exception as exc:  # its first prompt starts it then
+        logger.info("session %s: the agent did not start early: %s", session_id, exc)
 
 
 def start_cloning(session_id: UUID) -> None:

@@ -8,6 +8,8 @@ that runs the session's agent. Sandboxes are reached only through `sandboxes.ser
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import re
 import uuid
@@ -41,7 +43,7 @@ from craft.commands import (
     StartAgent,
     UpdateRepository,
 )
-from craft.errors import RepositoryRefused, SessionError, SessionLimit, UnknownAgent
+from craft.errors import Refused, RepositoryRefused, SessionError, SessionLimit, UnknownAgent
 from craft.live import delivery, status
 from craft.models import Session, SessionRepository, Turn
 from craft.storage.db import db_sync_to_async
@@ -79,6 +81,7 @@ __all__ = [
     "set_mode",
     "set_session_title",
     "start_agent",
+    "start_agent_soon",
 ]
 
 
@@ -263,6 +266,32 @@ async def start_agent(session_id: uuid.UUID) -> None:
     offers is stored as events (`agent_info`, its commands). A start that fails is refused
     (`agent_not_started`, saying why); nothing else is."""
     await forwarding.route(session_id, StartAgent())
+
+
+# Agents being started in the background (`start_agent_soon`), held until they are done.
+_starting: set[asyncio.Task[None]] = set()
+
+
+async def start_agent_soon(session_id: uuid.UUID) -> None:
+    """Start the session's agent in the background, as `start_agent` does, and return at
+    once: a session created through the API, whose client sends no `start_agent`, then finds
+    its agent started (the warm agent's `session/new` done) and its first checkpoint taken
+    when its first prompt comes. A start that fails is only logged: the first prompt starts
+    the agent again, and stores why."""
+    task = asyncio.get_running_loop().create_task(
+        _start_quietly(session_id), context=contextvars.Context()
+    )
+    _starting.add(task)
+    task.add_done_callback(_starting.discard)
+
+
+async def _start_quietly(session_id: uuid.UUID) -> None:
+    try:
+        await start_agent(session_id)
+    except (Refused, Session.DoesNotExist) as exc:
+        logger.info("session %s: the agent did not start ahead of a prompt: %s", session_id, exc)
+    except Exception:
+        logger.exception("session %s: starting the agent ahead of a prompt failed", session_id)
 
 
 async def set_mode(session_id: uuid.UUID, change: SetMode) -> None:

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from craft.models import Event, Turn
 from sandboxes.models import Sandbox
 from tests.catalog import KEY
 from tests.ready import running_sandbox
 
 from ..procs import killed
-from ..server import api, ask, open_session
+from ..server import Socket, api, ask, open_session
 from .test_reattach import REMEMBERED
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,6 +70,33 @@ def test_a_new_sessions_first_prompt_is_served_by_a_pre_started_process(server, 
     second = open_session(server, owner, "demo")  # exists only now
     assert int(ask(second, "pid").split()[1]) == pid
     assert warm_pid(sandbox, but=(first_pid, pid)) != pid  # replaced in the background
+    first.close()
+    second.close()
+
+
+def test_a_session_created_through_the_api_takes_its_warm_agent_before_its_first_prompt(
+    server, owner
+):
+    first = open_session(server, owner, "demo")
+    sandbox = running_sandbox(owner)
+    first_pid = int(ask(first, "pid").split()[1])
+    pid = warm_pid(sandbox, but=(first_pid,))
+
+    # No socket, no start_agent: the API's create starts the agent (its session/new) and
+    # takes the first checkpoint, so that the first prompt need not.
+    status, created = api(server, owner, "POST", "/api/sessions/", {"agent": "demo"})
+    assert status == 201, created
+    deadline = time.monotonic() + 30
+    while not Event.objects.filter(session_id=created["id"], kind="agent_info").exists():
+        assert time.monotonic() < deadline, "the agent was not started before a prompt"
+        time.sleep(0.05)
+    second = Socket(server, owner, created["id"])
+    second.send({"type": "resume", "after": 0})
+    assert int(ask(second, "pid").split()[1]) == pid
+    noted = Turn.objects.filter(session_id=created["id"]).exclude(checkpoint_before="")
+    while not noted.exists():  # noted beside the turn, not before it
+        assert time.monotonic() < deadline, "the first turn has no checkpoint from before it"
+        time.sleep(0.05)
     first.close()
     second.close()
 
