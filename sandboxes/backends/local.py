@@ -897,7 +897,10 @@ class LocalBackend:
         ]
         if user is None:
             run = lambda args: LocalToolProcess([*command, *args])  # noqa: E731
-            return Workspace(run, run, str(stores / session), waits=True)
+            return Workspace(
+                run, run, str(stores / session), waits=True, run_in_stores=run,
+                stores=str(stores), session=session,
+            )  # fmt: skip
         jailed = self._tool_jail(command, root, user, stores / session)
         within = self._tool_budget(sandbox)
 
@@ -909,18 +912,31 @@ class LocalBackend:
                 raise SandboxError(f"cannot create the session's checkpoint store: {exc}") from exc
             return LocalToolProcess(within([*jailed, *args]))
 
+        def run_in_stores(args: list[str]) -> LocalToolProcess:
+            # A fork: the sandbox's stores, all mounted in one place, so that the new store's
+            # objects can be hard links of the source's (no link crosses two mounts).
+            try:
+                containment.private_folder(stores, (session,), user)
+            except OSError as exc:
+                raise SandboxError(f"cannot create the session's checkpoint store: {exc}") from exc
+            return LocalToolProcess(within([*self._tool_jail(command, root, user, stores), *args]))
+
         return Workspace(
             lambda args: LocalToolProcess(within([*containment.as_user(user), *command, *args])),
             run_in_store,
             STORE_IN_JAIL,
             waits=True,
+            run_in_stores=run_in_stores,
+            stores=STORE_IN_JAIL,
+            session=session,
         )
 
     def _tool_jail(
         self, argv: list[str], root: Path, user: containment.SandboxUser, store: Path
     ) -> list[str]:
         """Return `argv` (Craft's own work on a sandbox's files) in a jail like its agents',
-        in the sandbox's folder, with no network and `store` mounted at STORE_IN_JAIL."""
+        in the sandbox's folder, with no network and `store` (one session's checkpoint store,
+        or the folder of all the sandbox's) mounted at STORE_IN_JAIL."""
         return jail.jailed(
             argv,
             sandbox=root,
