@@ -68,7 +68,7 @@ STORE_IN_JAIL = "/tmp/craft-checkpoints"
 GIT_STORE_IN_JAIL = "/tmp/craft-git"
 # The workspace tool (listings, reads, checkpoints) is background work next to the live
 # sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
-# event loop most of the CPU (docs/performance.md).
+# event loop most of the CPU (docs/performance.md). A fork's start is not niced.
 TOOL_NICENESS = 10
 # What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
 # answer to the agent's request a few hundred bytes. More means the agent stopped reading.
@@ -243,7 +243,8 @@ class LocalToolProcess:
 
     Also a repository's set-up (`setup`): run as an agent is (not niced, in the agent's
     environment `env`, in `cwd`), its stderr in its stdout, and its cgroup `leaf` (if any)
-    killed and removed with it.
+    killed and removed with it. A `waited_for` run (a fork's start, which its person waits
+    for, one at a time per session) is not niced either.
     """
 
     def __init__(
@@ -254,6 +255,7 @@ class LocalToolProcess:
         env: dict[str, str] | None = None,
         cwd: Path | str = "/",
         leaf: budget.Leaf | None = None,
+        waited_for: bool = False,
     ) -> None:
         if env is None:
             env = {"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH}
@@ -262,7 +264,7 @@ class LocalToolProcess:
             # From the spawner thread, as agents are: a jailed tool dies with its thread.
             self._popen = _spawner.submit(
                 _spawn,
-                argv if setup else ["nice", "-n", str(TOOL_NICENESS), *argv],
+                argv if setup or waited_for else ["nice", "-n", str(TOOL_NICENESS), *argv],
                 env=env,
                 cwd=cwd,
                 stdin=subprocess.PIPE,  # see `close_stdin`
@@ -897,8 +899,9 @@ class LocalBackend:
         ]
         if user is None:
             run = lambda args: LocalToolProcess([*command, *args])  # noqa: E731
+            forks = lambda args: LocalToolProcess([*command, *args], waited_for=True)  # noqa: E731
             return Workspace(
-                run, run, str(stores / session), waits=True, run_in_stores=run,
+                run, run, str(stores / session), waits=True, run_in_stores=forks,
                 stores=str(stores), session=session,
             )  # fmt: skip
         jailed = self._tool_jail(command, root, user, stores / session)
@@ -914,12 +917,15 @@ class LocalBackend:
 
         def run_in_stores(args: list[str]) -> LocalToolProcess:
             # A fork: the sandbox's stores, all mounted in one place, so that the new store's
-            # objects can be hard links of the source's (no link crosses two mounts).
+            # objects can be hard links of the source's (no link crosses two mounts). Not
+            # niced: its person waits for it, and on a busy machine a niced fork took
+            # 1.5 times as long (docs/performance.md).
             try:
                 containment.private_folder(stores, (session,), user)
             except OSError as exc:
                 raise SandboxError(f"cannot create the session's checkpoint store: {exc}") from exc
-            return LocalToolProcess(within([*self._tool_jail(command, root, user, stores), *args]))
+            jailed_in_stores = self._tool_jail(command, root, user, stores)
+            return LocalToolProcess(within([*jailed_in_stores, *args]), waited_for=True)
 
         return Workspace(
             lambda args: LocalToolProcess(within([*containment.as_user(user), *command, *args])),
