@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
+from uuid import UUID
 
 from django.conf import settings
 
@@ -144,7 +145,9 @@ class Workspace:
     """One session's workspace, read through the tool that `run` starts with given arguments.
 
     `run_in_store` starts it where it may write the session's checkpoint store, `store` (on
-    the local backend a jail in which the store is mounted; agents never see it). `waits`:
+    the local backend a jail in which the store is mounted; agents never see it), and
+    `run_in_stores` where it may write the stores of all the sandbox's sessions, each in
+    the folder `stores` under its session's id (`session` is this one's). `waits`:
     the tool's stdin stays open until `close_stdin`, so a tool can wait for Craft's word
     (`watched_checkpoint`); else it is closed at once and a watch asks git instead.
     """
@@ -156,11 +159,17 @@ class Workspace:
         store: str = "",
         *,
         waits: bool = False,
+        run_in_stores: Callable[[list[str]], ToolProcess] | None = None,
+        stores: str = "",
+        session: str = "",
     ) -> None:
         self._run_tool = run
         self._run_in_store = run_in_store
         self._store = store
         self._waits = waits
+        self._run_in_stores = run_in_stores
+        self._stores = stores
+        self._session = session
 
     def list_folder(self, path: str, offset: int = 0, limit: int = 1000) -> Listing:
         refuse_bad_path(path)
@@ -215,16 +224,20 @@ class Workspace:
             watchdog.cancel()
             process.finish(1.0)
 
-    def export(self, commit: str) -> Download:
-        """The files of checkpoint `commit` as a tar, streamed (`import_files` takes it)."""
-        return self._download(self._in_store(["export", self._store, commit]))
-
-    def import_files(self, tar: Iterable[bytes], max_bytes: int) -> dict[str, Any]:
-        """Write the files of a tar (an `export`, of another session's checkpoint) into this
-        workspace, which holds none yet, following no link out of it: `{"files", "bytes"}`.
-        Raises WorkspaceRefused: `not_empty`, `too_large`, `bad_archive`, `timeout` (nothing
-        came for CRAFT_WORKSPACE_TIMEOUT_SECONDS)."""
-        return self._fed(["import", str(max_bytes)], tar)
+    def fork_from(self, source: UUID, commit: str, max_bytes: int) -> dict[str, Any]:
+        """Start this new session's workspace and checkpoints from checkpoint `commit` of
+        session `source`, of the same sandbox: its store becomes a copy of the source's (every
+        checkpoint of the source is one of its own, under the same commit id), and its empty
+        workspace gets the files of `commit`: `{"files", "bytes"}`. Raises WorkspaceRefused:
+        `not_empty`, `too_large` (over `max_bytes`), `no_checkpoint`, `timeout` (past
+        CRAFT_CHECKPOINT_TIMEOUT_SECONDS)."""
+        if self._run_in_stores is None:
+            raise SandboxError("this backend keeps no checkpoints")
+        store, theirs = f"{self._stores}/{self._session}", f"{self._stores}/{UUID(str(source))}"
+        process = self._started(
+            self._run_in_stores(["fork", store, theirs, commit, str(max_bytes)]), keep_stdin=False
+        )
+        return _answer(process, settings.CRAFT_CHECKPOINT_TIMEOUT_SECONDS)[0]
 
     def archive(self, max_bytes: int) -> Download:
         return self._download(self._run(["archive", str(max_bytes)]))

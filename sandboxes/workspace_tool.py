@@ -41,12 +41,11 @@ Usage: workspace_tool.py <sandbox folder> <workspace, relative to it> <command> 
 * `revert <store> <before> <after> <path> <hunk>`: put the workspace back as it was in commit
   `before`: all of it ("" path), one file (and its old name, if `after` renamed it), or only
   hunk number `hunk` of the file's diff from `before` to `after`; one JSON line.
-* `export <store> <commit>`: one JSON line, then the files of commit `commit` as a tar
-  (`git archive`): what a fork of the session starts from.
-* `import <max bytes>`: a tar comes on stdin (an `export`); its folders, files and links
-  are written into the (empty) workspace, following no link, nothing outside it; one JSON
-  line once all are in, `{"files", "bytes"}`, or the refusal: `too_large`, `not_empty`,
-  `bad_archive`.
+* `fork <store> <source store> <commit> <max bytes>`: a fork's start. The new session's
+  store `store` becomes a copy of another session's, `source` (every checkpoint of it), and
+  the files of its checkpoint `commit` are written into the (empty) workspace, by git, as a
+  revert writes them; one JSON line, `{"files", "bytes"}`, or the refusal: `not_empty`,
+  `too_large`, `no_checkpoint`.
 
 Every answer starts with one JSON line: `{"error": {"code", "message"}}` when refused.
 """
@@ -885,97 +884,68 @@ def _unapply_hunk(store: str, before: str, after: str, name: bytes, hunk: str) -
         )
 
 
-def export(workspace: int, store: str, commit: str, out: BinaryIO) -> None:
-    """Write the files of checkpoint `commit` as a tar, after a one-line answer."""
-    os.fchdir(workspace)
-    own_attributes(store)
-    if not re.fullmatch(r"[0-9a-f]{40,64}", commit):
-        raise Refused("invalid", "a checkpoint is named by its commit id")
-    if _git_run(git_argv(store, "cat-file", "-e", f"{commit}^{{commit}}")).returncode != 0:
-        raise Refused("no_checkpoint", "the store has no such checkpoint")
-    header(out, {})
-    out.flush()
-    tree = git(store, "rev-parse", f"{commit}^{{tree}}").decode().strip()
-    if tree == EMPTY_TREE:
-        return  # no file: nothing (git's tar of nothing is one Python's tarfile cannot read)
-    import subprocess
+def fork(workspace: int, store: str, source: str, commit: str, limit: int) -> dict[str, object]:
+    """Make the new session's checkpoint store `store` a copy of `source` (another session's
+    of the same sandbox) and write the files of its checkpoint `commit` into the (empty)
+    workspace: a fork (see the module's docstring).
 
-    done = subprocess.run(
-        git_argv(store, "archive", "--format=tar", commit),
-        env=_git_env(), stdout=out, stderr=subprocess.DEVNULL, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise OSError(f"git archive ended with {done.returncode}")  # the stream is cut short
-
-
-def import_tar(workspace: int, limit: int, source: BinaryIO) -> dict[str, object]:
-    """Write the files of the tar on stdin into the (empty) workspace: folders, regular
-    files and symbolic links (as links, never followed: every folder on the way is opened
-    relative to its parent with O_NOFOLLOW, every file made anew with O_EXCL), nothing
-    else; never outside the workspace."""
-    import tarfile
-
+    The copy takes the source's objects (hard links where the two stores share a
+    filesystem, else copies; objects are never written in place), so every checkpoint of
+    the source is one of the fork's, under the same commit id. git writes the files
+    (`read-tree -u`, as a revert does): it refuses a name with `..`, an absolute one or a
+    `.git`, writes links as links, and leaves the store's index matching the files, so the
+    fork's first checkpoint has nothing to read again.
+    """
     os.fchdir(workspace)
     if any(entry.name not in STATE_FOLDERS for entry in os.scandir(".")):
         raise Refused("not_empty", "the workspace already holds files")
-    if not source.peek(1):  # type: ignore[attr-defined]
-        return {"files": 0, "bytes": 0}  # an export of a checkpoint without files
-    folders: dict[tuple[bytes, ...], int] = {(): os.dup(workspace)}
-
-    def folder_of(names: list[bytes]) -> int:
-        key = tuple(names)
-        if key not in folders:
-            parent = folder_of(names[:-1])
-            folders[key] = make_folders(parent, names[-1:])
-        return folders[key]
-
+    if os.path.exists(os.path.join(store, "HEAD")):
+        raise Refused("not_empty", "the session has checkpoints already")
+    if not re.fullmatch(r"[0-9a-f]{40,64}", commit):
+        raise Refused("invalid", "a checkpoint is named by its commit id")
+    if _git_run(git_argv(source, "cat-file", "-e", f"{commit}^{{commit}}")).returncode != 0:
+        raise Refused("no_checkpoint", "the store has no such checkpoint")
     files = size = 0
-    try:
-        with tarfile.open(
-            fileobj=source, mode="r|", encoding="utf-8", errors="surrogateescape"
-        ) as archive:
-            for member in archive:
-                names = _member_names(member.name)
-                if not names or member.name == "pax_global_header":
-                    continue  # the top, or git archive's commit id
-                if member.isdir():
-                    folder_of(names)
-                    continue
-                if not (member.isreg() or member.issym()):
-                    continue  # git keeps no other kind
-                folder, name = folder_of(names[:-1]), names[-1]
-                if member.issym():
-                    os.symlink(os.fsencode(member.linkname), name, dir_fd=folder)
-                    continue
-                size += member.size
-                if size > limit:
-                    raise Refused("too_large", f"the files are larger than {limit} bytes")
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                mode = 0o777 if member.mode & 0o100 else 0o666  # less the umask, as git does
-                data = archive.extractfile(member)
-                assert data is not None
-                with open(os.open(name, flags, mode, dir_fd=folder), "wb") as out:
-                    while chunk := data.read(CHUNK):
-                        out.write(chunk)
-                files += 1
-    except tarfile.TarError as exc:
-        raise Refused("bad_archive", f"the files could not be written: {exc}") from None
-    except FileExistsError as exc:
-        raise Refused("bad_archive", f"a name came twice: {exc.filename!r}") from None
-    finally:
-        for fd in folders.values():
-            os.close(fd)
+    for line in filter(None, git(source, "ls-tree", "-r", "-l", "-z", commit).split(b"\0")):
+        mode, kind, _, length = line.split(b"\t", 1)[0].split()  # "-" for a gitlink
+        if kind == b"blob" and mode != b"120000":  # a link is no file
+            files += 1
+            size += int(length)
+    if size > limit:
+        raise Refused("too_large", f"the files are larger than {limit} bytes")
+    git(store, "init", argv=["git", *GIT_OPTIONS, "init", "--quiet", "--bare", store])
+    _link_objects(os.path.join(source, "objects"), os.path.join(store, "objects"))
+    own_attributes(store)
+    # Written by as many git processes as there are cores: the files of a big checkpoint are
+    # most of a fork's time, much of it the kernel's (docs/performance.md).
+    parallel = ["git", "-c", "checkout.workers=0", *git_argv(store)[1:]]
+    git(store, "read-tree", argv=[*parallel, "read-tree", "--reset", "-u", commit])
+    git(store, "update-ref", "HEAD", commit)  # the fork's checkpoints follow that one
     return {"files": files, "bytes": size}
 
 
-def _member_names(name: str) -> list[bytes]:
-    """Split a tar member's name into names inside the workspace, refusing `..` and an
-    absolute name."""
-    raw = os.fsencode(name)
-    names = [part for part in raw.split(b"/") if part not in (b"", b".")]
-    if raw.startswith(b"/") or b".." in names:
-        raise Refused("bad_archive", f"{escape(raw)} is not a name inside the workspace")
-    return names
+def _link_objects(source: str, target: str) -> None:
+    """Put every object file of the object folder `source` (loose objects and packs, never
+    `info`: no alternates) into `target`: a hard link, or a copy across filesystems."""
+    import shutil
+
+    with os.scandir(source) as folders:
+        for folder in folders:
+            if folder.name == "info" or not folder.is_dir(follow_symlinks=False):
+                continue
+            into = os.path.join(target, folder.name)
+            os.makedirs(into, exist_ok=True)
+            with os.scandir(folder.path) as found:
+                for each in found:
+                    if not each.is_file(follow_symlinks=False):
+                        continue
+                    there = os.path.join(into, each.name)
+                    try:
+                        os.link(each.path, there, follow_symlinks=False)
+                    except FileExistsError:
+                        pass
+                    except OSError:  # another filesystem, or links refused
+                        shutil.copyfile(each.path, there, follow_symlinks=False)
 
 
 # What an agent may already have written in a workspace it started in (the demo agent's own
@@ -995,7 +965,7 @@ USAGE = __doc__.split("Usage: ")[1].split("\n")[0]
 # command: how many arguments
 COMMANDS = {
     "list": 3, "read": 2, "archive": 1, "checkpoint": 3, "unchanged": 3, "changes": 4, "diff": 4,
-    "revert": 5, "checkpoint-watch": 4, "write": 3, "export": 2, "import": 1,
+    "revert": 5, "checkpoint-watch": 4, "write": 3, "fork": 4,
 }  # fmt: skip
 
 
@@ -1039,11 +1009,9 @@ def main(argv: list[str]) -> int:
         elif command == "diff":
             store, before, after, path = args
             diff(workspace, store, before, after, path, out)
-        elif command == "export":
-            store, commit = args
-            export(workspace, store, commit, out)
-        elif command == "import":
-            header(out, import_tar(workspace, int(args[0]), sys.stdin.buffer))
+        elif command == "fork":
+            store, source, commit, limit = args
+            header(out, fork(workspace, store, source, commit, int(limit)))
         else:
             store, before, after, path, hunk = args
             header(out, revert(workspace, store, before, after, path, hunk))

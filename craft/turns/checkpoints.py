@@ -381,6 +381,29 @@ def latest_checkpoint(session_id: UUID, before: int | None = None) -> str:
     return max(found)[2] if found else ""
 
 
+def latest_checkpoints(session_id: UUID, befores: list[int | None]) -> list[str]:
+    """Return `latest_checkpoint(session_id, before=each)` for each of `befores`, reading
+    the session's checkpoints once (a fork asks it for every turn it copies)."""
+    # (its place: (seq, 0 before / 1 after), as there; the least `before` it answers; commit)
+    found: list[tuple[tuple[int, int], int, str]] = []
+    turns = (
+        Turn.objects.filter(session_id=session_id)
+        .exclude(checkpoint_before="", checkpoint_after="")
+        .values_list("prompt_seq", "checkpoint_before", "checkpoint_after")
+    )
+    for prompt_seq, checkpoint_before, checkpoint_after in turns:
+        if checkpoint_before:
+            found.append(((prompt_seq, 0), prompt_seq, checkpoint_before))
+        if checkpoint_after:
+            found.append(((prompt_seq, 1), prompt_seq + 1, checkpoint_after))
+    reverts = WorkspaceRevert.objects.filter(session_id=session_id)
+    for seq, checkpoint_after in reverts.values_list("seq", "checkpoint_after"):
+        found.append(((seq, 1), seq + 1, checkpoint_after))
+    found.sort(reverse=True)  # the latest first
+    limits = [2**63 - 1 if before is None else before for before in befores]
+    return [next((commit for _, least, commit in found if least <= limit), "") for limit in limits]
+
+
 def checkpoints_of(session_id: UUID, seq: int) -> tuple[str, str]:
     """Return the checkpoints (before, after) around the change at `seq`, a turn (its
     user_message's seq) or a revert (its workspace_reverted event's seq); "" where none."""

@@ -6,9 +6,11 @@ user_message's seq) and are carried out by the session's runner between turns (r
 
 * **fork**: a new session of the same owner, sandbox and agent gets the source's
   conversation up to the end of that turn (`COPIED` kinds, renumbered from 1; turns set
-  aside by a rewind are left out) and a `forked` event; its workspace gets the files of the
-  checkpoint after that turn, copied by the workspace tool (an `export` of the source's
-  store, as a tar, fed to an `import` in the new workspace: both as the sandbox's user).
+  aside by a rewind are left out) and a `forked` event; its checkpoint store is a copy of
+  the source's, and its workspace gets the files of the checkpoint after that turn (one run
+  of the workspace tool, as the sandbox's user: `Workspace.fork_from`). Each turn it copies
+  keeps its checkpoints (the source's commits, now the fork's too): its changes can be
+  reverted, and the fork rewound to it, as in the source.
 * **rewind**: the workspace goes back to that checkpoint (recorded before and after, as a
   revert is), the later turns are set aside, and a `rewound` event names them.
 
@@ -30,11 +32,16 @@ from django.db import transaction
 from django.db.models import Q
 
 from craft.errors import Refused
-from craft.models import Event, Session, WorkspaceRevert
+from craft.models import Event, Session, Turn, WorkspaceRevert
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import Fence, append_events
 from craft.storage.normalise import clean_title
-from craft.turns.checkpoints import MAX_FILES, checkpoint_calls, latest_checkpoint
+from craft.turns.checkpoints import (
+    MAX_FILES,
+    checkpoint_calls,
+    latest_checkpoint,
+    latest_checkpoints,
+)
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.workspace import Workspace, WorkspaceRefused
@@ -42,7 +49,7 @@ from sandboxes.workspace import Workspace, WorkspaceRefused
 # What a fork keeps of each turn: what was said and done, and how it ended. Not kept:
 # permission and elicitation requests and answers (nothing is open in a fork), the queue,
 # the agent's announcements (its new agent announces its own), turn_changes and reverts
-# (their checkpoints are in the source's store).
+# (the page would offer to revert what the fork's own log never showed).
 COPIED = frozenset(
     {
         "user_message", "agent_message_chunk", "agent_thought_chunk", "tool_call",
@@ -117,15 +124,26 @@ def _checkpoint_after(session_id: UUID, span: TurnSpan, spans: list[TurnSpan]) -
 
 
 @dataclass(frozen=True)
+class CopiedTurn:
+    """A turn a fork copies: its prompt's seq in the source, and the checkpoints the fork's
+    Turn row gets (the first turn's state before it; the state just after each)."""
+
+    prompt: int
+    checkpoint_before: str
+    checkpoint_after: str
+
+
+@dataclass(frozen=True)
 class ForkPlan:
     source: Session
-    events: list[tuple[str, dict[str, Any]]]
+    events: list[tuple[int, str, dict[str, Any]]]  # (seq in the source, kind, data)
     commit: str
+    turns: list[CopiedTurn]
 
 
 def plan_fork(session_id: UUID, seq: int, before: bool = False) -> ForkPlan:
     """Return what a fork from turn `seq` copies (up to its end, or to its start if
-    `before`): the events and the checkpoint."""
+    `before`): the events, the checkpoint and the checkpoints of the turns copied."""
     span, spans, aside = _turn_at(session_id, seq)
     source = Session.objects.select_related("sandbox").get(pk=session_id)
     if before:
@@ -137,7 +155,7 @@ def plan_fork(session_id: UUID, seq: int, before: bool = False) -> ForkPlan:
     last = span.prompt - 1 if before else span.end
     skipped = [(each.prompt, each.end or 2**63) for each in spans if each.prompt in aside]
     events = [
-        (kind, data)
+        (event_seq, kind, data)
         for event_seq, kind, data in Event.objects.filter(
             session_id=session_id, seq__lte=last, kind__in=COPIED
         )
@@ -145,34 +163,47 @@ def plan_fork(session_id: UUID, seq: int, before: bool = False) -> ForkPlan:
         .values_list("seq", "kind", "data")
         if not any(start <= event_seq <= end for start, end in skipped)
     ]
-    return ForkPlan(source, events, commit)
+    return ForkPlan(source, events, commit, _copied_turns(session_id, spans, aside, last, commit))
 
 
-def copy_workspace(source: Workspace, target: Workspace, commit: str) -> dict[str, Any]:
-    """Write the files of checkpoint `commit` of `source` into `target` (see the module's
-    docstring); the caller runs it on a checkpoint thread."""
+def _copied_turns(
+    session_id: UUID, spans: list[TurnSpan], aside: set[int], last: int, commit: str
+) -> list[CopiedTurn]:
+    """Return the turns a fork copies (those kept up to seq `last`) with their checkpoints:
+    each the state just after it, as `_checkpoint_after` finds it; the last, `commit` (the
+    fork's files); the first also the state before it."""
+    copied = [each for each in spans if each.prompt <= last and each.prompt not in aside]
+    if not copied:
+        return []
+    nexts: list[int | None] = []
+    for each in copied:
+        later = [other.prompt for other in spans if other.prompt > each.prompt]
+        nexts.append(later[0] if later else None)
+    first_before, *afters = latest_checkpoints(session_id, [copied[0].prompt, *nexts])
+    afters[-1] = commit
+    return [
+        CopiedTurn(each.prompt, first_before if index == 0 else "", after)
+        for index, (each, after) in enumerate(zip(copied, afters, strict=True))
+    ]
+
+
+def copy_workspace(plan: ForkPlan, target: Workspace) -> dict[str, Any]:
+    """Start the fork's workspace and checkpoints from the plan's checkpoint (see the
+    module's docstring); the caller runs it on a checkpoint thread."""
     from django.conf import settings
 
-    tar = source.export(commit)
-    try:
-        return target.import_files(iter(tar.read, b""), settings.CRAFT_ARCHIVE_MAX_BYTES)
-    finally:
-        tar.close()
+    return target.fork_from(plan.source.pk, plan.commit, settings.CRAFT_ARCHIVE_MAX_BYTES)
 
 
-def workspaces_for_fork(plan: ForkPlan, new_id: UUID) -> tuple[Workspace, Workspace]:
-    """Return the source's workspace and the fork's (made now, empty); the sandbox runs."""
-    sandbox = plan.source.sandbox
-    source = sandbox_services.session_workspace(sandbox, plan.source.pk)
-    target = sandbox_services.writable_workspace(sandbox, new_id)
-    return source, target
+def workspace_for_fork(plan: ForkPlan, new_id: UUID) -> Workspace:
+    """Return the fork's workspace (made now, empty); the sandbox runs."""
+    return sandbox_services.writable_workspace(plan.source.sandbox, new_id)
 
 
 @transaction.atomic
 def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool) -> Session:
-    """Create the fork: its row, the copied events renumbered from 1 and its `forked` event.
-    Its first checkpoint is taken as every session's is (when its agent starts, or before
-    its first turn): not on the fork's path."""
+    """Create the fork: its row, the copied events renumbered from 1, the copied turns
+    (ended, with their checkpoints) and its `forked` event."""
     source = plan.source
     title = clean_title(source.title[: 200 - len(FORK_SUFFIX)] + FORK_SUFFIX)
     session = Session.objects.create(
@@ -185,8 +216,24 @@ def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool) -> Session:
     here, there = f"/sessions/{source.pk}", f"/sessions/{new_id}"
     Event.objects.bulk_create(
         Event(session=session, seq=number, kind=kind, data=_moved(data, here, there))
-        for number, (kind, data) in enumerate(plan.events, start=1)
+        for number, (_, kind, data) in enumerate(plan.events, start=1)
     )
+    renumbered = {old: number for number, (old, _, _) in enumerate(plan.events, start=1)}
+    sources = Turn.objects.filter(
+        session_id=source.pk, prompt_seq__in=[turn.prompt for turn in plan.turns]
+    ).only("prompt_seq", "worker", "stop_reason", "started_at", "ended_at")
+    rows = {row.prompt_seq: row for row in sources}
+    copied = []
+    for turn in plan.turns:
+        if (row := rows.get(turn.prompt)) is not None and turn.prompt in renumbered:
+            ended = Turn(
+                session=session, prompt_seq=renumbered[turn.prompt], worker=row.worker,
+                state=Turn.State.ENDED, stop_reason=row.stop_reason, started_at=row.started_at,
+                ended_at=row.ended_at, checkpoint_before=turn.checkpoint_before,
+                checkpoint_after=turn.checkpoint_after,
+            )  # fmt: skip
+            copied.append(ended)
+    Turn.objects.bulk_create(copied)
     session.last_seq = len(plan.events)
     session.save(update_fields=["last_seq"])
     forked: dict[str, Any] = {"from": str(source.pk), "seq": seq, "title": source.title}
@@ -326,8 +373,8 @@ async def fork(session_id: UUID, seq: int, new_id: UUID, before: bool = False) -
     plan = await db_sync_to_async(plan_fork)(session_id, seq, before)
     loop = asyncio.get_running_loop()
     try:
-        source, target = await db_sync_to_async(workspaces_for_fork)(plan, new_id)
-        await loop.run_in_executor(checkpoint_calls, copy_workspace, source, target, plan.commit)
+        target = await db_sync_to_async(workspace_for_fork)(plan, new_id)
+        await loop.run_in_executor(checkpoint_calls, copy_workspace, plan, target)
     except sandbox_services.SandboxUnavailable as exc:
         raise Refused("sandbox_unavailable", str(exc)) from None
     except WorkspaceRefused as exc:

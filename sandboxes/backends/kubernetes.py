@@ -753,7 +753,7 @@ class KubernetesBackend:
         def run(args: list[str]) -> ExecByteStream:
             return ExecByteStream(
                 self._exec_api_client(),
-                keep_stdin=args[0] in ("write", "import"),  # what to write comes on stdin
+                keep_stdin=args[0] == "write",  # what to write comes on stdin
                 namespace=self.namespace,
                 pod=pod_name(sandbox),
                 container=CONTAINER,
@@ -764,7 +764,10 @@ class KubernetesBackend:
 
         # Checkpoints live in the pod's volume, beside the sessions: the pod has one user, so
         # its agents could write them (a sandbox can only mislead its own user's review).
-        return Workspace(run, run, f"{WORKSPACE}/.craft-checkpoints/{UUID(str(session_id))}")
+        stores, session = f"{WORKSPACE}/.craft-checkpoints", str(UUID(str(session_id)))
+        return Workspace(
+            run, run, f"{stores}/{session}", run_in_stores=run, stores=stores, session=session
+        )
 
     def repository(self, sandbox: Sandbox, session_id: UUID) -> Repository:
         """Return the session's workspace as a git repository (`sandboxes.repository`).

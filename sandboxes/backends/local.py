@@ -68,7 +68,7 @@ STORE_IN_JAIL = "/tmp/craft-checkpoints"
 GIT_STORE_IN_JAIL = "/tmp/craft-git"
 # The workspace tool (listings, reads, checkpoints) is background work next to the live
 # sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
-# event loop most of the CPU (docs/performance.md).
+# event loop most of the CPU (docs/performance.md). A fork's start is not niced.
 TOOL_NICENESS = 10
 # What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
 # answer to the agent's request a few hundred bytes. More means the agent stopped reading.
@@ -243,7 +243,8 @@ class LocalToolProcess:
 
     Also a repository's set-up (`setup`): run as an agent is (not niced, in the agent's
     environment `env`, in `cwd`), its stderr in its stdout, and its cgroup `leaf` (if any)
-    killed and removed with it.
+    killed and removed with it. A `waited_for` run (a fork's start, which its person waits
+    for, one at a time per session) is not niced either.
     """
 
     def __init__(
@@ -254,6 +255,7 @@ class LocalToolProcess:
         env: dict[str, str] | None = None,
         cwd: Path | str = "/",
         leaf: budget.Leaf | None = None,
+        waited_for: bool = False,
     ) -> None:
         if env is None:
             env = {"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH}
@@ -262,7 +264,7 @@ class LocalToolProcess:
             # From the spawner thread, as agents are: a jailed tool dies with its thread.
             self._popen = _spawner.submit(
                 _spawn,
-                argv if setup else ["nice", "-n", str(TOOL_NICENESS), *argv],
+                argv if setup or waited_for else ["nice", "-n", str(TOOL_NICENESS), *argv],
                 env=env,
                 cwd=cwd,
                 stdin=subprocess.PIPE,  # see `close_stdin`
@@ -897,7 +899,11 @@ class LocalBackend:
         ]
         if user is None:
             run = lambda args: LocalToolProcess([*command, *args])  # noqa: E731
-            return Workspace(run, run, str(stores / session), waits=True)
+            forks = lambda args: LocalToolProcess([*command, *args], waited_for=True)  # noqa: E731
+            return Workspace(
+                run, run, str(stores / session), waits=True, run_in_stores=forks,
+                stores=str(stores), session=session,
+            )  # fmt: skip
         jailed = self._tool_jail(command, root, user, stores / session)
         within = self._tool_budget(sandbox)
 
@@ -909,18 +915,34 @@ class LocalBackend:
                 raise SandboxError(f"cannot create the session's checkpoint store: {exc}") from exc
             return LocalToolProcess(within([*jailed, *args]))
 
+        def run_in_stores(args: list[str]) -> LocalToolProcess:
+            # A fork: the sandbox's stores, all mounted in one place, so that the new store's
+            # objects can be hard links of the source's (no link crosses two mounts). Not
+            # niced: its person waits for it, and on a busy machine a niced fork took
+            # 1.5 times as long (docs/performance.md).
+            try:
+                containment.private_folder(stores, (session,), user)
+            except OSError as exc:
+                raise SandboxError(f"cannot create the session's checkpoint store: {exc}") from exc
+            jailed_in_stores = self._tool_jail(command, root, user, stores)
+            return LocalToolProcess(within([*jailed_in_stores, *args]), waited_for=True)
+
         return Workspace(
             lambda args: LocalToolProcess(within([*containment.as_user(user), *command, *args])),
             run_in_store,
             STORE_IN_JAIL,
             waits=True,
+            run_in_stores=run_in_stores,
+            stores=STORE_IN_JAIL,
+            session=session,
         )
 
     def _tool_jail(
         self, argv: list[str], root: Path, user: containment.SandboxUser, store: Path
     ) -> list[str]:
         """Return `argv` (Craft's own work on a sandbox's files) in a jail like its agents',
-        in the sandbox's folder, with no network and `store` mounted at STORE_IN_JAIL."""
+        in the sandbox's folder, with no network and `store` (one session's checkpoint store,
+        or the folder of all the sandbox's) mounted at STORE_IN_JAIL."""
         return jail.jailed(
             argv,
             sandbox=root,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from craft.models import Event, Session
+from craft.turns.checkpoints import checkpoints_of
 from sandboxes import services as sandbox_services
 from tests.ready import open_ready_session
 from tests.sandboxes.hostile import contain, needs_root
@@ -144,6 +145,45 @@ def test_a_fork_has_the_files_and_the_conversation_as_they_were_and_the_original
     assert "You asked me to remember: apple banana." in recalled
     assert files_of(source) == {"notes.txt": "two", "later.txt": "later"}
     assert files_of(fork) == {"notes.txt": "forked"}
+
+
+def test_a_fork_carries_the_checkpoints_of_the_turns_it_copies_and_rewinds_to_any_of_them(
+    server, talker, owner
+):
+    a_history(talker)
+    source = talker.session
+    last = Event.objects.filter(session=source, kind="user_message").order_by("seq").last()
+    status, answer = talker.fork(last.seq)
+    assert status == 201, answer
+    fork = Session.objects.get(pk=answer["id"])
+    assert files_of(fork) == {"notes.txt": "two", "later.txt": "later"}
+    # Its turns, renumbered: each has the checkpoint of the files just after it (the
+    # source's own commits), so the fork goes back to a copied turn as the source would.
+    prompts = list(
+        Event.objects.filter(session=fork, kind="user_message")
+        .order_by("seq")
+        .values_list("seq", flat=True)
+    )
+    assert len(prompts) == 5
+    before, after = checkpoints_of(fork.pk, prompts[2])
+    changes = sandbox_services.session_workspace(fork.sandbox, fork.pk).changes(before, after)
+    assert [(f["path"], f["status"]) for f in changes["files"]] == [("notes.txt", "modified")]
+    forked = Talker(server, owner, fork)
+    try:
+        assert forked.rewind(prompts[2]) == (200, {"seq": prompts[2]})
+        rewound = forked.socket.until(of_kind("rewound"))[-1]
+        assert {(f["path"], f["status"]) for f in rewound["data"]["files"]} == {
+            ("later.txt", "deleted")
+        }
+        assert files_of(fork) == {"notes.txt": "two"}
+        assert forked.rewind(prompts[1]) == (200, {"seq": prompts[1]})
+        assert files_of(fork) == {"notes.txt": "one"}
+        # The fork's own turns take their checkpoints after those it copied.
+        forked.turn("write notes.txt forked")
+        assert files_of(fork) == {"notes.txt": "forked"}
+    finally:
+        forked.socket.close()
+    assert files_of(source) == {"notes.txt": "two", "later.txt": "later"}
 
 
 def test_a_rewind_restores_the_files_sets_the_later_turns_aside_and_the_agent_forgets_them(
