@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +20,6 @@ import pytest
 
 from craft.session_activity import session_activity
 from sandboxes import services
-from sandboxes.backends import budget, firewall, network
 from sandboxes.models import Sandbox
 
 from ..server import Daphne, api, ask, open_session
@@ -42,16 +39,13 @@ QUICK_SLEEP = {
 
 
 @pytest.fixture
-def server(django_db_setup, tmp_path_factory):
+def server(django_db_setup, tmp_path_factory, uid_base, place):
     """Daphne with sandbox users, their jail, network and budget, as `make run` as root."""
-    place = Path(tempfile.mkdtemp(prefix="craft-sleeping-"))
-    place.chmod(0o755)
-    base = secrets.randbelow(1000) * 1000 + 1_100_000_000
     daphne = Daphne(
         tmp_path_factory.mktemp("sleeping-server"),
         CRAFT_SANDBOX_UIDS="on",
         CRAFT_SANDBOX_ROOT=str(place / "sandboxes"),
-        CRAFT_SANDBOX_UID_BASE=str(base),
+        CRAFT_SANDBOX_UID_BASE=str(uid_base),
         CRAFT_SANDBOX_UID_COUNT="1000",
         DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
         **QUICK_SLEEP,
@@ -60,10 +54,6 @@ def server(django_db_setup, tmp_path_factory):
         yield daphne.start()
     finally:
         daphne.terminate(timeout=30)
-        network.remove_installation(base)
-        firewall.remove(base)
-        budget.remove(base)
-        shutil.rmtree(place, ignore_errors=True)
 
 
 def sandbox_of(server: Daphne, user: Any) -> dict[str, Any]:
