@@ -53,7 +53,8 @@ def backend(request, settings, tmp_path) -> Agents:
         def exec_ended(pid: int) -> bool:
             return any(e.pid == pid and e.returncode is not None for e in agent_execs(kube))
 
-        return Agents(lambda: [e.pid for e in agent_execs(kube)], exec_ended)
+        # The server records an exec before it spawns the command: only a pid is a process.
+        return Agents(lambda: [e.pid for e in agent_execs(kube) if e.pid], exec_ended)
     # Every local agent writes its pid down as it starts, then becomes the demo agent (same
     # process), so that agents started and stopped again are counted too.
     starts = tmp_path / "agent-starts"
