@@ -68,7 +68,8 @@ STORE_IN_JAIL = "/tmp/craft-checkpoints"
 GIT_STORE_IN_JAIL = "/tmp/craft-git"
 # The workspace tool (listings, reads, checkpoints) is background work next to the live
 # sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
-# event loop most of the CPU (docs/performance.md). A fork's start is not niced.
+# event loop most of the CPU (docs/history/performance-diary.md, "The latest run, and the
+# workspace"). A fork's start is not niced.
 TOOL_NICENESS = 10
 # What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
 # answer to the agent's request a few hundred bytes. More means the agent stopped reading.
@@ -511,7 +512,8 @@ class LocalBackend:
         self.uids = containment.sandbox_uids_enabled(self.sandbox_root)
         starts = settings.CRAFT_LOCAL_AGENT_STARTS
         # Agents start on this machine's CPUs: 20 Python agents starting at once on 2 cores
-        # delayed other sessions' events ~60 ms at p99; 2 at a time, ~20 ms (docs/performance.md).
+        # delayed other sessions' events ~60 ms at p99; 2 at a time, ~20 ms
+        # (docs/history/performance-diary.md, "Where the time went, and what changed").
         self.start_slots = threading.BoundedSemaphore(starts) if starts else None
         self._tools_lock = threading.Lock()
         self._tools_installed: set[Path] = set()
@@ -919,7 +921,7 @@ class LocalBackend:
             # A fork: the sandbox's stores, all mounted in one place, so that the new store's
             # objects can be hard links of the source's (no link crosses two mounts). Not
             # niced: its person waits for it, and on a busy machine a niced fork took
-            # 1.5 times as long (docs/performance.md).
+            # 1.5 times as long (docs/history/performance-diary.md, "A fork of a big session").
             try:
                 containment.private_folder(stores, (session,), user)
             except OSError as exc:
