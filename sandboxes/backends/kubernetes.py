@@ -32,7 +32,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
@@ -182,8 +182,29 @@ def _label_path(key: str) -> str:
     return "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
 
 
+T = TypeVar("T")
+
+
 def _is_status(exc: ApiException, *codes: int) -> bool:
     return exc.status in codes
+
+
+def _create_or_read(create: Callable[[], object], read: Callable[[], T], what: str) -> T | None:
+    """Create an object, or read the one already standing in its name: None when `create`
+    made it, else what `read` found (one that vanished in between is created again). Raise
+    SandboxError naming `what` for any other refusal."""
+    while True:
+        try:
+            create()
+            return None
+        except ApiException as exc:
+            if not _is_status(exc, 409):
+                raise SandboxError(f"cannot create {what}: {_reason(exc)}") from exc
+        try:
+            return read()
+        except ApiException as exc:
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot read {what}: {_reason(exc)}") from exc
 
 
 class KubernetesBackend:
@@ -245,19 +266,14 @@ class KubernetesBackend:
         name = pod_name(sandbox)
         deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
         while True:
-            try:
-                self.core.create_namespaced_pod(self.namespace, self.pod_manifest(sandbox))
+            # Made, or it exists already (a retry, or another worker).
+            existing = _create_or_read(
+                lambda: self.core.create_namespaced_pod(self.namespace, self.pod_manifest(sandbox)),
+                lambda: self.core.read_namespaced_pod(name, self.namespace),
+                "pod",
+            )
+            if existing is None:
                 return
-            except ApiException as exc:
-                if not _is_status(exc, 409):
-                    raise SandboxError(f"cannot create pod: {_reason(exc)}") from exc
-            # 409: it exists already (a retry, or another worker).
-            try:
-                existing = self.core.read_namespaced_pod(name, self.namespace)
-            except ApiException as exc:
-                if _is_status(exc, 404):
-                    continue  # gone meanwhile: create it
-                raise SandboxError(f"cannot read pod: {_reason(exc)}") from exc
             going = existing.metadata.deletion_timestamp is not None
             failure = pod_failure(existing)
             if not going and not failure:
@@ -288,20 +304,15 @@ class KubernetesBackend:
         name = claim_name(sandbox)
         deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
         while True:
-            try:
-                self.core.create_namespaced_persistent_volume_claim(
+            existing = _create_or_read(
+                lambda: self.core.create_namespaced_persistent_volume_claim(
                     self.namespace, self.claim_manifest(sandbox)
-                )
+                ),
+                lambda: self.core.read_namespaced_persistent_volume_claim(name, self.namespace),
+                "the volume claim",
+            )
+            if existing is None:
                 return
-            except ApiException as exc:
-                if not _is_status(exc, 409):
-                    raise SandboxError(f"cannot create the volume claim: {_reason(exc)}") from exc
-            try:
-                existing = self.core.read_namespaced_persistent_volume_claim(name, self.namespace)
-            except ApiException as exc:
-                if _is_status(exc, 404):
-                    continue  # gone meanwhile: create it
-                raise SandboxError(f"cannot read the volume claim: {_reason(exc)}") from exc
             if existing.metadata.deletion_timestamp is None:
                 if (existing.metadata.labels or {}) != self.labels(sandbox):
                     self._bind_claim(sandbox)

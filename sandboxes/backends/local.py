@@ -940,11 +940,17 @@ class LocalBackend:
         )
 
     def _tool_jail(
-        self, argv: list[str], root: Path, user: containment.SandboxUser, store: Path
+        self,
+        argv: list[str],
+        root: Path,
+        user: containment.SandboxUser,
+        store: Path,
+        read_only_binds: tuple[tuple[Path, str], ...] = (),
     ) -> list[str]:
         """Return `argv` (Craft's own work on a sandbox's files) in a jail like its agents',
-        in the sandbox's folder, with no network and `store` (one session's checkpoint store,
-        or the folder of all the sandbox's) mounted at STORE_IN_JAIL."""
+        in the sandbox's folder, with no network, `store` (one session's checkpoint store,
+        or the folder of all the sandbox's) mounted at STORE_IN_JAIL, and `read_only_binds`
+        mounted where each names."""
         return jail.jailed(
             argv,
             sandbox=root,
@@ -954,6 +960,7 @@ class LocalBackend:
             tools=self.tools,
             no_network=True,
             binds=((store, STORE_IN_JAIL),),
+            read_only_binds=read_only_binds,
             uid_nproc=self.budget is None,
         )
 
@@ -987,18 +994,8 @@ class LocalBackend:
             du_argv = [du, "-s", "-B1", "--", str(root), STORE_IN_JAIL]
             du_argv += [GIT_STORE_IN_JAIL] if counted else []
             # All its sessions' stores, mounted for their size.
-            jailed = jail.jailed(
-                du_argv,
-                sandbox=root,
-                workspace=root,
-                user=user,
-                sandbox_root=self.sandbox_root,
-                tools=self.tools,
-                no_network=True,
-                binds=((stores, STORE_IN_JAIL),),
-                read_only_binds=tuple((folder, GIT_STORE_IN_JAIL) for folder in counted),
-                uid_nproc=self.budget is None,
-            )
+            read_only = tuple((folder, GIT_STORE_IN_JAIL) for folder in counted)
+            jailed = self._tool_jail(du_argv, root, user, stores, read_only)
             argv = self._tool_budget(sandbox)(jailed)
         return _measure(argv, str(sandbox.pk))
 
