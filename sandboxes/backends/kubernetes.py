@@ -428,15 +428,25 @@ class KubernetesBackend:
     def terminate(self, sandbox: Sandbox) -> None:
         """Delete the pod, the service, the credentials Secret and the volume claim (every
         file of the sandbox), each on its own; gone already counts as deleted."""
+        self._delete_each(
+            (
+                (self.core.delete_namespaced_pod, pod_name(sandbox)),
+                (self.core.delete_namespaced_service, pod_name(sandbox)),
+                (self.core.delete_namespaced_secret, secret_name(sandbox)),
+                (self.core.delete_namespaced_persistent_volume_claim, claim_name(sandbox)),
+            ),
+            grace_period_seconds=5,
+        )
+
+    def _delete_each(
+        self, deletions: Iterable[tuple[Callable[..., object], str]], grace_period_seconds: int
+    ) -> None:
+        """Make each deletion, on its own (gone already counts as deleted); then raise
+        SandboxError naming every one that failed."""
         errors = []
-        for delete, name in (
-            (self.core.delete_namespaced_pod, pod_name(sandbox)),
-            (self.core.delete_namespaced_service, pod_name(sandbox)),
-            (self.core.delete_namespaced_secret, secret_name(sandbox)),
-            (self.core.delete_namespaced_persistent_volume_claim, claim_name(sandbox)),
-        ):
+        for delete, name in deletions:
             try:
-                delete(name, self.namespace, grace_period_seconds=5)
+                delete(name, self.namespace, grace_period_seconds=grace_period_seconds)
             except ApiException as exc:
                 if not _is_status(exc, 404):
                     errors.append(f"{delete.__name__}: {_reason(exc)}")
@@ -589,19 +599,14 @@ class KubernetesBackend:
     def remove_warm(self, sandbox_id: UUID) -> None:
         """Delete a warm pod (at once: nobody uses it), its Secret and its blank volume
         claim; 404 counts as done."""
-        errors = []
-        for delete, name in (
-            (self.core.delete_namespaced_pod, _pod_name(sandbox_id)),
-            (self.core.delete_namespaced_secret, _secret_name(sandbox_id)),
-            (self.core.delete_namespaced_persistent_volume_claim, _pod_name(sandbox_id)),
-        ):
-            try:
-                delete(name, self.namespace, grace_period_seconds=0)
-            except ApiException as exc:
-                if not _is_status(exc, 404):
-                    errors.append(f"{delete.__name__}: {_reason(exc)}")
-        if errors:
-            raise SandboxError("; ".join(errors))
+        self._delete_each(
+            (
+                (self.core.delete_namespaced_pod, _pod_name(sandbox_id)),
+                (self.core.delete_namespaced_secret, _secret_name(sandbox_id)),
+                (self.core.delete_namespaced_persistent_volume_claim, _pod_name(sandbox_id)),
+            ),
+            grace_period_seconds=0,
+        )
 
     def inventory(self) -> list[Resource]:
         """Return Craft's sandbox pods, services, credentials Secrets and volume claims in

@@ -843,6 +843,22 @@ class LocalBackend:
         """Return `argv` in a jail as the sandbox's agents have, in `cwd`, on the sandbox's
         network (its own with `CRAFT_SANDBOX_NETWORK=isolated`); `options` go to the jail."""
         isolated = self._isolated_network()
+        return self._jailed(
+            argv,
+            root,
+            cwd,
+            user,
+            network=self._network(sandbox.pk, user) if isolated else None,
+            resolv_conf=network.resolv_conf(self.pool.first) if isolated else None,
+            **options,
+        )
+
+    def _jailed(
+        self, argv: list[str], root: Path, cwd: Path, user: containment.SandboxUser, **options: Any
+    ) -> list[str]:
+        """Return `argv` in a jail of the sandbox whose folder is `root`, in `cwd`, as `user`,
+        with this backend's tools and (without a budget) the user's process limit; `options`
+        go to the jail."""
         return jail.jailed(
             argv,
             sandbox=root,
@@ -850,8 +866,6 @@ class LocalBackend:
             user=user,
             sandbox_root=self.sandbox_root,
             tools=self.tools,
-            network=self._network(sandbox.pk, user) if isolated else None,
-            resolv_conf=network.resolv_conf(self.pool.first) if isolated else None,
             uid_nproc=self.budget is None,
             **options,
         )
@@ -951,17 +965,14 @@ class LocalBackend:
         in the sandbox's folder, with no network, `store` (one session's checkpoint store,
         or the folder of all the sandbox's) mounted at STORE_IN_JAIL, and `read_only_binds`
         mounted where each names."""
-        return jail.jailed(
+        return self._jailed(
             argv,
-            sandbox=root,
-            workspace=root,
-            user=user,
-            sandbox_root=self.sandbox_root,
-            tools=self.tools,
+            root,
+            root,
+            user,
             no_network=True,
             binds=((store, STORE_IN_JAIL),),
             read_only_binds=read_only_binds,
-            uid_nproc=self.budget is None,
         )
 
     def _tool_budget(self, sandbox: Sandbox) -> Callable[[list[str]], list[str]]:
@@ -1177,18 +1188,15 @@ class LocalGitRunner:
                 binds=((store, GIT_STORE_IN_JAIL),), read_only_sandbox=True,
             )  # fmt: skip
         else:
-            argv = jail.jailed(
+            argv = backend._jailed(
                 command,
-                sandbox=self._root,
-                workspace=self._root,
-                user=user,
-                sandbox_root=backend.sandbox_root,
-                tools=backend.tools,
+                self._root,
+                self._root,
+                user,
                 no_network=True,
                 binds=((store, GIT_STORE_IN_JAIL),) if place == "store" else (),
                 read_only_binds=((store, GIT_STORE_IN_JAIL),) if place == "workspace" else (),
                 read_only_sandbox=place == "store",
-                uid_nproc=backend.budget is None,
             )
         return LocalToolProcess(backend._tool_budget(self._sandbox)(argv))
 
