@@ -880,6 +880,15 @@ class LocalBackend:
         folder is read-only; the others in one with no network.
         """
         self._refuse_unisolated()
+        root, session, user = self._session_tools(sandbox, session_id)
+        return Repository(LocalGitRunner(self, sandbox, root, session, user))
+
+    def _session_tools(
+        self, sandbox: Sandbox, session_id: UUID
+    ) -> tuple[Path, str, containment.SandboxUser | None]:
+        """Return the sandbox's folder, the session's id as text and the sandbox's user (None
+        without sandbox users), with Craft's tools installed, for Craft's own work on the
+        session's files; raise SandboxError when the folder is gone."""
         root = self._root(sandbox)
         session = str(UUID(str(session_id)))
         try:
@@ -887,7 +896,7 @@ class LocalBackend:
         except OSError as exc:
             raise SandboxError("the sandbox's folder is gone") from exc
         self._install_tools()
-        return Repository(LocalGitRunner(self, sandbox, root, session, user))
+        return root, session, user
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user
@@ -898,13 +907,7 @@ class LocalBackend:
         it from a jail like its agents' in which it alone is mounted (no other session's
         store); agents never see it.
         """
-        root = self._root(sandbox)
-        session = str(UUID(str(session_id)))
-        try:
-            user = self.pool.user_of(root) if self.uids else None
-        except OSError as exc:
-            raise SandboxError("the sandbox's folder is gone") from exc
-        self._install_tools()
+        root, session, user = self._session_tools(sandbox, session_id)
         stores = self._checkpoint_stores(sandbox, user)
         command = [
             *containment.module_command(
