@@ -17,7 +17,8 @@ answer arrives.
 
 The test server checks every object written against Kubernetes' schemas (some 15-20 ms
 each on this machine, four of them on a warm claim's path), which a real API server does
-far faster: the warm figure is, if anything, high (docs/performance.md).
+far faster: the warm figure is, if anything, high (docs/history/performance-diary.md,
+"Warm sandboxes (Kubernetes)").
 
 Both modes run in one invocation, a fresh user per run, on one site (database).
 

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_http_methods
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
 from craft.http import SignedInRequest
 from craft.models import Event, Session, SessionRepository, Turn
+from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import events_json_after
 from craft.turns.repository import repository_json
 from sandboxes import services as sandbox_services
@@ -54,6 +55,58 @@ def json_body(request: SignedInRequest) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
         return None
     return body if isinstance(body, dict) else None
+
+
+def page_of(
+    request: SignedInRequest, start: str, default_limit: int, most: int
+) -> tuple[int, int] | JsonResponse:
+    """Return the query's `start` (default 0) and `limit` (default `default_limit`, at most
+    `most`), or the 400 to answer when they are no whole numbers, or out of range."""
+    try:
+        first = int(request.GET.get(start, "0"))
+        limit = min(int(request.GET.get("limit", default_limit)), most)
+    except ValueError:
+        return error(400, "invalid", f"'{start}' and 'limit' must be integers")
+    if first < 0 or limit < 1:
+        return error(400, "invalid", f"'{start}' must be >= 0 and 'limit' >= 1")
+    return first, limit
+
+
+def value_sent(request: SignedInRequest, missing: str) -> dict[str, Any] | JsonResponse:
+    """Return the request's JSON object, which has a "value", or the 400 to answer (with
+    `missing` as its message when the object has no "value")."""
+    body = json_body(request)
+    if body is None:
+        return error(400, "bad_json", "the body must be a JSON object")
+    if "value" not in body:
+        return error(400, "invalid", missing)
+    return body
+
+
+async def owned_session(request: SignedInRequest, session_id: UUID) -> Session | HttpResponse:
+    """Return the caller's session `session_id`, or the error to answer instead: 401 to a
+    caller not signed in, 404 when it is no session of theirs."""
+    user = await request.auser()
+    if not user.is_authenticated:
+        return error(401, "unauthenticated", "sign in first")
+    session = await db_sync_to_async(Session.objects.one_of)(user, session_id)
+    if session is None:
+        return error(404, "not_found", "no such session")
+    return session
+
+
+async def owned_session_and_body(
+    request: SignedInRequest, session_id: UUID
+) -> tuple[Session, dict[str, Any]] | HttpResponse:
+    """Return the caller's session `session_id` and the request's JSON object, or the error
+    to answer instead (as `owned_session`, or 400 when the body is no JSON object)."""
+    session = await owned_session(request, session_id)
+    if isinstance(session, HttpResponse):
+        return session
+    body = json_body(request)
+    if body is None:
+        return error(400, "bad_json", "the body must be a JSON object")
+    return session, body
 
 
 def _own_session(request: SignedInRequest, session_id: UUID) -> Session | None:
@@ -200,13 +253,10 @@ def session_events(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     session = _own_session(request, session_id)
     if session is None:
         return error(404, "not_found", "no such session")
-    try:
-        after = int(request.GET.get("after", "0"))
-        limit = min(int(request.GET.get("limit", MAX_EVENTS_PAGE)), MAX_EVENTS_PAGE)
-    except ValueError:
-        return error(400, "invalid", "'after' and 'limit' must be integers")
-    if after < 0 or limit < 1:
-        return error(400, "invalid", "'after' must be >= 0 and 'limit' >= 1")
+    page = page_of(request, "after", MAX_EVENTS_PAGE, MAX_EVENTS_PAGE)
+    if isinstance(page, JsonResponse):
+        return page
+    after, limit = page
     # The events are spliced in as the JSON text they are stored as: a long session's page
     # load must not decode and re-encode thousands of events. The workspace's host path is
     # replaced for people who are not staff (craft.workspace_paths).
@@ -301,11 +351,9 @@ def credential_detail(request: SignedInRequest, name: str) -> HttpResponse:
         if not credentials.delete_credential(request.user, name):
             return error(404, "not_found", f"you have no credential {name[:100]!r}")
         return HttpResponse(status=204)
-    body = json_body(request)
-    if body is None:
-        return error(400, "bad_json", "the body must be a JSON object")
-    if "value" not in body:
-        return error(400, "invalid", "send a JSON object with a 'value' string")
+    body = value_sent(request, "send a JSON object with a 'value' string")
+    if isinstance(body, JsonResponse):
+        return body
     try:
         stored = credentials.store_credential(request.user, name, body["value"])
     except credentials.CredentialError as exc:
@@ -358,11 +406,9 @@ def git_token_detail(request: SignedInRequest, host: str) -> HttpResponse:
         if request.method == "DELETE":
             return HttpResponse(status=204)
         return JsonResponse(git_token_json(host, stored))
-    body = json_body(request)
-    if body is None:
-        return error(400, "bad_json", "the body must be a JSON object")
-    if "value" not in body:
-        return error(400, "invalid", "send a JSON object with a 'value' string: the token")
+    body = value_sent(request, "send a JSON object with a 'value' string: the token")
+    if isinstance(body, JsonResponse):
+        return body
     try:
         stored = git_tokens.store_token(request.user, host, body["value"])
     except git_tokens.GitTokenError as exc:

@@ -4,10 +4,11 @@ Every HTTP request reads its browser session, and every websocket reads it twice
 handshake, and again after joining its account's group: `craft.live.auth`). Django's store
 reads it with `Session.objects.get(session_key=..., expire_date__gt=now)`, whose SQL Django
 builds again at every call: about 0.4 ms of CPU, for a statement that takes a few hundredths
-of that to run (docs/performance.md). Here the statement is written out, reads only the column
-`load` uses, and keeps Django's meaning: a session that is missing or expired loads empty and
-forgets its key. Everything else (saving, creating, flushing, the table, the cookie) is
-Django's own store: sessions signed in before this engine are read the same way.
+of that to run (docs/history/performance-diary.md, "What a session's opening costs").
+Here the statement is written out, reads only the column `load` uses, and keeps Django's
+meaning: a session that is missing or expired loads empty and forgets its key. Everything
+else (saving, creating, flushing, the table, the cookie) is Django's own store:
+sessions signed in before this engine are read the same way.
 """
 
 from __future__ import annotations

@@ -14,12 +14,10 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
 from craft import services
-from craft.api import error, json_body
+from craft.api import error, owned_session_and_body
 from craft.commands import Prompt, parse_fork, parse_turn_seq
 from craft.errors import Refused
 from craft.http import SignedInRequest
-from craft.models import Session
-from craft.storage.db import db_sync_to_async
 
 # Refusals, as HTTP statuses (others: 400).
 STATUS = {
@@ -37,28 +35,16 @@ STATUS = {
 }
 
 
-async def _owned(request: SignedInRequest, session_id: UUID) -> Session | HttpResponse:
-    user = await request.auser()
-    if not user.is_authenticated:
-        return error(401, "unauthenticated", "sign in first")
-    session = await db_sync_to_async(Session.objects.one_of)(user, session_id)
-    if session is None:
-        return error(404, "not_found", "no such session")
-    return session
-
-
 @require_http_methods(["POST"])
 async def fork(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """`{"seq": N}`: a new session with the conversation and the workspace as they were just
     after turn N (its user_message's seq), or just before it with `"before": true`; with
     `"text"`, that is the new session's first prompt (an earlier message, edited): 201
     `{"id"}`."""
-    session = await _owned(request, session_id)
-    if isinstance(session, HttpResponse):
-        return session
-    body = json_body(request)
-    if body is None:
-        return error(400, "bad_json", "the body must be a JSON object")
+    owned = await owned_session_and_body(request, session_id)
+    if isinstance(owned, HttpResponse):
+        return owned
+    session, body = owned
     try:
         asked = parse_fork(body)
         new_id = await services.fork_session(session, asked)
@@ -80,12 +66,10 @@ async def fork(request: SignedInRequest, session_id: UUID) -> HttpResponse:
 async def rewind(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """`{"seq": N}`: the workspace and the conversation back to just after turn N; the later
     turns set aside (a `rewound` event). 200 `{"seq": N}` once the event is stored."""
-    session = await _owned(request, session_id)
-    if isinstance(session, HttpResponse):
-        return session
-    body = json_body(request)
-    if body is None:
-        return error(400, "bad_json", "the body must be a JSON object")
+    owned = await owned_session_and_body(request, session_id)
+    if isinstance(owned, HttpResponse):
+        return owned
+    session, body = owned
     try:
         seq = parse_turn_seq(body)
         await services.rewind_session(session.pk, seq)

@@ -6,7 +6,9 @@ run asynchronously does, and each place where an asynchronous one meets a synchr
 the request's thread. `MiddlewareMixin` also runs each `process_request` and
 `process_response` of an asynchronous middleware on the request's thread. A request to a
 synchronous view made about twenty hops, each a `call_soon_threadsafe` and a wait for the
-GIL: 5-6 ms of the server's CPU for `/healthz` on a 2-core machine (docs/performance.md).
+GIL: 5-6 ms of the server's CPU for `/healthz` on a 2-core machine
+(docs/history/performance-diary.md, "One thread for every agent's pipes, the handshake
+first, one hop per HTTP request").
 
 Here the chain is built as under WSGI, synchronous throughout, and the whole of it runs in
 one hop to the request's thread. An asynchronous view (the revert) still works: Django runs
@@ -18,15 +20,17 @@ work (the `request_started` receivers, the chain, closing the response: all on o
 so that the database connection they share is that thread's). It starts a new thread per
 request and joins it, from yet another thread, afterwards: with the 35 requests of a session
 page at once, starting and joining threads was 15 % of the server's samples (py-spy,
-docs/performance.md). Here the threads are kept (`RequestThreads`): a request borrows one at
-its first call (`LentThread`), and it goes back once everything the request gave it has run.
+docs/history/performance-diary.md, "The session page: the request threads kept"). Here the
+threads are kept (`RequestThreads`): a request borrows one at its first call (`LentThread`),
+and it goes back once everything the request gave it has run.
 
 At most `REQUESTS_AT_ONCE` requests run their middleware and view at once: a request takes a
 place once its whole body is in (a slow upload holds none) and gives it back when its response
 starts (a streaming response holds none while it streams). The others wait on the event loop,
 holding no thread. Without the bound, 400 session creates at once each ran on a thread of its
 own, every one contending for the GIL and SQLite's lock: 4.8-8.5 s until all were created,
-against 2.4-3.8 s sixteen at a time (docs/performance.md).
+against 2.4-3.8 s sixteen at a time (docs/history/performance-diary.md, "Sixteen HTTP
+requests at a time").
 """
 
 from __future__ import annotations

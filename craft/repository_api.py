@@ -17,10 +17,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from craft import services
-from craft.api import error, json_body
+from craft.api import error, json_body, owned_session
 from craft.errors import Refused
 from craft.http import SignedInRequest
-from craft.models import Event, Session, SessionRepository
+from craft.models import Event, SessionRepository
 from craft.storage.db import db_sync_to_async
 from craft.turns import repository as session_repository
 from craft.turns.repository import in_thread, repository_json, repository_of
@@ -49,16 +49,6 @@ STATUS = {
 MAX_MESSAGE_CHARS = 20_000
 
 
-async def _own(request: SignedInRequest, session_id: UUID) -> Session | HttpResponse:
-    user = await request.auser()
-    if not user.is_authenticated:
-        return error(401, "unauthenticated", "sign in first")
-    session = await db_sync_to_async(Session.objects.one_of)(user, session_id)
-    if session is None:
-        return error(404, "not_found", "no such session")
-    return session
-
-
 def _refused(refused: Refused) -> HttpResponse:
     return error(STATUS.get(refused.code, 400), refused.code, refused.message)
 
@@ -69,7 +59,7 @@ async def repository(request: SignedInRequest, session_id: UUID) -> HttpResponse
     clone got (`status`), its branch against the base (`head`, `ahead`, `behind`, `dirty`:
     null until it is cloned), its pull request, and the drafted texts of a commit and a pull
     request. Its pull request's state is read from the host first if it is not fresh."""
-    session = await _own(request, session_id)
+    session = await owned_session(request, session_id)
     if isinstance(session, HttpResponse):
         return session
     row = await _row(session.pk)
@@ -110,7 +100,7 @@ def _drafts(session_id: UUID, link: str) -> dict[str, str]:
 @require_http_methods(["POST"])
 async def commit(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """Commit the workspace's changes: `{"message"?}` → `{"commit"}`."""
-    session = await _own(request, session_id)
+    session = await owned_session(request, session_id)
     if isinstance(session, HttpResponse):
         return session
     body = json_body(request)
@@ -131,7 +121,7 @@ async def commit(request: SignedInRequest, session_id: UUID) -> HttpResponse:
 @require_http_methods(["POST"])
 async def push(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """Push the session's branch: → `{"branch", "head"}`."""
-    session = await _own(request, session_id)
+    session = await owned_session(request, session_id)
     if isinstance(session, HttpResponse):
         return session
     try:
@@ -146,7 +136,7 @@ async def push(request: SignedInRequest, session_id: UUID) -> HttpResponse:
 @require_http_methods(["POST"])
 async def pull_request(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """Open the branch's pull request: `{"title"?, "body"?}` → `{"url", "number", "state"}`."""
-    session = await _own(request, session_id)
+    session = await owned_session(request, session_id)
     if isinstance(session, HttpResponse):
         return session
     body = json_body(request)
@@ -172,7 +162,7 @@ async def pull_request(request: SignedInRequest, session_id: UUID) -> HttpRespon
 @require_http_methods(["POST"])
 async def update(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     """Fetch the base branch and merge it in: → `{"head", "conflicts": [paths]}`."""
-    session = await _own(request, session_id)
+    session = await owned_session(request, session_id)
     if isinstance(session, HttpResponse):
         return session
     before = await _last(session.pk, "repository_updated")

@@ -3,7 +3,8 @@
 A session page asks for its style sheet and 27 scripts at once, and the browser has six
 connections to the server: each file answered through Django (a request place, a request
 thread, the whole middleware chain, WhiteNoise opening the file) kept one of them, and the
-server's CPU, from the history requests behind (docs/performance.md, "The session page").
+server's CPU, from the history requests behind (docs/history/performance-diary.md,
+"Static files answered again from memory").
 
 Django still makes every answer: the first plain `GET` of a path under `STATIC_URL` goes
 through it (WhiteNoise, the security headers, everything), and a complete `200` answer is

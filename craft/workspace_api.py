@@ -21,14 +21,13 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_http_methods
 
 from craft import services
-from craft.api import api_login_required, error, json_body
+from craft.api import api_login_required, error, owned_session_and_body, page_of
 from craft.commands import parse_revert
 from craft.errors import Refused
 from craft.http import SignedInRequest
-from craft.models import Session, SessionRepository
-from craft.storage.db import db_sync_to_async
+from craft.models import Session
 from craft.turns.checkpoints import checkpoints_of
-from craft.turns.records import PREPARING
+from craft.turns.records import is_cloning
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
@@ -72,13 +71,10 @@ def files(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     if session is None:
         return error(404, "not_found", "no such session")
     path = request.GET.get("path", "")
-    try:
-        offset = int(request.GET.get("offset", "0"))
-        limit = min(int(request.GET.get("limit", "1000")), MAX_PAGE)
-    except ValueError:
-        return error(400, "invalid", "'offset' and 'limit' must be integers")
-    if offset < 0 or limit < 1:
-        return error(400, "invalid", "'offset' must be >= 0 and 'limit' >= 1")
+    page = page_of(request, "offset", 1000, MAX_PAGE)
+    if isinstance(page, JsonResponse):
+        return page
+    offset, limit = page
     if session.sandbox.status == Sandbox.Status.SLEEPING:
         # Opening its files wakes it; the page lists them again once it runs.
         sandbox_services.request_sandbox(request.user)
@@ -129,7 +125,7 @@ def _upload(request: SignedInRequest, session: Session, path: str) -> HttpRespon
     refused before a view runs: `craft.http_handler`); 400 `invalid_path`."""
     if not path.strip("/."):
         return error(400, "invalid_path", "name the file to write: ?path=folder/name")
-    if _cloning(session):
+    if is_cloning(session):
         return error(409, "repository_not_ready", "the session's repository is being cloned")
     overwrite = request.GET.get("overwrite") == "1"
 
@@ -146,14 +142,6 @@ def _upload(request: SignedInRequest, session: Session, path: str) -> HttpRespon
     except SandboxError as exc:
         return _refused(exc)
     return JsonResponse(written, status=201)
-
-
-def _cloning(session: Session) -> bool:
-    try:
-        repository = session.repository
-    except SessionRepository.DoesNotExist:
-        return False
-    return repository.status in PREPARING
 
 
 @require_http_methods(["GET"])
@@ -219,15 +207,10 @@ async def revert(request: SignedInRequest, session_id: UUID, seq: int) -> HttpRe
     """Put the workspace back as it was before turn `seq` (or revert `seq`): JSON body
     `{}` for all of it, `{"path"}` for one file, `{"path", "hunk"}` for one hunk of it.
     Answers 204 once the `workspace_reverted` event is stored."""
-    user = await request.auser()
-    if not user.is_authenticated:
-        return error(401, "unauthenticated", "sign in first")
-    session = await db_sync_to_async(Session.objects.one_of)(user, session_id)
-    if session is None:
-        return error(404, "not_found", "no such session")
-    body = json_body(request)
-    if body is None:
-        return error(400, "bad_json", "the body must be a JSON object")
+    owned = await owned_session_and_body(request, session_id)
+    if isinstance(owned, HttpResponse):
+        return owned
+    session, body = owned
     try:
         await services.revert_workspace(session.pk, parse_revert(seq, body))
     except Refused as refused:

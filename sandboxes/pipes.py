@@ -2,8 +2,9 @@
 
 Two threads per agent (a stdout reader and a stderr pump) cost little for a few agents. At
 hundreds of agents they are hundreds of threads, each woken for every chunk its agent writes
-and each queuing for the GIL behind the event loop and the event writer (docs/performance.md,
-"Hundreds of sessions"). Here one thread waits on every pipe at once (epoll, through
+and each queuing for the GIL behind the event loop and the event writer
+(docs/history/performance-diary.md, "One thread for every agent's pipes"). Here one thread
+waits on every pipe at once (epoll, through
 `selectors`): it hands each output pipe's bytes, in order, to that pipe's reader, and writes
 to an agent's stdin what did not fit in the pipe when it was written (`Outbox`).
 

@@ -195,15 +195,17 @@ def _mark_live_agents(sessions: Sessions, now: datetime, report: Report) -> None
         Sandbox.objects.filter(pk__in=live, last_activity_at__lt=now).update(last_activity_at=now)
 
 
+def _stuck(sessions: Sessions, status: str, timeout: float, now: datetime) -> list[Sandbox]:
+    """Return the sandboxes in `status` for more than `timeout` seconds that no session of
+    this process is using."""
+    stuck = Sandbox.objects.in_status_since(status, now - timedelta(seconds=timeout))
+    busy = sessions.busy().sandboxes
+    return [sandbox for sandbox in stuck if sandbox.pk not in busy]
+
+
 def _reclaim_provisioning(sessions: Sessions, now: datetime, report: Report) -> None:
     timeout = settings.CRAFT_SANDBOX_PROVISIONING_TIMEOUT
-    stuck = Sandbox.objects.in_status_since(
-        Sandbox.Status.PROVISIONING, now - timedelta(seconds=timeout)
-    )
-    busy = sessions.busy().sandboxes
-    for sandbox in stuck:
-        if sandbox.pk in busy:
-            continue
+    for sandbox in _stuck(sessions, Sandbox.Status.PROVISIONING, timeout, now):
         why = (
             f"Setting up the sandbox did not finish within {_duration(timeout)}: the server "
             "doing it may have stopped. A new session sets it up again."
@@ -225,13 +227,7 @@ def _reclaim_provisioning(sessions: Sessions, now: datetime, report: Report) -> 
 
 def _retry_terminating(sessions: Sessions, now: datetime, report: Report) -> None:
     timeout = settings.CRAFT_SANDBOX_TERMINATING_TIMEOUT
-    stuck = Sandbox.objects.in_status_since(
-        Sandbox.Status.TERMINATING, now - timedelta(seconds=timeout)
-    )
-    busy = sessions.busy().sandboxes
-    for sandbox in stuck:
-        if sandbox.pk in busy:
-            continue
+    for sandbox in _stuck(sessions, Sandbox.Status.TERMINATING, timeout, now):
         sandbox = services.terminate_sandbox(sandbox)
         if sandbox.status == Sandbox.Status.TERMINATED:
             why = f"terminating for more than {_duration(timeout)}; terminated it again"

@@ -22,7 +22,8 @@ warm agent is taken, after one died while waiting (found by the reaper's agent p
 session that wanted it), when a sandbox becomes running. After a session agent starts, the
 refill waits until no other one has started in that sandbox for `REFILL_SETTLE` seconds: in
 a burst of new sessions, spawning warm agents would compete with the agents people wait for
-(docs/performance.md: the cold-start storm). A warm agent idle for
+(docs/history/performance-diary.md, "On a quiet machine,
+and warm refills after a burst"). A warm agent idle for
 `CRAFT_AGENT_IDLE_SECONDS` (no session agent started in its sandbox for that long) is reaped
 like any idle agent and not replaced until the sandbox is used again; after
 `MAX_FAILURES` warm starts in a row failed or died, a sandbox gets none until its next use.

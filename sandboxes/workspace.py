@@ -203,12 +203,9 @@ class Workspace:
     def _fed(self, args: list[str], chunks: Iterable[bytes]) -> dict[str, Any]:
         """Run the tool with `chunks` on its stdin; return its answer."""
         process = self._started(self._run_tool(args), keep_stdin=True)
-        timeout = settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS
-        watchdog = alarms.after(timeout, process.stop)
-        try:
+        with _Deadline(process, settings.CRAFT_WORKSPACE_TIMEOUT_SECONDS) as deadline:
             for chunk in chunks:
-                watchdog.cancel()
-                watchdog = alarms.after(timeout, process.stop)
+                deadline.renew()
                 try:
                     process.write(chunk)
                 except OSError:
@@ -216,13 +213,6 @@ class Workspace:
             with contextlib.suppress(OSError):
                 process.close_stdin()
             return _header_line(process)[0]
-        except SandboxError:
-            if watchdog.rang:
-                raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
-            raise
-        finally:
-            watchdog.cancel()
-            process.finish(1.0)
 
     def fork_from(self, source: UUID, commit: str, max_bytes: int) -> dict[str, Any]:
         """Start this new session's workspace and checkpoints from checkpoint `commit` of
@@ -374,16 +364,34 @@ class Watch:
 def _answer(process: ToolProcess, timeout: float) -> tuple[dict[str, Any], bytes]:
     """Read a one-line answer within `timeout` seconds (the tool is stopped past it); return
     it parsed and as it came."""
-    watchdog = alarms.after(timeout, process.stop)
-    try:
+    with _Deadline(process, timeout):
         return _header_line(process)
-    except SandboxError:
-        if watchdog.rang:
-            raise WorkspaceRefused("timeout", f"took longer than {timeout:g} s") from None
-        raise
-    finally:
-        watchdog.cancel()
-        process.finish(1.0)
+
+
+class _Deadline:
+    """A run of the tool stopped once `timeout` seconds pass (counted again from each
+    `renew`). As a context: finish the run on the way out, and turn a SandboxError that the
+    stop caused into WorkspaceRefused `timeout`."""
+
+    def __init__(self, process: ToolProcess, timeout: float) -> None:
+        self._process = process
+        self._timeout = timeout
+        self._watchdog = alarms.after(timeout, process.stop)
+
+    def renew(self) -> None:
+        self._watchdog.cancel()
+        self._watchdog = alarms.after(self._timeout, self._process.stop)
+
+    def __enter__(self) -> _Deadline:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, _: object
+    ) -> None:
+        self._watchdog.cancel()
+        self._process.finish(1.0)
+        if isinstance(exc, SandboxError) and self._watchdog.rang:
+            raise WorkspaceRefused("timeout", f"took longer than {self._timeout:g} s") from None
 
 
 def _header(process: ToolProcess) -> dict[str, Any]:

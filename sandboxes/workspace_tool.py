@@ -917,7 +917,8 @@ def fork(workspace: int, store: str, source: str, commit: str, limit: int) -> di
     _link_objects(os.path.join(source, "objects"), os.path.join(store, "objects"))
     own_attributes(store)
     # Written by as many git processes as there are cores: the files of a big checkpoint are
-    # most of a fork's time, much of it the kernel's (docs/performance.md).
+    # most of a fork's time, much of it the kernel's (docs/history/performance-diary.md,
+    # "A fork of a big session").
     parallel = ["git", "-c", "checkout.workers=0", *git_argv(store)[1:]]
     git(store, "read-tree", argv=[*parallel, "read-tree", "--reset", "-u", commit])
     git(store, "update-ref", "HEAD", commit)  # the fork's checkpoints follow that one

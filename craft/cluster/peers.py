@@ -1,7 +1,8 @@
 """Direct links between workers: a forwarded command, its reply, and the events it causes.
 
 A command forwarded through the channel layer (`craft.cluster.forwarding`) crosses Redis
-twice: to the owner, and back as the doorbell of the events it caused (docs/performance.md
+twice: to the owner, and back as the doorbell of the events it caused
+(docs/history/performance-diary.md, "Forwarding over a direct link between workers",
 traced where that time goes). So each worker also listens on a TCP port of its own
 (`CRAFT_PEER_HOST`, `CRAFT_PEER_PORT`) and publishes the address in its `Worker` row. A worker
 forwarding a command opens a connection to the owner's address once, keeps it, and sends:

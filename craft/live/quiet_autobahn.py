@@ -5,7 +5,8 @@
   about 2.4 us a frame, close to a tenth of daphne's CPU for each event it streams.
 * Every websocket that connects goes through `_connectionMade`, which pretty-prints its forty
   options (`pformat`), about 0.4 ms a socket: a sixth of daphne's CPU for a socket's opening
-  when hundreds connect at once (py-spy --gil, docs/performance.md).
+  when hundreds connect at once (py-spy --gil, docs/history/performance-diary.md,
+  "What a session's opening costs").
 
 Those three names serve only as log arguments in autobahn's websocket module (and `pformat`
 in `Timings.__str__`, which keeps it), so `install` gives that module plain versions and a

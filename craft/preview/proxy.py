@@ -431,13 +431,7 @@ class Preview:
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":
                     pass
                 return
-            left = size
-            while left > 0:
-                data = await reader.read(min(CHUNK, left))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", left)
-                left -= len(data)
-                await self.send({"type": "http.response.body", "body": data, "more_body": True})
+            await self._relay_length(reader, size)
             await reader.readexactly(2)
 
     async def _page(self, status: int, message: str) -> None:

@@ -105,7 +105,8 @@ def _db() -> Any:
     """This thread's database connection. `django.db.connection` is a proxy that looks the
     thread's connection up again at every attribute it is asked for, and the event log asks
     for several per statement: about a tenth of the writer's CPU on SQLite, a fifth on
-    PostgreSQL (measured with the connection bound once, docs/performance.md)."""
+    PostgreSQL (measured with the connection bound once, docs/history/performance-diary.md,
+    "Lease renewal, prompts in one pipeline")."""
     return connections[DEFAULT_DB_ALIAS]
 
 

@@ -55,7 +55,7 @@ def sandbox_for_prompt(session_id: UUID, *, keys: bool = False) -> tuple[str | N
     session = Session.objects.select_related("sandbox", "owner", "repository").get(pk=session_id)
     if keys and (missing := credentials.missing_in(session)) is not None:
         raise missing
-    cloning = _cloning(session)
+    cloning = is_cloning(session)
     if comes_back(session.sandbox):
         # Woken, or set up again on its files: the turn waits for it.
         sandbox = sandbox_services.request_sandbox(session.owner)
@@ -93,7 +93,8 @@ def bring_back(session_id: UUID) -> bool:
     return sandbox_services.request_sandbox(session.owner).status == Sandbox.Status.PROVISIONING
 
 
-def _cloning(session: Session) -> bool:
+def is_cloning(session: Session) -> bool:
+    """Say whether the session's repository is still being cloned (or prepared)."""
     try:
         repository = session.repository
     except SessionRepository.DoesNotExist:

@@ -32,7 +32,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from django.conf import settings
@@ -182,8 +182,29 @@ def _label_path(key: str) -> str:
     return "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
 
 
+T = TypeVar("T")
+
+
 def _is_status(exc: ApiException, *codes: int) -> bool:
     return exc.status in codes
+
+
+def _create_or_read(create: Callable[[], object], read: Callable[[], T], what: str) -> T | None:
+    """Create an object, or read the one already standing in its name: None when `create`
+    made it, else what `read` found (one that vanished in between is created again). Raise
+    SandboxError naming `what` for any other refusal."""
+    while True:
+        try:
+            create()
+            return None
+        except ApiException as exc:
+            if not _is_status(exc, 409):
+                raise SandboxError(f"cannot create {what}: {_reason(exc)}") from exc
+        try:
+            return read()
+        except ApiException as exc:
+            if not _is_status(exc, 404):
+                raise SandboxError(f"cannot read {what}: {_reason(exc)}") from exc
 
 
 class KubernetesBackend:
@@ -245,19 +266,14 @@ class KubernetesBackend:
         name = pod_name(sandbox)
         deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
         while True:
-            try:
-                self.core.create_namespaced_pod(self.namespace, self.pod_manifest(sandbox))
+            # Made, or it exists already (a retry, or another worker).
+            existing = _create_or_read(
+                lambda: self.core.create_namespaced_pod(self.namespace, self.pod_manifest(sandbox)),
+                lambda: self.core.read_namespaced_pod(name, self.namespace),
+                "pod",
+            )
+            if existing is None:
                 return
-            except ApiException as exc:
-                if not _is_status(exc, 409):
-                    raise SandboxError(f"cannot create pod: {_reason(exc)}") from exc
-            # 409: it exists already (a retry, or another worker).
-            try:
-                existing = self.core.read_namespaced_pod(name, self.namespace)
-            except ApiException as exc:
-                if _is_status(exc, 404):
-                    continue  # gone meanwhile: create it
-                raise SandboxError(f"cannot read pod: {_reason(exc)}") from exc
             going = existing.metadata.deletion_timestamp is not None
             failure = pod_failure(existing)
             if not going and not failure:
@@ -288,20 +304,15 @@ class KubernetesBackend:
         name = claim_name(sandbox)
         deadline = time.monotonic() + settings.CRAFT_K8S_READY_TIMEOUT
         while True:
-            try:
-                self.core.create_namespaced_persistent_volume_claim(
+            existing = _create_or_read(
+                lambda: self.core.create_namespaced_persistent_volume_claim(
                     self.namespace, self.claim_manifest(sandbox)
-                )
+                ),
+                lambda: self.core.read_namespaced_persistent_volume_claim(name, self.namespace),
+                "the volume claim",
+            )
+            if existing is None:
                 return
-            except ApiException as exc:
-                if not _is_status(exc, 409):
-                    raise SandboxError(f"cannot create the volume claim: {_reason(exc)}") from exc
-            try:
-                existing = self.core.read_namespaced_persistent_volume_claim(name, self.namespace)
-            except ApiException as exc:
-                if _is_status(exc, 404):
-                    continue  # gone meanwhile: create it
-                raise SandboxError(f"cannot read the volume claim: {_reason(exc)}") from exc
             if existing.metadata.deletion_timestamp is None:
                 if (existing.metadata.labels or {}) != self.labels(sandbox):
                     self._bind_claim(sandbox)
@@ -417,15 +428,25 @@ class KubernetesBackend:
     def terminate(self, sandbox: Sandbox) -> None:
         """Delete the pod, the service, the credentials Secret and the volume claim (every
         file of the sandbox), each on its own; gone already counts as deleted."""
+        self._delete_each(
+            (
+                (self.core.delete_namespaced_pod, pod_name(sandbox)),
+                (self.core.delete_namespaced_service, pod_name(sandbox)),
+                (self.core.delete_namespaced_secret, secret_name(sandbox)),
+                (self.core.delete_namespaced_persistent_volume_claim, claim_name(sandbox)),
+            ),
+            grace_period_seconds=5,
+        )
+
+    def _delete_each(
+        self, deletions: Iterable[tuple[Callable[..., object], str]], grace_period_seconds: int
+    ) -> None:
+        """Make each deletion, on its own (gone already counts as deleted); then raise
+        SandboxError naming every one that failed."""
         errors = []
-        for delete, name in (
-            (self.core.delete_namespaced_pod, pod_name(sandbox)),
-            (self.core.delete_namespaced_service, pod_name(sandbox)),
-            (self.core.delete_namespaced_secret, secret_name(sandbox)),
-            (self.core.delete_namespaced_persistent_volume_claim, claim_name(sandbox)),
-        ):
+        for delete, name in deletions:
             try:
-                delete(name, self.namespace, grace_period_seconds=5)
+                delete(name, self.namespace, grace_period_seconds=grace_period_seconds)
             except ApiException as exc:
                 if not _is_status(exc, 404):
                     errors.append(f"{delete.__name__}: {_reason(exc)}")
@@ -578,19 +599,14 @@ class KubernetesBackend:
     def remove_warm(self, sandbox_id: UUID) -> None:
         """Delete a warm pod (at once: nobody uses it), its Secret and its blank volume
         claim; 404 counts as done."""
-        errors = []
-        for delete, name in (
-            (self.core.delete_namespaced_pod, _pod_name(sandbox_id)),
-            (self.core.delete_namespaced_secret, _secret_name(sandbox_id)),
-            (self.core.delete_namespaced_persistent_volume_claim, _pod_name(sandbox_id)),
-        ):
-            try:
-                delete(name, self.namespace, grace_period_seconds=0)
-            except ApiException as exc:
-                if not _is_status(exc, 404):
-                    errors.append(f"{delete.__name__}: {_reason(exc)}")
-        if errors:
-            raise SandboxError("; ".join(errors))
+        self._delete_each(
+            (
+                (self.core.delete_namespaced_pod, _pod_name(sandbox_id)),
+                (self.core.delete_namespaced_secret, _secret_name(sandbox_id)),
+                (self.core.delete_namespaced_persistent_volume_claim, _pod_name(sandbox_id)),
+            ),
+            grace_period_seconds=0,
+        )
 
     def inventory(self) -> list[Resource]:
         """Return Craft's sandbox pods, services, credentials Secrets and volume claims in

@@ -173,10 +173,13 @@ class ExecProcess:
     # --- AgentProcess ---------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
+        self._send(STDIN, data)
+
+    def _send(self, channel: int, data: bytes) -> None:
         if self._done.is_set():
             raise OSError("exec connection is closed")
         try:
-            self._ws.send(bytes([STDIN]) + data, opcode=ABNF.OPCODE_BINARY)
+            self._ws.send(bytes([channel]) + data, opcode=ABNF.OPCODE_BINARY)
         except (WebSocketException, OSError) as exc:
             raise OSError(f"exec connection failed: {exc}") from exc
 
@@ -457,17 +460,6 @@ class ExecTerminal(ExecProcess):
     def terminate(self, timeout: float = 5.0) -> None:
         self._close_socket()
         self._done.wait(timeout)
-
-    def write(self, data: bytes) -> None:
-        self._send(STDIN, data)
-
-    def _send(self, channel: int, data: bytes) -> None:
-        if self._done.is_set():
-            raise OSError("exec connection is closed")
-        try:
-            self._ws.send(bytes([channel]) + data, opcode=ABNF.OPCODE_BINARY)
-        except (WebSocketException, OSError) as exc:
-            raise OSError(f"exec connection failed: {exc}") from exc
 
     def _on_stdout(self, payload: bytes) -> None:
         if not payload:

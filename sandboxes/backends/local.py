@@ -68,7 +68,8 @@ STORE_IN_JAIL = "/tmp/craft-checkpoints"
 GIT_STORE_IN_JAIL = "/tmp/craft-git"
 # The workspace tool (listings, reads, checkpoints) is background work next to the live
 # sessions: at this niceness a burst of new sessions' first checkpoints leaves the server's
-# event loop most of the CPU (docs/performance.md). A fork's start is not niced.
+# event loop most of the CPU (docs/history/performance-diary.md, "The latest run, and the
+# workspace"). A fork's start is not niced.
 TOOL_NICENESS = 10
 # What may wait for an agent to read its stdin: a prompt is at most 100,000 characters, an
 # answer to the agent's request a few hundred bytes. More means the agent stopped reading.
@@ -511,7 +512,8 @@ class LocalBackend:
         self.uids = containment.sandbox_uids_enabled(self.sandbox_root)
         starts = settings.CRAFT_LOCAL_AGENT_STARTS
         # Agents start on this machine's CPUs: 20 Python agents starting at once on 2 cores
-        # delayed other sessions' events ~60 ms at p99; 2 at a time, ~20 ms (docs/performance.md).
+        # delayed other sessions' events ~60 ms at p99; 2 at a time, ~20 ms
+        # (docs/history/performance-diary.md, "Where the time went, and what changed").
         self.start_slots = threading.BoundedSemaphore(starts) if starts else None
         self._tools_lock = threading.Lock()
         self._tools_installed: set[Path] = set()
@@ -841,6 +843,22 @@ class LocalBackend:
         """Return `argv` in a jail as the sandbox's agents have, in `cwd`, on the sandbox's
         network (its own with `CRAFT_SANDBOX_NETWORK=isolated`); `options` go to the jail."""
         isolated = self._isolated_network()
+        return self._jailed(
+            argv,
+            root,
+            cwd,
+            user,
+            network=self._network(sandbox.pk, user) if isolated else None,
+            resolv_conf=network.resolv_conf(self.pool.first) if isolated else None,
+            **options,
+        )
+
+    def _jailed(
+        self, argv: list[str], root: Path, cwd: Path, user: containment.SandboxUser, **options: Any
+    ) -> list[str]:
+        """Return `argv` in a jail of the sandbox whose folder is `root`, in `cwd`, as `user`,
+        with this backend's tools and (without a budget) the user's process limit; `options`
+        go to the jail."""
         return jail.jailed(
             argv,
             sandbox=root,
@@ -848,8 +866,6 @@ class LocalBackend:
             user=user,
             sandbox_root=self.sandbox_root,
             tools=self.tools,
-            network=self._network(sandbox.pk, user) if isolated else None,
-            resolv_conf=network.resolv_conf(self.pool.first) if isolated else None,
             uid_nproc=self.budget is None,
             **options,
         )
@@ -864,6 +880,15 @@ class LocalBackend:
         folder is read-only; the others in one with no network.
         """
         self._refuse_unisolated()
+        root, session, user = self._session_tools(sandbox, session_id)
+        return Repository(LocalGitRunner(self, sandbox, root, session, user))
+
+    def _session_tools(
+        self, sandbox: Sandbox, session_id: UUID
+    ) -> tuple[Path, str, containment.SandboxUser | None]:
+        """Return the sandbox's folder, the session's id as text and the sandbox's user (None
+        without sandbox users), with Craft's tools installed, for Craft's own work on the
+        session's files; raise SandboxError when the folder is gone."""
         root = self._root(sandbox)
         session = str(UUID(str(session_id)))
         try:
@@ -871,7 +896,7 @@ class LocalBackend:
         except OSError as exc:
             raise SandboxError("the sandbox's folder is gone") from exc
         self._install_tools()
-        return Repository(LocalGitRunner(self, sandbox, root, session, user))
+        return root, session, user
 
     def workspace(self, sandbox: Sandbox, session_id: UUID) -> Workspace:
         """Read the session's workspace with the workspace tool, run as the sandbox's user
@@ -882,13 +907,7 @@ class LocalBackend:
         it from a jail like its agents' in which it alone is mounted (no other session's
         store); agents never see it.
         """
-        root = self._root(sandbox)
-        session = str(UUID(str(session_id)))
-        try:
-            user = self.pool.user_of(root) if self.uids else None
-        except OSError as exc:
-            raise SandboxError("the sandbox's folder is gone") from exc
-        self._install_tools()
+        root, session, user = self._session_tools(sandbox, session_id)
         stores = self._checkpoint_stores(sandbox, user)
         command = [
             *containment.module_command(
@@ -919,7 +938,7 @@ class LocalBackend:
             # A fork: the sandbox's stores, all mounted in one place, so that the new store's
             # objects can be hard links of the source's (no link crosses two mounts). Not
             # niced: its person waits for it, and on a busy machine a niced fork took
-            # 1.5 times as long (docs/performance.md).
+            # 1.5 times as long (docs/history/performance-diary.md, "A fork of a big session").
             try:
                 containment.private_folder(stores, (session,), user)
             except OSError as exc:
@@ -938,21 +957,25 @@ class LocalBackend:
         )
 
     def _tool_jail(
-        self, argv: list[str], root: Path, user: containment.SandboxUser, store: Path
+        self,
+        argv: list[str],
+        root: Path,
+        user: containment.SandboxUser,
+        store: Path,
+        read_only_binds: tuple[tuple[Path, str], ...] = (),
     ) -> list[str]:
         """Return `argv` (Craft's own work on a sandbox's files) in a jail like its agents',
-        in the sandbox's folder, with no network and `store` (one session's checkpoint store,
-        or the folder of all the sandbox's) mounted at STORE_IN_JAIL."""
-        return jail.jailed(
+        in the sandbox's folder, with no network, `store` (one session's checkpoint store,
+        or the folder of all the sandbox's) mounted at STORE_IN_JAIL, and `read_only_binds`
+        mounted where each names."""
+        return self._jailed(
             argv,
-            sandbox=root,
-            workspace=root,
-            user=user,
-            sandbox_root=self.sandbox_root,
-            tools=self.tools,
+            root,
+            root,
+            user,
             no_network=True,
             binds=((store, STORE_IN_JAIL),),
-            uid_nproc=self.budget is None,
+            read_only_binds=read_only_binds,
         )
 
     def _tool_budget(self, sandbox: Sandbox) -> Callable[[list[str]], list[str]]:
@@ -985,18 +1008,8 @@ class LocalBackend:
             du_argv = [du, "-s", "-B1", "--", str(root), STORE_IN_JAIL]
             du_argv += [GIT_STORE_IN_JAIL] if counted else []
             # All its sessions' stores, mounted for their size.
-            jailed = jail.jailed(
-                du_argv,
-                sandbox=root,
-                workspace=root,
-                user=user,
-                sandbox_root=self.sandbox_root,
-                tools=self.tools,
-                no_network=True,
-                binds=((stores, STORE_IN_JAIL),),
-                read_only_binds=tuple((folder, GIT_STORE_IN_JAIL) for folder in counted),
-                uid_nproc=self.budget is None,
-            )
+            read_only = tuple((folder, GIT_STORE_IN_JAIL) for folder in counted)
+            jailed = self._tool_jail(du_argv, root, user, stores, read_only)
             argv = self._tool_budget(sandbox)(jailed)
         return _measure(argv, str(sandbox.pk))
 
@@ -1178,18 +1191,15 @@ class LocalGitRunner:
                 binds=((store, GIT_STORE_IN_JAIL),), read_only_sandbox=True,
             )  # fmt: skip
         else:
-            argv = jail.jailed(
+            argv = backend._jailed(
                 command,
-                sandbox=self._root,
-                workspace=self._root,
-                user=user,
-                sandbox_root=backend.sandbox_root,
-                tools=backend.tools,
+                self._root,
+                self._root,
+                user,
                 no_network=True,
                 binds=((store, GIT_STORE_IN_JAIL),) if place == "store" else (),
                 read_only_binds=((store, GIT_STORE_IN_JAIL),) if place == "workspace" else (),
                 read_only_sandbox=place == "store",
-                uid_nproc=backend.budget is None,
             )
         return LocalToolProcess(backend._tool_budget(self._sandbox)(argv))
 

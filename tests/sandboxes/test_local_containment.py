@@ -372,7 +372,8 @@ def test_manage_py_stops_when_sandbox_users_are_on_but_impossible(settings, mach
 
 def test_the_workspace_tool_runs_at_a_lower_priority_than_the_server():
     """Listings and checkpoints are background work next to the live sessions: a burst of
-    them must leave the server's event loop the CPU (docs/performance.md, cold starts)."""
+    them must leave the server's event loop the CPU (docs/history/performance-diary.md,
+    "The latest run, and the workspace": cold starts since checkpoints)."""
     from sandboxes.backends.local import TOOL_NICENESS, LocalToolProcess
 
     tool = LocalToolProcess([sys.executable, "-c", "import os; print(os.nice(0))"])
