@@ -19,7 +19,7 @@ class RunnerRegistry:
     def get(self, session_id: UUID) -> SessionRunner:
         runner = self._runners.get(session_id)
         if runner is None:
-            runner = self._runners[session_id] = SessionRunner(session_id, self)
+            runner = self._runners[session_id] = SessionRunner(session_id, lambda: self.closing)
         return runner
 
     async def handle(self, session_id: UUID, command: SessionCommand, token: int) -> None:
