@@ -45,11 +45,11 @@ class RunnerRegistry:
         if runner is not None:
             runner.checkpoints.drop()
 
-    def clear(self) -> None:
-        for runner in self._runners.values():
-            runner.checkpoints.drop()
-        self._runners.clear()
-        self.closing = False
+    def forget_all(self) -> None:
+        """Drop every runner (this worker runs no session any more: it shut down), their
+        workspaces' watches stopped now."""
+        for session_id in list(self._runners):
+            self.forget(session_id)
 
 
 runners = RunnerRegistry()
