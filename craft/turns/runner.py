@@ -129,6 +129,7 @@ class SessionRunner:
         return self._closing()
 
     def agent_running(self) -> bool:
+        """Whether the session's agent runs here now."""
         return self.connection is not None and self.connection.is_running
 
     @property
