@@ -15,12 +15,13 @@ all of it:
   vanished sandboxes).
 * **Websockets**: a client frame over daphne's size limit closes that socket with 1009 ("message
   too big") rather than dropping the connection.
-* **SIGTERM / SIGINT**: refuse new turns; give running turns `CRAFT_SHUTDOWN_GRACE_SECONDS` to
-  finish; cancel the others and record them as interrupted; stop every agent actively (its
-  process group is killed, or its exec closed: an agent need not exit when its input ends);
-  mark the sandboxes it was provisioning failed (their users' "Try again" provisions them
-  anew) and wait for their threads to leave the backend; commit what the event writer
-  holds; mark this worker stopped.
+* **SIGTERM / SIGINT**: housekeeping stops, and the process's runtime (`craft.runtime`) lets
+  go of what it holds, in order: refuse new turns; give running turns
+  `CRAFT_SHUTDOWN_GRACE_SECONDS` to finish; cancel the others and record them as interrupted;
+  stop every agent actively (its process group is killed, or its exec closed: an agent need
+  not exit when its input ends); mark the sandboxes it was provisioning failed (their users'
+  "Try again" provisions them anew) and wait for their threads to leave the backend; commit
+  what the event writer holds; mark this worker stopped.
 """
 
 from __future__ import annotations
@@ -37,24 +38,16 @@ from craft.cluster.leases import ownership
 from craft.commands import RunQueue
 from craft.errors import Refused
 from craft.models import Session
+from craft.runtime import runtime
 from craft.session_activity import session_activity
 from craft.storage import workers
 from craft.storage.db import db_calls
-from craft.storage.eventlog import writer
 from craft.turns import queue
 from craft.turns.recovery import close_turns_of_gone_workers
 from craft.turns.registry import runners
-from sandboxes import services as sandbox_services
 from sandboxes.reaper import periodic_reaper
 
 logger = logging.getLogger(__name__)
-
-SHUTTING_DOWN = "The server shut down during this turn."
-
-# After the grace period and the cancel, how long stopped agents' turns may take to be stored.
-RECORD_SECONDS = 10.0
-# How long the threads provisioning sandboxes get to leave the backend (one call of it).
-STOP_PROVISIONING_SECONDS = 10.0
 
 
 def start_worker() -> int:
@@ -125,44 +118,10 @@ class Lifecycle:
 
     async def shutdown(self) -> None:
         """Stop this worker cleanly; see the module docstring."""
-        runners.closing = True
         for task in (self._housekeeping, self._leases, self._reaping):
             if task is not None:
                 task.cancel()
-        grace = settings.CRAFT_SHUTDOWN_GRACE_SECONDS
-        running = runners.running()
-        if running:
-            logger.info("shutting down: %d turn(s) running; waiting %s s", len(running), grace)
-            await _wait_for(running, grace)
-        still = runners.running()
-        for runner in still:
-            await runner.interrupt(SHUTTING_DOWN, "server_shutdown")
-        stopped = await asyncio.to_thread(sandbox_services.stop_all_agents)
-        # Sandboxes half provisioned here say so, and their "Try again" works at once.
-        abandoned = await db_calls.run(sandbox_services.abandon_provisioning)
-        # Their threads must be out of the backend's client before the interpreter
-        # finalizes: one waking up then kills the process (see `stop_provisioning`).
-        left = await asyncio.to_thread(
-            sandbox_services.stop_provisioning, STOP_PROVISIONING_SECONDS
-        )
-        if left:
-            logger.warning(
-                "%d provisioning thread(s) still in the backend after %g s",
-                left, STOP_PROVISIONING_SECONDS,
-            )  # fmt: skip
-        await _wait_for(still, RECORD_SECONDS)
-        await ownership.release_all()  # other workers take this one's sessions at once
-        listener.stop()
-        await asyncio.to_thread(writer.stop)
-        await db_calls.run(workers.mark_stopped)
-        # The database threads are left to end with the process (joining them here made the
-        # interpreter crash at exit, in CPython 3.11's garbage collection of pending tasks);
-        # the pools are closed so that PostgreSQL sees the connections go.
-        await asyncio.to_thread(_close_connection_pools)
-        logger.info(
-            "shut down: %d turn(s) interrupted, %d agent(s) stopped, %d provisioning(s) abandoned",
-            len(still), stopped, abandoned,
-        )  # fmt: skip
+        await runtime.shutdown()
 
 
 async def _run_queue(session_id: Any) -> None:
@@ -183,22 +142,6 @@ async def _release_idle_sessions() -> None:
         if not runner.busy and (connection is None or not connection.is_running):
             runner.released()
             await ownership.release(session_id)
-
-
-async def _wait_for(running: list[Any], seconds: float) -> None:
-    tasks = [runner.task for runner in running if runner.task is not None]
-    if tasks:
-        await asyncio.wait(tasks, timeout=seconds)
-
-
-def _close_connection_pools() -> None:
-    """Close PostgreSQL connection pools: their threads must not outlive the interpreter."""
-    from django.db import connections
-
-    for connection in connections.all():
-        close_pool = getattr(connection, "close_pool", None)
-        if close_pool is not None:
-            close_pool()
 
 
 lifecycle = Lifecycle()

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .backends.base import SandboxError
+from .errors import SandboxError
 from .workspace import ToolProcess, alarms
 
 logger = logging.getLogger(__name__)

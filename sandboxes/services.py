@@ -34,6 +34,7 @@ from .catalog import Launch, default_agent
 from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
 from .repository import Repository
+from .runtime import runtime
 from .signals import announce_change
 from .terminals import terminals
 from .warm_agents import warm_agents
@@ -781,8 +782,7 @@ def stop_idle_connections(sandbox: Sandbox | None = None, idle_seconds: float = 
 def stop_all_agents() -> int:
     """Stop every agent connection of this process, all at once, and start no more warm
     agents (the process is stopping); return how many."""
-    warm_agents.close()
-    return agent_connections.stop_all()
+    return runtime.stop()
 
 
 def live_connection_count(sandbox_id: UUID | None = None) -> int:

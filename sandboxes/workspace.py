@@ -25,7 +25,7 @@ from uuid import UUID
 
 from django.conf import settings
 
-from .backends.base import SandboxError
+from .errors import SandboxError
 
 logger = logging.getLogger(__name__)
 

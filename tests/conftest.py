@@ -26,7 +26,7 @@ from sandboxes.backends import (
     get_backend,
     network,
 )
-from sandboxes.connections import agent_connections
+from sandboxes.runtime import runtime as sandbox_runtime
 from tests.agents import agent_command
 
 PASSWORD = "correct horse battery staple"
@@ -200,26 +200,17 @@ def sandbox_root(request, tmp_path):
 
 @pytest.fixture(autouse=True)
 def stop_agents(request) -> Iterator[None]:
-    """Stop every agent a test left running, and forget runners and channel-layer state.
-
-    Runners and the in-memory channel layer belong to one event loop, and each async test
-    has its own.
-    """
+    """Let go of what the test left in the process (`craft.runtime.Runtime.reset`): its
+    agents, its runners and channel-layer state (they belong to its event loop, and each
+    async test has its own), and the threads holding database connections (closed before
+    the test database goes). A module run without Django has only agents to stop."""
     yield
-    agent_connections.stop_all()
     if not request.config.pluginmanager.has_plugin("django"):
+        sandbox_runtime.reset()
         return
-    from channels.layers import channel_layers
+    from craft.runtime import runtime
 
-    from craft.storage.db import db_calls
-    from craft.storage.eventlog import writer
-    from craft.turns.registry import runners
-
-    runners.clear()
-    channel_layers.backends.clear()
-    # Their threads hold database connections: close them before the test database goes.
-    writer.stop()
-    db_calls.stop()
+    runtime.reset()
 
 
 @pytest.fixture
@@ -258,7 +249,7 @@ def machine(settings, place, uid_base):
     forget_backends()
     yield place
     # Its agents first: they live in its cgroups, which `uid_base` removes.
-    agent_connections.stop_all()
+    sandbox_runtime.reset()
     forget_backends()
 
 

@@ -1,7 +1,7 @@
 """A session's queued prompts: stored rows, each change beside its event in one transaction.
 
 A prompt sent while its session is busy (a turn runs, or the sandbox is still starting) waits
-here, in order, until the session's runner starts it (see `SessionRunner.run_queue`). Every
+here, in order, until the session's runner starts it (see `SessionQueue.run`). Every
 change is an event as well, so every tab, worker and reload sees the queue
 (docs/websocket-api.md, "Queued prompts"); the row is what runs. Starting a queued prompt
 deletes its row in the transaction that stores its `user_message`: it runs exactly once,

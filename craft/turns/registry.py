@@ -19,7 +19,7 @@ class RunnerRegistry:
     def get(self, session_id: UUID) -> SessionRunner:
         runner = self._runners.get(session_id)
         if runner is None:
-            runner = self._runners[session_id] = SessionRunner(session_id, self)
+            runner = self._runners[session_id] = SessionRunner(session_id, lambda: self.closing)
         return runner
 
     async def handle(self, session_id: UUID, command: SessionCommand, token: int) -> None:
@@ -45,11 +45,11 @@ class RunnerRegistry:
         if runner is not None:
             runner.checkpoints.drop()
 
-    def clear(self) -> None:
-        for runner in self._runners.values():
-            runner.checkpoints.drop()
-        self._runners.clear()
-        self.closing = False
+    def forget_all(self) -> None:
+        """Drop every runner (this worker runs no session any more: it shut down), their
+        workspaces' watches stopped now."""
+        for session_id in list(self._runners):
+            self.forget(session_id)
 
 
 runners = RunnerRegistry()

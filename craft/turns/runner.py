@@ -15,9 +15,10 @@ another session's storage. A follow-up prompt reuses the runner's live connectio
 touching the database or the connection cache.
 
 One turn at a time per session: a prompt that arrives while a turn runs, or while the
-sandbox starts, waits in the session's queue (`craft.turns.queue`) and runs when the turn ends
-or the sandbox is ready; a client that asks not to queue (`"queue": false`) is refused with
-`turn_running` or `sandbox_starting` instead.
+sandbox starts, waits in the session's queue (the runner's `SessionQueue`, over the rows of
+`craft.turns.queue`) and runs when the turn ends or the sandbox is ready; a client that asks
+not to queue (`"queue": false`) is refused with `turn_running` or `sandbox_starting` instead.
+A turn reaches its session only through the `TurnContext` its runner builds.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -68,14 +70,12 @@ from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
 from craft.turns.recovery import close_turns_of_gone_workers
 from craft.turns.repository import SessionRepositoryWork
-from craft.turns.turn import BATCH_LIMIT, Events, Turn, start_said
+from craft.turns.session_queue import SessionQueue
+from craft.turns.turn import BATCH_LIMIT, Events, Turn, TurnContext, start_said
 from sandboxes import services as sandbox_services
 from sandboxes.acp import TURN_UPDATES, AgentConnection, AgentError, Update
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
-
-if TYPE_CHECKING:
-    from craft.turns.registry import RunnerRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +84,14 @@ ACTIVITY_EVERY = 60.0
 TURN_RUNNING = "the agent is still working on the previous prompt"
 SANDBOX_STARTING = "your sandbox is still starting: send it when it is ready"
 REPOSITORY_PREPARING = "the session's repository is still being cloned: send it when it is ready"
-# How often a session with prompts waiting for its sandbox looks whether it is ready.
-SANDBOX_POLL_SECONDS = 0.5
 
 
 class SessionRunner:
     """Run one session's turns; all methods are called on the event loop."""
 
-    def __init__(self, session_id: UUID, registry: RunnerRegistry) -> None:
+    def __init__(self, session_id: UUID, closing: Callable[[], bool]) -> None:
         self.session_id = session_id
-        self.registry = registry
+        self._closing = closing  # whether the server shuts down (its registry knows)
         self.connection: AgentConnection | None = None
         self.inbox: Inbox | None = None
         self.turn: Turn | None = None  # the last one
@@ -114,9 +112,7 @@ class SessionRunner:
         self._starting = asyncio.Lock()  # one agent start at a time (a turn, a control)
         # What the last agent of this runner takes in prompts (None: not known yet).
         self._prompt_capabilities: dict[str, bool] | None = None
-        # How many prompts wait in the session's queue (None: not known here; read it).
-        self._queued: int | None = None
-        self._waiting_for_sandbox: asyncio.Task[None] | None = None
+        self.queue = SessionQueue(session_id, self, self._lock)
         self._handling = 0  # commands being carried out here right now
         # The transcript the next prompt carries to a new agent session (`transcript_blocks`).
         self._transcript: str | None = None
@@ -128,6 +124,15 @@ class SessionRunner:
         return self.turn is not None and self.turn.running
 
     @property
+    def closing(self) -> bool:
+        """Whether the server is shutting down: no new turns."""
+        return self._closing()
+
+    def agent_running(self) -> bool:
+        """Whether the session's agent runs here now."""
+        return self.connection is not None and self.connection.is_running
+
+    @property
     def busy(self) -> bool:
         """Whether a command is being handled or an agent started here right now (a prompt
         being stored has no turn yet, and may have no agent yet; a command reads the database
@@ -137,7 +142,7 @@ class SessionRunner:
             return True
         if self.repository.preparing:
             return True
-        return self._waiting_for_sandbox is not None and not self._waiting_for_sandbox.done()
+        return self.queue.waiting_for_sandbox
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -172,14 +177,13 @@ class SessionRunner:
             case Rewind(seq=seq):
                 await self.rewind(seq)
             case EditQueued(id=client_id, text=text):
-                await self._change_queue(queue.edit, client_id, text)
+                await self.queue.edit(client_id, text)
             case RemoveQueued(id=client_id):
-                await self._change_queue(queue.remove, client_id)
-                self._queued = None
+                await self.queue.remove(client_id)
             case SendNow(id=client_id):
-                await self.send_now(client_id)
+                await self.queue.send_now(client_id)
             case RunQueue():
-                await self.run_queue()
+                await self.queue.run()
             case StartAgent():
                 await self.start_agent()
             case PrepareRepository():
@@ -206,7 +210,7 @@ class SessionRunner:
         """Forget what this runner knew of the session's queue and latest checkpoint: another
         worker may change them before this one runs the session again (after a takeover, or
         after this worker gave the lease up: its next lease can carry the same token)."""
-        self._queued = None
+        self.queue.forget()
         self.checkpoints.forget()
 
     async def append(self, events: Events, *, client_id: str | None = None) -> Stored | None:
@@ -235,7 +239,7 @@ class SessionRunner:
         if attachments and self._prompt_capabilities is not None:
             controls.check_capabilities(attachments, self._prompt_capabilities)
         async with self._lock:
-            if self.registry.closing:
+            if self.closing:
                 raise Refused("shutting_down", "the server is restarting; send it again soon")
             starting = False
             if self.connection is None or not self.connection.is_running:
@@ -258,7 +262,7 @@ class SessionRunner:
                     # The first prompt waits, queued, for the session's repository.
                     if not prompt.queue:
                         raise Refused("repository_not_ready", REPOSITORY_PREPARING)
-                    return await self._enqueue_for_repository(prompt)
+                    return await self.queue.add_for_repository(prompt)
             elif (full := sandbox_services.disk_refusal(self._sandbox_id)) is not None:
                 # Its agent runs: the sandbox it runs in is the session's (checked in memory).
                 raise Refused("disk_full", full)
@@ -268,11 +272,9 @@ class SessionRunner:
                     if await records.prompt_seen(self.session_id, prompt.id):
                         return False  # a resend of the prompt that started this turn
                     raise Refused("turn_running", TURN_RUNNING)
-            if starting or self.running or await self._queue_length():
-                return await self._enqueue(prompt, starting)
-            if self._late is not None:
-                await asyncio.gather(self._late, return_exceptions=True)
-            await self.checkpoints.settle()
+            if starting or self.running or await self.queue.length():
+                return await self.queue.add(prompt, starting)
+            await self.settle()
             # A first turn's checkpoint is confirmed beside storing its prompt.
             self.checkpoints.confirm_first()
             stored: Stored | None = None
@@ -283,113 +285,50 @@ class SessionRunner:
                     self.checkpoints.confirmation_unused()
             if stored is None:
                 return False
-            self._start_turn(prompt, stored.first_seq)
-        await self._take_title(prompt)
+            self.start_turn(prompt, stored.first_seq)
+        await self.take_title(prompt)
         return True
 
-    def _start_turn(self, prompt: Prompt, prompt_seq: int) -> None:
-        self.turn = Turn(self, prompt, prompt_seq)
+    async def settle(self) -> None:
+        """Wait for what must be stored before a turn starts: updates that came after the
+        last turn, and its checkpoint."""
+        if self._late is not None:
+            await asyncio.gather(self._late, return_exceptions=True)
+        await self.checkpoints.settle()
+
+    def start_turn(self, prompt: Prompt, prompt_seq: int) -> None:
+        """Start the turn of a stored prompt (under the runner's lock)."""
+        self.turn = Turn(self._turn_context(), prompt, prompt_seq)
         self.turn.start()
 
-    async def _take_title(self, prompt: Prompt) -> None:
+    def _turn_context(self) -> TurnContext:
+        """Return what a turn reaches of this session (see `TurnContext`)."""
+        return TurnContext(
+            session_id=self.session_id,
+            append=self.append,
+            connection=lambda: self.connection,
+            inbox=lambda: self.inbox,
+            owner_id=lambda: self.owner_id,
+            connection_for_turn=self.connection_for_turn,
+            drop_connection=self.drop_connection,
+            checkpoints=self.checkpoints,
+            transcript_blocks=self.transcript_blocks,
+            watch_titles=self.watch_titles,
+            ended=self.queue.moves_on,
+        )
+
+    async def take_title(self, prompt: Prompt) -> None:
         if not self._titled:
             self._titled = True
             await db_calls.run(
                 partial(set_session_title, self.session_id, prompt.text, "prompt", fence=self.fence)
             )
 
-    # --- the queue (craft.turns.queue) ----------------------------------------------------
-
-    async def _queue_length(self) -> int:
-        if self._queued is None:
-            self._queued = await db_calls.run(queue.waiting, self.session_id)
-        return self._queued
-
-    async def _enqueue(self, prompt: Prompt, sandbox_starting: bool) -> bool:
-        """Queue the prompt (under the runner's lock); see that the queue moves on."""
-        if not await db_calls.run(queue.enqueue, self.session_id, prompt, self.fence):
-            return False
-        self._queued = (self._queued or 0) + 1
-        if sandbox_starting:
-            self._wait_for_sandbox()
-        elif not self.running:
-            self.queue_moves_on()  # the queue was not empty: its head goes first
-        return True
-
-    async def _change_queue(self, change: Any, *args: Any) -> None:
-        async with self._lock:
-            await db_calls.run(change, self.session_id, *args, self.fence)
-
-    async def send_now(self, client_id: str) -> None:
-        """Steer: move a queued prompt to the head of the queue and cancel the running turn;
-        its end starts that prompt."""
-        await self._change_queue(queue.steer, client_id)
-        if self.running and self.turn is not None:
-            await self.turn.cancel()
-        else:
-            await self.run_queue()
-
-    def queue_moves_on(self) -> None:
-        """Start the queue's next prompt in the background (a turn just ended)."""
-        if self._queued != 0 and not self.registry.closing:
-            asyncio.get_running_loop().create_task(
-                self._run_queue_logged(), context=contextvars.Context()
-            )
-
-    async def _run_queue_logged(self) -> None:
-        task = self.task
-        if task is not None and task is not asyncio.current_task() and not task.done():
-            await asyncio.wait([task])  # called from the turn's end: let the turn finish
-        try:
-            await self.run_queue()
-        except (Fenced, Session.DoesNotExist):
-            pass  # another worker runs the session now, or it is gone
-        except Exception:
-            logger.exception("session %s: starting a queued prompt failed", self.session_id)
-
-    async def run_queue(self) -> None:
-        """Start the next queued prompt, unless a turn runs, the server is closing or the
-        sandbox is not ready (then it starts once it is)."""
-        async with self._lock:
-            if self.registry.closing or self.running:
-                return
-            if self.connection is None or not self.connection.is_running:
-                status, _, cloning = await records.sandbox_for_prompt(self.session_id)
-                if cloning:
-                    self.prepare_repository()
-                    return
-                if status == Sandbox.Status.PROVISIONING:
-                    self._wait_for_sandbox()
-                    return
-            if self._late is not None:
-                await asyncio.gather(self._late, return_exceptions=True)
-            await self.checkpoints.settle()
-            try:
-                started = await db_calls.run(queue.start_next, self.session_id, self.fence)
-            except IntegrityError:  # a turn of a gone worker is in the way: recovery closes it
-                return
-            if started is None:
-                self._queued = 0
-                return
-            prompt, stored = started
-            self._queued = None if self._queued is None else max(self._queued - 1, 0)
-            self._start_turn(prompt, stored.first_seq)
-        await self._take_title(prompt)
-
-    async def _enqueue_for_repository(self, prompt: Prompt) -> bool:
-        """Queue a prompt that came before the session's repository was cloned (under the
-        runner's lock), and see that the clone is being made: the queue runs once it is."""
-        if not await db_calls.run(queue.enqueue, self.session_id, prompt, self.fence):
-            return False
-        self._queued = (self._queued or 0) + 1
-        self.prepare_repository()
-        return True
-
     def prepare_repository(self) -> None:
         """Make the session's repository's clone in the background if it is not made; its
         queue runs once it is ready (or failed: the session goes on without it)."""
-        if not self.registry.closing:
-            self.repository.prepare(self.queue_moves_on)
+        if not self.closing:
+            self.repository.prepare(self.queue.moves_on)
 
     async def _ship(self, work: Any) -> None:
         """Carry out repository work (commit, push, ...), which changes nothing while a turn
@@ -399,20 +338,6 @@ class SessionRunner:
                 work.close()
                 raise Refused("turn_running", "the agent is working: try again once its turn ends")
             await work
-
-    def _wait_for_sandbox(self) -> None:
-        """Run the queue once the session's sandbox is ready (looked at every half second)."""
-        if self._waiting_for_sandbox is None or self._waiting_for_sandbox.done():
-            self._waiting_for_sandbox = asyncio.get_running_loop().create_task(
-                self._sandbox_ready(), context=contextvars.Context()
-            )
-
-    async def _sandbox_ready(self) -> None:
-        while await records.sandbox_status(self.session_id) == Sandbox.Status.PROVISIONING:
-            if self.registry.closing or self._queued == 0:
-                return
-            await asyncio.sleep(SANDBOX_POLL_SECONDS)
-        await self._run_queue_logged()
 
     async def _store_prompt(self, prompt: Prompt) -> Stored | None:
         """Store the user_message, which starts the session's durable turn.
@@ -605,13 +530,6 @@ class SessionRunner:
             await call_agent(connection.stop)
             await call_agent(connection.wait_closed)
 
-    def drain_inbox(self) -> Events:
-        """Take every item left in the inbox (the agent is stopped) as events."""
-        events: Events = []
-        while self.inbox is not None and (batch := self.inbox.take_nowait(BATCH_LIMIT)):
-            events += [(item.kind, item.data) for item in batch if isinstance(item, Update)]
-        return events
-
     def _store_late_updates(self) -> None:
         """Store updates that arrive outside a turn, in arrival order, after what came before;
         those of a turn that has ended are dropped and counted (see `_drain_late`)."""
@@ -679,7 +597,7 @@ class SessionRunner:
         it wrote to stderr, so that the page tells the person before they write; nothing is
         stored, and the first prompt tries again. Other failures are only logged."""
         connection = self.connection
-        if self.running or self.registry.closing or (connection and connection.is_running):
+        if self.running or self.closing or (connection and connection.is_running):
             return
         if await records.sandbox_status(self.session_id) != Sandbox.Status.RUNNING:
             return
@@ -702,7 +620,7 @@ class SessionRunner:
             # path (the first turn confirms it is still the workspace's state).
             self.checkpoints.take_first_early()
         async with self._lock:
-            await self._queue_length()  # known before the first prompt, off its path
+            await self.queue.length()  # known before the first prompt, off its path
 
     async def set_config_option(self, config_id: str, value: str) -> None:
         """Change one of the agent's session config options; the log records the new ones."""

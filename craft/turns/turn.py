@@ -2,9 +2,10 @@
 
 A `Turn` owns what belongs to one turn: the permission requests it waits on, whether a cancel
 was asked for, why Craft cut it short, and the task that carries it out. Its runner makes a new
-one for each prompt, so nothing of a turn outlives it. Whatever happens (the agent answers,
-fails, dies, hangs, floods; storage fails; the server shuts down; another worker takes the
-session over), `end()` stores the turn's last events and exactly one `turn_end`, once.
+one for each prompt, so nothing of a turn outlives it, and gives it a `TurnContext`: all a turn
+reaches of its session. Whatever happens (the agent answers, fails, dies, hangs, floods; storage
+fails; the server shuts down; another worker takes the session over), `end()` stores the turn's
+last events and exactly one `turn_end`, once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import DataError, IntegrityError
@@ -20,9 +24,10 @@ from django.db import DataError, IntegrityError
 from craft.commands import Prompt
 from craft.errors import Refused
 from craft.models import Session
-from craft.storage.eventlog import Fenced
+from craft.storage.eventlog import Fenced, Stored
 from craft.turns import controls, records
 from craft.turns.agent_calls import call_agent, send_to_agent
+from craft.turns.checkpoints import SessionCheckpoints
 from craft.turns.inbox import Inbox
 from craft.turns.quiet import LOOK_SECONDS, QuietStatus
 from craft.turns.recovery import interrupted_answer, interrupted_elicitation, interruption
@@ -40,9 +45,6 @@ from sandboxes.acp import (
     TurnItem,
     Update,
 )
-
-if TYPE_CHECKING:
-    from craft.turns.runner import SessionRunner
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +67,38 @@ class StorageFailed(Exception):
 TOOL_KINDS = {"tool_call", "tool_call_update"}
 
 
+@dataclass(frozen=True)
+class TurnContext:
+    """What a turn reaches of its session, and nothing more; its runner builds it.
+
+    The session's agent connection, its inbox and its owner change when an agent starts, so
+    a turn reads them (`connection`, `inbox`, `owner_id`) each time it needs them.
+    """
+
+    session_id: UUID
+    # Store events of the session under its lease (raises Fenced once it is lost).
+    append: Callable[[Events], Awaitable[Stored | None]]
+    connection: Callable[[], AgentConnection | None]  # the session's agent connection now
+    inbox: Callable[[], Inbox | None]  # where that agent's output waits, item by item
+    owner_id: Callable[[], Any]  # the session's owner, once an agent started
+    # The live agent connection, or a new one (waiting for a sandbox being provisioned).
+    connection_for_turn: Callable[[], Awaitable[AgentConnection]]
+    drop_connection: Callable[[], Awaitable[None]]  # stop the agent after a failure
+    checkpoints: SessionCheckpoints
+    # The transcript block a new agent session's first prompt carries (once), or [].
+    transcript_blocks: Callable[[AgentConnection], list[dict[str, Any]]]
+    watch_titles: Callable[[Events], None]  # the session's title follows the agent's
+    ended: Callable[[], None]  # the turn's end is stored: the session's queue moves on
+
+
 class Turn:
     """Carry out one prompt (all methods run on the event loop)."""
 
-    def __init__(self, runner: SessionRunner, prompt: Prompt, prompt_seq: int) -> None:
-        self.runner = runner
+    def __init__(self, context: TurnContext, prompt: Prompt, prompt_seq: int) -> None:
+        self.context = context
         self.prompt = prompt
         self.prompt_seq = prompt_seq  # the seq of its user_message: what names the turn
-        self.session_id = runner.session_id
+        self.session_id = context.session_id
         self.used_tools = False  # a tool call or a permission request: files may have changed
         self.pending: dict[str, set[str]] = {}  # open permission requests: their option ids
         # Open elicitation requests: their form fields (None for a URL, which takes no values).
@@ -102,8 +128,9 @@ class Turn:
         await self._answer_open_requests_cancelled()
         # If the agent has no turn yet (it is starting, or the prompt is being written), the
         # turn checks `cancel_requested` once the prompt is out: either way the agent hears.
-        if self.runner.connection is not None:
-            await self._send_cancel(self.runner.connection)
+        connection = self.context.connection()
+        if connection is not None:
+            await self._send_cancel(connection)
 
     async def interrupt(self, why: str, reason: str | None = None) -> None:
         """Cut the turn short (the server is shutting down): it ends `interrupted`, saying
@@ -112,14 +139,14 @@ class Turn:
         self.interrupted = why
         self.interrupted_reason = reason
         self.cancel_requested = True
-        connection = self.runner.connection
+        connection = self.context.connection()
         if connection is not None:
             await send_to_agent(connection, connection.cancel)
 
     async def answer_permission(self, request_id: str, option_id: str) -> None:
         """Answer the agent's permission request with one of its options."""
         options = self.pending.get(request_id)
-        connection = self.runner.connection
+        connection = self.context.connection()
         if options is None or connection is None:
             raise Refused("unknown_request", "that permission request is not open")
         if option_id not in options:
@@ -127,7 +154,7 @@ class Turn:
         del self.pending[request_id]
         # Stored before the agent hears it, so the log never shows the agent acting on an
         # answer that comes later in the log.
-        await self.runner.append(
+        await self.context.append(
             [("permission_answer", {"request": request_id, "option": option_id})]
         )
         await send_to_agent(connection, connection.answer_permission, request_id, option_id)
@@ -137,7 +164,7 @@ class Turn:
     ) -> None:
         """Answer the agent's elicitation request: `accept` (a form's values, checked against
         its fields), `decline` or `cancel`."""
-        connection = self.runner.connection
+        connection = self.context.connection()
         if request_id not in self.elicitations or connection is None:
             raise Refused("unknown_request", "that request for information is not open")
         fields = self.elicitations[request_id]
@@ -152,7 +179,7 @@ class Turn:
         if checked is not None:
             data["content"] = checked
         # Stored before the agent hears it, like a permission answer.
-        await self.runner.append([("elicitation_answer", data)])
+        await self.context.append([("elicitation_answer", data)])
         await send_to_agent(connection, connection.answer_elicitation, request_id, action, checked)
 
     async def _answer_open_requests_cancelled(self) -> None:
@@ -164,7 +191,7 @@ class Turn:
         ]
         events += self._elicitations_closed("turn_cancelled")
         if events:
-            await self.runner.append(events)
+            await self.context.append(events)
 
     def _elicitations_closed(self, reason: str) -> Events:
         """Return the answers of the open elicitation requests, closed as cancelled."""
@@ -203,18 +230,18 @@ class Turn:
 
     async def _run(self) -> None:
         """Run the turn to its end; whatever happens, the log gets exactly one turn_end."""
-        runner = self.runner
+        context = self.context
         ending: Events = []
         try:
             try:
-                connection = await runner.connection_for_turn()
+                connection = await context.connection_for_turn()
             except Exception as exc:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
                 ending, reason = [("agent_error", start_failure(exc))], "error"
             else:
                 # The previous turn's checkpoint must be written before this one changes
                 # anything (it usually is: checkpoints follow only turns that used tools).
-                await runner.checkpoints.before_turn(self.prompt_seq)
+                await context.checkpoints.before_turn(self.prompt_seq)
                 if self.cancel_requested:
                     ending, reason = [], "cancelled"
                 else:
@@ -224,26 +251,34 @@ class Turn:
         except Fenced:
             # Another worker took the session over; it closed this turn. Nothing more here.
             self.ended = True
-            await runner.drop_connection()
+            await context.drop_connection()
             return
         except StorageFailed as failure:
             logger.exception("session %s: storing the turn failed", self.session_id)
-            await runner.drop_connection()
+            await context.drop_connection()
             # Keep what the agent said before it was stopped: it goes in with the end.
-            drained = [event for event in runner.drain_inbox() if event[0] != "agent_error"]
+            drained = [event for event in self._drain_inbox() if event[0] != "agent_error"]
             ending = [*failure.unsaved, *drained, ("agent_error", {"message": STORAGE_FAILED})]
             reason = "interrupted"
         except Exception as exc:
             logger.exception("session %s: turn failed", self.session_id)
-            await runner.drop_connection()
+            await context.drop_connection()
             ending, reason = [("agent_error", {"message": f"internal error: {exc}"})], "error"
         if self.interrupted is not None:
             ending = [*ending, interruption(self.interrupted, self.interrupted_reason)]
             reason = "interrupted"
         await self.end(ending, reason)
         if self.used_tools:
-            runner.checkpoints.after_turn(self.prompt_seq)
-        runner.queue_moves_on()
+            context.checkpoints.after_turn(self.prompt_seq)
+        context.ended()
+
+    def _drain_inbox(self) -> Events:
+        """Take every item left in the inbox (the agent is stopped) as events."""
+        events: Events = []
+        inbox = self.context.inbox()
+        while inbox is not None and (batch := inbox.take_nowait(BATCH_LIMIT)):
+            events += [(item.kind, item.data) for item in batch if isinstance(item, Update)]
+        return events
 
     async def _unless_sandbox_stopped(self, ending: Events) -> Events:
         """An agent that ended the turn on its own with an error or `cancelled` may have been
@@ -265,17 +300,17 @@ class Turn:
             except Refused as refused:
                 return [("agent_error", {"message": refused.message})], "error"
             blocks = controls.prompt_blocks(attachments, connection.cwd)
-            blocks += self.runner.transcript_blocks(connection)
+            blocks += self.context.transcript_blocks(connection)
             try:
                 return await self._stream(connection, blocks)
             except PromptNotSent as exc:
                 logger.info("session %s: prompt not sent (%s)", self.session_id, exc)
-                await self.runner.drop_connection()
+                await self.context.drop_connection()
                 if attempt == 2 or self.cancel_requested:
                     message = f"the agent could not take the prompt: {exc}"
                     return [("agent_error", {"message": message})], "error"
             try:
-                connection = await self.runner.connection_for_turn()
+                connection = await self.context.connection_for_turn()
             except Exception as exc:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
                 return [("agent_error", start_failure(exc))], "error"
@@ -286,7 +321,7 @@ class Turn:
     ) -> tuple[Events, str]:
         """Send the prompt and store the turn's items until its end; return the last events
         (not stored yet) and the stop reason."""
-        inbox = self.runner.inbox
+        inbox = self.context.inbox()
         assert inbox is not None
         with inbox:
             # Writing the prompt can block a pod exec's websocket (then not here); a local
@@ -296,7 +331,7 @@ class Turn:
                 await self._send_cancel(connection)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.CRAFT_TURN_TIMEOUT_SECONDS
-            quiet = QuietStatus(self.session_id, self.runner.owner_id, connection)
+            quiet = QuietStatus(self.session_id, self.context.owner_id(), connection)
             try:
                 return await self._take_all(connection, inbox, deadline, quiet)
             finally:
@@ -337,12 +372,12 @@ class Turn:
             if not events:
                 continue
             try:
-                stored = await self.runner.append(events)
+                stored = await self.context.append(events)
             except (Session.DoesNotExist, Fenced):
                 raise
             except Exception as exc:
                 raise StorageFailed(exc, events) from exc
-            self.runner.watch_titles(events)
+            self.context.watch_titles(events)
             stored_size += stored.size if stored else 0
             if stored_size > settings.CRAFT_MAX_TURN_BYTES and not over:
                 over = True
@@ -457,14 +492,14 @@ class Turn:
         delay = 0.1
         while True:
             try:
-                await self.runner.append(last)
-                self.runner.watch_titles(others)
+                await self.context.append(last)
+                self.context.watch_titles(others)
                 return
             except Session.DoesNotExist:
                 logger.info("session %s was deleted during a turn", self.session_id)
                 return
             except Fenced:
-                await self.runner.drop_connection()
+                await self.context.drop_connection()
                 return
             except (DataError, IntegrityError, ValueError) as exc:
                 if not others:

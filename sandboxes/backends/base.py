@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from uuid import UUID
 
+from sandboxes.errors import SandboxError as SandboxError  # where backends have raised it from
+
 if TYPE_CHECKING:
     import socket
 
@@ -16,10 +18,6 @@ if TYPE_CHECKING:
     from sandboxes.workspace import Workspace
 
 Progress = Callable[[str], None]
-
-
-class SandboxError(Exception):
-    """A backend could not do what was asked; the message is fit to show to the user."""
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,7 @@ async def test_a_clone_cut_short_is_made_again_from_an_empty_workspace(hosts, ow
     )
     from craft.turns.registry import runners
 
-    runners.clear()  # the runner that made it is gone with its worker
+    runners.forget_all()  # the runner that made it is gone with its worker
     await comm.send_json_to({"type": "prompt", "id": "p1", "text": "exec test -f app.py"})
     frames = await frames_until(comm, is_turn_end)
     assert [f["data"]["status"] for f in frames if is_ready_or_failed(f)] == ["ready"], [

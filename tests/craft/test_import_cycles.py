@@ -1,0 +1,136 @@
+"""No module of the product imports itself back, through however many others.
+
+Every module under `craft/` and `sandboxes/` is parsed (nothing is imported) and each of its
+imports of another of their modules is an edge of a graph: at module level or inside a
+function, `import x` or `from x import y` (a name imported from a package counts as its module
+when it is one), and importing `a.b.c` counts as importing the packages `a.b` and `a` too (their
+`__init__` runs first). Imports under `if TYPE_CHECKING:` count as well: they never run, so they
+make no circle at run time, but a module that names another's types knows it as surely as one
+that calls it, and a circle of them is two modules that cannot be understood, or moved, apart.
+Any cycle of that graph fails the test, named module by module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("craft", "sandboxes")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports_of(path: Path) -> set[str]:
+    """Return the product's modules a file imports, with the packages around them."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [
+                f"{base}.{alias.name}" if is_module(f"{base}.{alias.name}") else base
+                for alias in node.names
+            ]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in PACKAGES:
+                found |= {".".join(parts[:end]) for end in range(1, len(parts) + 1)}
+    return found - {module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    graph = {module_name(path): imports_of(path) for path in paths}
+    return {module: {name for name in names if name in graph} for module, names in graph.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Return one cycle of each group of modules that import one another (Tarjan's strongly
+    connected components), as the modules in import order, the first one again at the end."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for name in sorted(graph[module]):
+            if name not in index:
+                visit(name)
+                low[module] = min(low[module], low[name])
+            elif name in stack:
+                low[module] = min(low[module], index[name])
+        if low[module] == index[module]:
+            group = set()
+            while True:
+                name = stack.pop()
+                group.add(name)
+                if name == module:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [cycle_in(graph, group) for group in groups]
+
+
+def cycle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """Return a shortest cycle through the first module of `group` (a breadth-first walk)."""
+    start = min(group)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for name in sorted(graph[module] & group):
+                if name == start:
+                    path = [module]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if name not in came_from:
+                    came_from[name] = module
+                    following.append(name)
+        frontier = following
+    raise AssertionError(f"{sorted(group)} holds no cycle")
+
+
+def test_no_module_of_the_product_imports_itself_back():
+    graph = import_graph()
+    found = [" -> ".join(cycle) for cycle in cycles(graph)]
+    assert not found, "modules that import themselves back:\n" + "\n".join(found)
+    # Not vacuously: both packages were read, with their imports.
+    assert len(graph) >= 140
+    assert sum(len(names) for names in graph.values()) >= 500
+
+
+def test_the_check_reads_every_kind_of_import_and_finds_cycles():
+    # Inside a function: `CraftConfig.ready` imports `craft.cluster.forwarding`.
+    assert "craft.cluster.forwarding" in imports_of(ROOT / "craft" / "apps.py")
+    # Under `if TYPE_CHECKING:`: the backends' interface names the workspace's type.
+    assert "sandboxes.workspace" in imports_of(ROOT / "sandboxes" / "backends" / "base.py")
+    # Importing a module runs its packages: `sandboxes.backends` is imported by that name.
+    assert "sandboxes.backends" in imports_of(ROOT / "sandboxes" / "services.py")
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}) == [["a", "b", "a"]]
