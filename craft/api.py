@@ -17,7 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_http_methods
 
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
-from craft.http import SignedInRequest
+from craft.http.requests import SignedInRequest
 from craft.models import Event, Session, SessionRepository, Turn
 from craft.storage.eventlog import events_json_after
 from craft.turns.repository import repository_json

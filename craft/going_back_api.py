@@ -17,7 +17,7 @@ from craft import services
 from craft.api import error, json_body
 from craft.commands import Prompt, parse_fork, parse_turn_seq
 from craft.errors import Refused
-from craft.http import SignedInRequest
+from craft.http.requests import SignedInRequest
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
 

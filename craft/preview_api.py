@@ -14,7 +14,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
 from craft.api import api_login_required, error, json_body
-from craft.http import SignedInRequest
+from craft.http.requests import SignedInRequest
 from craft.models import Session
 from craft.preview.origin import preview_origin
 from craft.preview.passes import ENTRY_PATH, Pass, make_token

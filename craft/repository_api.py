@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods
 from craft import services
 from craft.api import error, json_body
 from craft.errors import Refused
-from craft.http import SignedInRequest
+from craft.http.requests import SignedInRequest
 from craft.models import Event, Session, SessionRepository
 from craft.storage.db import db_sync_to_async
 from craft.turns import repository as session_repository

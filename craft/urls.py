@@ -4,13 +4,13 @@ from django.urls import include, path
 from craft import (
     api,
     going_back_api,
-    health,
     preview_api,
     repository_api,
     search_api,
     views,
     workspace_api,
 )
+from craft.http import health
 
 urlpatterns = [
     path("healthz", health.alive, name="healthz"),

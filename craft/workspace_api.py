@@ -24,7 +24,7 @@ from craft import services
 from craft.api import api_login_required, error, json_body
 from craft.commands import parse_revert
 from craft.errors import Refused
-from craft.http import SignedInRequest
+from craft.http.requests import SignedInRequest
 from craft.models import Session, SessionRepository
 from craft.storage.db import db_sync_to_async
 from craft.turns.checkpoints import checkpoints_of
@@ -126,7 +126,7 @@ def _upload(request: SignedInRequest, session: Session, path: str) -> HttpRespon
     """Write the request's body (read as it is read, never whole in memory) as the file
     `path` of the workspace, through the workspace tool: 201 `{"path", "size"}`; 409
     `exists` unless `?overwrite=1`; 413 past CRAFT_UPLOAD_MAX_BYTES (bodies over it are
-    refused before a view runs: `craft.http_handler`); 400 `invalid_path`."""
+    refused before a view runs: `craft.http.handler`); 400 `invalid_path`."""
     if not path.strip("/."):
         return error(400, "invalid_path", "name the file to write: ?path=folder/name")
     if _cloning(session):

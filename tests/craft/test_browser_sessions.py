@@ -1,4 +1,4 @@
-"""Browser sessions are read by `craft.browser_sessions` as Django's own database store reads
+"""Browser sessions are read by `craft.http.browser_sessions` as Django's own database store reads
 them: a signed-in session loads its data, and one that expired or is missing loads empty, forgets
 its key and signs nobody in (`test_sessions_read_the_same_on_sqlite` runs this module again on
 SQLite, `make run`'s database)."""
@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from craft.browser_sessions import SessionStore
+from craft.http.browser_sessions import SessionStore
 from tests.craft.wsclient import session_cookie
 from tests.sqlite_rerun import run_again_on_sqlite, runs_the_module_on_sqlite
 

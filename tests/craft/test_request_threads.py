@@ -1,4 +1,4 @@
-"""The threads HTTP requests run on (craft.http_handler): kept for the next request, never lent
+"""The threads HTTP requests run on (craft.http.handler): kept for the next request, never lent
 while a request that went away still runs on them, and at most REQUESTS_AT_ONCE requests in
 their middleware and view at once (a slow upload and a response that streams hold no place).
 
@@ -16,9 +16,9 @@ from django.core.signals import request_finished, request_started
 from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import include, path
 
-from craft import http_handler
 from craft.asgi import django_application
-from craft.http_handler import RequestThreads
+from craft.http import handler as http_handler
+from craft.http.handler import RequestThreads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,8 @@ import pytest
 from channels.testing import HttpCommunicator
 from django.conf import settings
 
-from craft.http_handler import OneHopASGIHandler
-from craft.static_files import LARGEST, VARIANTS, StaticFiles
+from craft.http.handler import OneHopASGIHandler
+from craft.http.static_files import LARGEST, VARIANTS, StaticFiles
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
