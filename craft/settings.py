@@ -375,7 +375,7 @@ MIDDLEWARE = [
     # Near the outside: every HTML answer gets the policy, Django's error pages included.
     "craft.http.csp.ContentSecurityPolicyMiddleware",
     # Outside the rest, so that it sees every error Django makes under /api/ (see the module).
-    "craft.api_errors.ApiErrorMiddleware",
+    "craft.api.errors.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -530,7 +530,7 @@ SECURE_PROXY_SSL_HEADER = env_proxy_header("DJANGO_SECURE_PROXY_SSL_HEADER")
 SESSION_COOKIE_HTTPONLY = True
 # Django's database sessions, read by one statement written out (craft/http/browser_sessions.py).
 SESSION_ENGINE = "craft.http.browser_sessions"
-CSRF_FAILURE_VIEW = "craft.api_errors.csrf_failure"
+CSRF_FAILURE_VIEW = "craft.api.errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 
 LOGGING = {

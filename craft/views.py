@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
-from craft.api import MAX_EVENTS_PAGE, start_cloning
+from craft.api.sessions import MAX_EVENTS_PAGE, start_cloning
 from craft.http.requests import SignedInRequest
 from craft.models import Session, SessionRepository
 from craft.turns.repository import repository_json

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from craft import services
-from craft.api import error, json_body
+from craft.api.sessions import error, json_body
 from craft.errors import Refused
 from craft.http.requests import SignedInRequest
 from craft.models import Event, Session, SessionRepository

@@ -13,7 +13,7 @@ from uuid import UUID
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
-from craft.api import api_login_required, error, json_body
+from craft.api.sessions import api_login_required, error, json_body
 from craft.http.requests import SignedInRequest
 from craft.models import Session
 from craft.preview.origin import preview_origin

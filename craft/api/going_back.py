@@ -14,7 +14,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
 from craft import services
-from craft.api import error, json_body
+from craft.api.sessions import error, json_body
 from craft.commands import Prompt, parse_fork, parse_turn_seq
 from craft.errors import Refused
 from craft.http.requests import SignedInRequest

@@ -21,7 +21,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_http_methods
 
 from craft import services
-from craft.api import api_login_required, error, json_body
+from craft.api.sessions import api_login_required, error, json_body
 from craft.commands import parse_revert
 from craft.errors import Refused
 from craft.http.requests import SignedInRequest

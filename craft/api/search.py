@@ -8,7 +8,7 @@ from uuid import UUID
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
-from craft.api import api_login_required, error
+from craft.api.sessions import api_login_required, error
 from craft.http.requests import SignedInRequest
 from craft.models import Session
 from craft.storage import search
