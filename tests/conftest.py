@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
+from sandboxes.agent.connections import agent_connections
 from sandboxes.backends import (
     budget,
     containment,
@@ -26,7 +27,6 @@ from sandboxes.backends import (
     get_backend,
     network,
 )
-from sandboxes.connections import agent_connections
 from tests.agents import agent_command
 
 PASSWORD = "correct horse battery staple"

@@ -70,7 +70,8 @@ from craft.turns.recovery import close_turns_of_gone_workers
 from craft.turns.repository import SessionRepositoryWork
 from craft.turns.turn import BATCH_LIMIT, Events, Turn, start_said
 from sandboxes import services as sandbox_services
-from sandboxes.acp import TURN_UPDATES, AgentConnection, AgentError, Update
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import TURN_UPDATES, AgentError, Update
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 

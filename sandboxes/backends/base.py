@@ -9,7 +9,7 @@ from uuid import UUID
 if TYPE_CHECKING:
     import socket
 
-    from sandboxes.acp import AgentProcess
+    from sandboxes.agent.connection import AgentProcess
     from sandboxes.catalog import Launch
     from sandboxes.models import Sandbox
     from sandboxes.repository import Repository

@@ -12,7 +12,8 @@ import pytest
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
-from sandboxes.acp import AgentConnection, PromptNotSent
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import PromptNotSent
 from sandboxes.demo_agent import FRESH_MARKER
 from tests.ready import open_ready_session
 

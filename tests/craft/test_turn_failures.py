@@ -21,7 +21,7 @@ from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import EventWriter
 from craft.turns.turn import STORAGE_FAILED
 from sandboxes import services as sandbox_services
-from sandboxes.acp import AgentConnection
+from sandboxes.agent.connection import AgentConnection
 from tests.ready import open_ready_session
 
 from .logs import stored_log

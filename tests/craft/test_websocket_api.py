@@ -16,7 +16,8 @@ from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
 from craft.turns.registry import runners
 from craft.turns.turn import Turn
-from sandboxes.acp import AgentConnection, Update
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import Update
 from tests.ready import open_ready_session
 
 from .logs import stored_log

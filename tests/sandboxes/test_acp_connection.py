@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.acp import (
-    AgentConnection,
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import (
     AgentError,
     MalformedAnswer,
     PermissionRequest,
@@ -411,7 +411,7 @@ def test_a_permission_request_with_list_params_gets_an_error_answer(hostile):
 
 def restarted(agent, workspace, *args):
     """Stop `agent` and start another demo agent that reattaches to its session."""
-    from sandboxes.acp import AgentConnection
+    from sandboxes.agent.connection import AgentConnection
     from sandboxes.backends.local import LocalAgentProcess, resolve_command
 
     agent.stop()
@@ -456,7 +456,7 @@ def test_it_sets_config_options_and_modes_and_follows_the_agent(agent):
 
 
 def test_a_prompt_to_a_dead_agent_is_not_sent(agent):
-    from sandboxes.acp import PromptNotSent
+    from sandboxes.agent.protocol import PromptNotSent
 
     agent.process.terminate()
     agent.wait_closed()

@@ -1,5 +1,6 @@
 """An agent's line parsed as `json.loads` would: the same value, down to each number's type, or
-the same refusal (`sandboxes.acp.parse_line` takes orjson's faster way when that gives it)."""
+the same refusal (`sandboxes.agent.protocol.parse_line` takes orjson's faster way when that
+gives it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxes.acp import parse_line
+from sandboxes.agent.protocol import parse_line
 
 VALUES = st.recursive(
     st.none()

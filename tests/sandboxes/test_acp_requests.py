@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes import demo_agent
-from sandboxes.acp import (
+from sandboxes.agent.protocol import (
     CLIENT_CAPABILITIES,
     AgentError,
     AuthRequired,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import pytest
 
 from sandboxes import services
-from sandboxes.acp import TurnEnd, TurnFailed, Update
-from sandboxes.connections import StartStopped, agent_connections
+from sandboxes.agent.connections import StartStopped, agent_connections
+from sandboxes.agent.protocol import TurnEnd, TurnFailed, Update
 from sandboxes.models import Sandbox
 
 from ..conftest import run_concurrently

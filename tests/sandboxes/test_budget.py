@@ -22,9 +22,9 @@ import pytest
 
 from craft.session_activity import session_activity
 from sandboxes import reaper, services
-from sandboxes.acp import TurnFailed
+from sandboxes.agent.connections import agent_connections
+from sandboxes.agent.protocol import TurnFailed
 from sandboxes.backends import SandboxError, budget, containment, forget_backends, get_backend
-from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox
 from tests.ready import open_ready_session
 

@@ -15,9 +15,10 @@ import uuid
 import pytest
 
 from sandboxes import services
-from sandboxes.acp import AgentConnection, PermissionRequest, TurnEnd, TurnFailed
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.connections import TooManyAgents, agent_connections
+from sandboxes.agent.protocol import PermissionRequest, TurnEnd, TurnFailed
 from sandboxes.backends import SandboxError, forget_backends, get_backend
-from sandboxes.connections import TooManyAgents, agent_connections
 
 from ..conftest import run_concurrently
 from .agents import agent_pid, run_turn

@@ -26,7 +26,7 @@ from websocket import WebSocketException
 
 from craft import services as craft_services
 from sandboxes import services
-from sandboxes.acp import AgentConnection
+from sandboxes.agent.connection import AgentConnection
 from sandboxes.backends import containment
 from sandboxes.backends.base import SandboxError
 from sandboxes.backends.kubernetes import (

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client as kubernetes
 
 from sandboxes import services
-from sandboxes.acp import Update
+from sandboxes.agent.protocol import Update
 from sandboxes.backends import SandboxError
 from sandboxes.backends.kubernetes import pod_name
 from sandboxes.backends.kubernetes_exec import exec_request

@@ -25,8 +25,8 @@ from django.db import connection
 
 from craft import session_activity
 from sandboxes import reaper, services
+from sandboxes.agent.connections import agent_connections
 from sandboxes.backends import SandboxError, firewall, forget_backends, jail, network
-from sandboxes.connections import agent_connections
 from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
 

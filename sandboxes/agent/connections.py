@@ -39,8 +39,8 @@ from uuid import UUID, uuid4
 
 from django.conf import settings
 
-from .acp import AgentConnection
-from .backends import SandboxError
+from ..backends import SandboxError
+from .connection import AgentConnection
 
 logger = logging.getLogger(__name__)
 
