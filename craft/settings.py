@@ -688,8 +688,9 @@ CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT",
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
 # Ready pods kept with no owner yet, for new users' sandboxes to claim at once (0: none).
 CRAFT_K8S_WARM_SANDBOXES = env_int("CRAFT_K8S_WARM_SANDBOXES", 0, minimum=0)
-# How the pod runs Craft's workspace tool (sandboxes/workspace_tool.py): the sandbox image has
-# it in /opt/craft with its bytecode, and it runs as an imported module, not compiled each time.
+# How the pod runs Craft's workspace tool (sandboxes/in_sandbox/workspace_tool.py): the sandbox
+# image has it in /opt/craft with its bytecode, and it runs as an imported module, not compiled
+# each time.
 CRAFT_K8S_WORKSPACE_TOOL = env_argv(
     "CRAFT_K8S_WORKSPACE_TOOL",
     [
@@ -698,7 +699,7 @@ CRAFT_K8S_WORKSPACE_TOOL = env_argv(
         "sys.exit(workspace_tool.main(sys.argv[1:]))",
     ],
 )  # fmt: skip
-# How the pod's `git` container runs Craft's git tool (sandboxes/git_tool.py), as above.
+# How the pod's `git` container runs Craft's git tool (sandboxes/in_sandbox/git_tool.py), as above.
 CRAFT_K8S_GIT_TOOL = env_argv(
     "CRAFT_K8S_GIT_TOOL",
     [

@@ -14,6 +14,7 @@ import pytest
 
 from craft.models import Event, Session
 from sandboxes.backends.kubernetes import pod_name
+from sandboxes.in_sandbox import demo_agent
 
 from ..server import Daphne, api
 from .test_going_back import Talker
@@ -47,7 +48,7 @@ def server(kube, kube_backend, tmp_path, settings):
         CRAFT_K8S_POLL_INTERVAL="0.05",
         CRAFT_K8S_READY_TIMEOUT="30",
         # The checkout's own file (`-m` would import the package the virtualenv points at).
-        CRAFT_AGENT_COMMAND=f"{sys.executable} {settings.BASE_DIR / 'sandboxes/demo_agent.py'}",
+        CRAFT_AGENT_COMMAND=f"{sys.executable} {demo_agent.__file__}",
         # The sandbox image's tools, as the test API server's pods see them (`kube_backend`).
         CRAFT_K8S_WORKSPACE_TOOL=shlex.join(settings.CRAFT_K8S_WORKSPACE_TOOL),
         CRAFT_K8S_GIT_TOOL=shlex.join(settings.CRAFT_K8S_GIT_TOOL),

@@ -11,7 +11,7 @@ import websocket
 
 from craft.models import Event, Session
 from craft.storage.db import db_sync_to_async
-from sandboxes.demo_agent import big_text
+from sandboxes.in_sandbox.demo_agent import big_text
 from tests.ready import open_ready_session
 
 from ..server import Daphne, Socket, close_code, closed_by_server, wait_for_log

@@ -98,7 +98,7 @@ def test_the_socket_follows_a_pod_from_provisioning_to_running(kube, owner, tmp_
         CRAFT_K8S_NAMESPACE="craft-live-status",
         CRAFT_K8S_POLL_INTERVAL="0.1",
         CRAFT_K8S_READY_TIMEOUT="30",
-        CRAFT_AGENT_COMMAND=f"{sys.executable} -m sandboxes.demo_agent",
+        CRAFT_AGENT_COMMAND=f"{sys.executable} -m sandboxes.in_sandbox.demo_agent",
     ).start()
     try:
         status, session = api(server, owner, "POST", "/api/sessions/", {"title": "pod"})

@@ -16,6 +16,7 @@ import time
 import pytest
 import websocket
 
+from sandboxes.in_sandbox import demo_agent
 from tests.ports import free_port
 from tests.server import Daphne, api, ask, open_session
 
@@ -38,7 +39,7 @@ def kube_preview(kube, tmp_path, settings):
         CRAFT_K8S_POLL_INTERVAL="0.05",
         CRAFT_K8S_READY_TIMEOUT="30",
         # The checkout's own file (`-m` would import the package the virtualenv points at).
-        CRAFT_AGENT_COMMAND=f"{sys.executable} {settings.BASE_DIR / 'sandboxes' / 'demo_agent.py'}",
+        CRAFT_AGENT_COMMAND=f"{sys.executable} {demo_agent.__file__}",
         CRAFT_PREVIEW_ORIGIN=origin,
     ).start()
     yield Preview(server, preview_port)

@@ -14,7 +14,7 @@ from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
 from sandboxes.agent.connection import AgentConnection
 from sandboxes.agent.protocol import PromptNotSent
-from sandboxes.demo_agent import FRESH_MARKER
+from sandboxes.in_sandbox.demo_agent import FRESH_MARKER
 from tests.ready import open_ready_session
 
 from ..procs import killed

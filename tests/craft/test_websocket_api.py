@@ -365,7 +365,7 @@ async def test_the_live_chat_works_unchanged_on_the_kubernetes_backend(
     await comm.send_json_to({"type": "prompt", "id": "k2", "text": "pid"})
     frames = await receive_until(comm, is_turn_end)
     (reply,) = [f for f in frames if f["kind"] == "agent_message_chunk"]
-    agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
+    agents = [e for e in kube.execs if "sandboxes.in_sandbox.demo_agent" in e.argv]
     assert reply["data"]["content"]["text"].split()[:2] == ["pid", str(agents[0].pid)]
     assert len(agents) == 1  # one exec served both prompts
     # A pod exec's websocket may make a write wait: never on the event loop.

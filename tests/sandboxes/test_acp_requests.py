@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import demo_agent
 from sandboxes.agent.protocol import (
     CLIENT_CAPABILITIES,
     AgentError,
@@ -22,6 +21,7 @@ from sandboxes.agent.protocol import (
     TurnFailed,
     Update,
 )
+from sandboxes.in_sandbox import demo_agent
 
 from .agents import iter_prompt, reply_text, start_demo_agent
 

@@ -60,7 +60,12 @@ def backend(request, settings, tmp_path) -> Agents:
     recorder = tmp_path / "record-start"
     recorder.write_text(f'#!/bin/sh\necho $$ >> "{starts}"\nexec "$@"\n')
     recorder.chmod(0o755)
-    settings.CRAFT_AGENT_COMMAND = [str(recorder), sys.executable, "-m", "sandboxes.demo_agent"]
+    settings.CRAFT_AGENT_COMMAND = [
+        str(recorder),
+        sys.executable,
+        "-m",
+        "sandboxes.in_sandbox.demo_agent",
+    ]
 
     def started() -> list[int]:
         return [int(pid) for pid in starts.read_text().split()] if starts.exists() else []
@@ -209,9 +214,9 @@ def test_cleaning_up_a_session_stops_its_agent_start_without_waiting_for_it(
     # An agent that never answers `initialize`, in place of the demo agent's module (whose
     # name stays in its arguments: the kubernetes view of the agents looks for it).
     command = settings.CRAFT_AGENT_COMMAND
-    assert command[-2:] == ["-m", "sandboxes.demo_agent"]
+    assert command[-2:] == ["-m", "sandboxes.in_sandbox.demo_agent"]
     never = "import time; time.sleep(600)"
-    settings.CRAFT_AGENT_COMMAND = [*command[:-2], "-c", never, "sandboxes.demo_agent"]
+    settings.CRAFT_AGENT_COMMAND = [*command[:-2], "-c", never, "sandboxes.in_sandbox.demo_agent"]
     session_id = new_session()
     failures: list[BaseException] = []
 

@@ -69,7 +69,7 @@ def install_at_once(tools: Path) -> None:
 
 def test_tools_installed_by_several_threads_at_once_are_whole(tmp_path):
     """Each thread's staging file is its own: none renames another's away."""
-    source = Path(containment.__file__).resolve().parent.parent / "workspace_tool.py"
+    source = Path(containment.__file__).resolve().parent.parent / "in_sandbox" / "workspace_tool.py"
     for round_ in range(20):
         tools = tmp_path / f"tools-{round_}"
         install_at_once(tools)

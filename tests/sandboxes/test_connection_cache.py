@@ -231,7 +231,12 @@ def test_at_most_the_configured_number_of_local_agents_start_at_once(
         f'echo "$(date +%s.%N) -1" >> {log}\nexec "$@"\n'
     )
     slow_start.chmod(0o755)
-    settings.CRAFT_AGENT_COMMAND = [str(slow_start), sys.executable, "-m", "sandboxes.demo_agent"]
+    settings.CRAFT_AGENT_COMMAND = [
+        str(slow_start),
+        sys.executable,
+        "-m",
+        "sandboxes.in_sandbox.demo_agent",
+    ]
     sandbox = services.provision_sandbox(owner)
     sessions = iter([uuid.uuid4() for _ in range(6)])
     try:

@@ -33,7 +33,7 @@ class AgentProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self.cwd = cwd
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandboxes.demo_agent", *args],
+            [sys.executable, "-m", "sandboxes.in_sandbox.demo_agent", *args],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,
@@ -271,7 +271,7 @@ def test_eof_exits_zero(agent: AgentProcess) -> None:
 
 def test_help_and_version() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "sandboxes.demo_agent"]
+    command = [sys.executable, "-m", "sandboxes.in_sandbox.demo_agent"]
     help_text = subprocess.run(
         [*command, "--help"], env=env, capture_output=True, text=True, timeout=TIMEOUT
     ).stdout
@@ -286,7 +286,7 @@ def test_help_and_version() -> None:
 def test_without_arguments_the_agent_offers_what_its_flags_default_to() -> None:
     """Craft starts it without arguments, and then it skips parsing them (and importing
     argparse): its options must be the command line's defaults."""
-    from sandboxes.demo_agent import Options, parse_options
+    from sandboxes.in_sandbox.demo_agent import Options, parse_options
 
     assert parse_options(["--images", "--restore", "both"]) == Options()
     assert parse_options(["--no-images", "--auth"]) == Options(images=False, auth=True)

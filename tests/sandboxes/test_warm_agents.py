@@ -31,7 +31,7 @@ from .agents import agent_pid, run_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DEMO = [sys.executable, "-m", "sandboxes.demo_agent"]
+DEMO = [sys.executable, "-m", "sandboxes.in_sandbox.demo_agent"]
 
 
 @pytest.fixture(autouse=True)
