@@ -22,7 +22,7 @@ from craft.storage.db import db_sync_to_async
 from tests.kubeapi import KubeTestServer
 from tests.sandboxes.kube import image_workspace_tool
 
-from ..craft.test_terminal_socket import open_session
+from ..craft.live.test_terminal_socket import open_session
 from .conftest import serve, snap
 from .test_live_status import off_the_loop
 from .test_terminal import SCREEN as TERMINAL_SCREEN

@@ -19,8 +19,8 @@ from sandboxes.in_sandbox import demo_agent
 from sandboxes.models import ReaperAction, Sandbox
 
 from ..server import Daphne, Socket, api, ask
+from .cluster.test_workers import redis_url  # noqa: F401 (a fixture)
 from .test_sleeping import QUICK_SLEEP, put_file, read_file, sandbox_of, wait_for_status
-from .test_workers import redis_url  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
