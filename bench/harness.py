@@ -335,7 +335,9 @@ def _is_chunk(message: dict[str, Any]) -> bool:
 
 # The floors' agent: this checkout's demo agent (an installed craft-demo-agent may be another
 # checkout's), started as Craft starts it (containment.module_command: compiled, imported).
-DEMO_AGENT = module_command(sys.executable, ROOT / "sandboxes", "demo_agent", "main()")
+DEMO_AGENT = module_command(
+    sys.executable, ROOT / "sandboxes" / "in_sandbox", "demo_agent", "main()"
+)
 
 
 class DirectAgent:

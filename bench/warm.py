@@ -47,7 +47,7 @@ TARGET_S = 1.0
 def kubernetes_site(site: Site, warm: int, **extra: str) -> Iterator[tuple[Server, Any]]:
     """Serve the site on the kubernetes backend against a test API server of its own (with
     `extra` settings)."""
-    from sandboxes import workspace_tool
+    from sandboxes.in_sandbox import workspace_tool
     from tests.kubeapi import KubeTestServer
 
     root = site.workdir / f"cluster-{warm}"
@@ -59,7 +59,7 @@ def kubernetes_site(site: Site, warm: int, **extra: str) -> Iterator[tuple[Serve
             "CRAFT_K8S_NAMESPACE": f"craft-bench-warm-{warm}",
             "CRAFT_K8S_WARM_SANDBOXES": str(warm),
             # The test server runs exec'd commands on this machine: the demo agent from here.
-            "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.demo_agent",
+            "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.in_sandbox.demo_agent",
             "CRAFT_K8S_WORKSPACE_TOOL": f"{sys.executable} -I -S {workspace_tool.__file__}",
             **extra,
         }

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from craft.api import MAX_EVENTS_PAGE
+from craft.api.sessions import MAX_EVENTS_PAGE
 from craft.models import Session, SessionRepository, Turn
 from craft.session_activity import session_activity
 from craft.storage.eventlog import events_json_after

@@ -11,17 +11,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "craft.settings")
 # Django's ASGI handler, as `get_asgi_application` makes it, with one thread hop a request.
 django.setup(set_prefix=False)
 
-from craft.http_handler import OneHopASGIHandler  # noqa: E402
+from craft.http.handler import OneHopASGIHandler  # noqa: E402
 
 django_application = OneHopASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from craft.http.static_files import StaticFiles  # noqa: E402
 from craft.live.auth import SessionAuthMiddleware  # noqa: E402
 from craft.live.origins import OriginCheck  # noqa: E402
 from craft.live.routing import websocket_urlpatterns  # noqa: E402
 from craft.preview.proxy import PreviewDispatch  # noqa: E402
-from craft.static_files import StaticFiles  # noqa: E402
 
 # Requests and websockets to a preview host (CRAFT_PREVIEW_ORIGIN) go to the preview, never to
 # Craft; Craft's own never to the preview (craft/preview/proxy.py).

@@ -373,9 +373,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Near the outside: every HTML answer gets the policy, Django's error pages included.
-    "craft.csp.ContentSecurityPolicyMiddleware",
+    "craft.http.csp.ContentSecurityPolicyMiddleware",
     # Outside the rest, so that it sees every error Django makes under /api/ (see the module).
-    "craft.api_errors.ApiErrorMiddleware",
+    "craft.api.errors.ApiErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -423,7 +423,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         # WAL (a crash of the server loses nothing; a power cut can lose the last commits).
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    # Requests run on threads that are kept (craft.http_handler), so each keeps its
+    # Requests run on threads that are kept (craft.http.handler), so each keeps its
     # connection: opening one (and its PRAGMAs) cost about 1.2 ms of every request that
     # reads the database. At most this old, then opened again at the end of a request.
     DATABASES["default"]["CONN_MAX_AGE"] = 600
@@ -474,7 +474,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-# Sign-in throttling (django-axes, see craft/login_throttle.py). Failed sign-ins are stored in
+# Sign-in throttling (django-axes, see craft/http/login_throttle.py). Failed sign-ins are stored in
 # the database, so every server process counts the same ones. A client's address is the one
 # daphne sees (REMOTE_ADDR): behind a proxy, see docs/deployment.md.
 AUTHENTICATION_BACKENDS = [
@@ -487,11 +487,11 @@ CRAFT_LOGIN_FAILURES_PER_ACCOUNT = env_int("CRAFT_LOGIN_FAILURES_PER_ACCOUNT", 5
 CRAFT_LOGIN_FAILURES_PER_ADDRESS = env_int("CRAFT_LOGIN_FAILURES_PER_ADDRESS", 30, minimum=1)
 # How long a lockout lasts, counted from the last failure that was recorded.
 CRAFT_LOGIN_COOLOFF_SECONDS = env_int("CRAFT_LOGIN_COOLOFF_SECONDS", 900, minimum=1)
-AXES_HANDLER = "craft.login_throttle.LoginThrottle"
-# In this order (craft/login_throttle.py gives each its own limit).
+AXES_HANDLER = "craft.http.login_throttle.LoginThrottle"
+# In this order (craft/http/login_throttle.py gives each its own limit).
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
-AXES_FAILURE_LIMIT = "craft.login_throttle.failure_limit"
-AXES_COOLOFF_TIME = "craft.login_throttle.cool_off"
+AXES_FAILURE_LIMIT = "craft.http.login_throttle.failure_limit"
+AXES_COOLOFF_TIME = "craft.http.login_throttle.cool_off"
 # Tries during a lockout are refused without being counted: it ends when the page says.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_RESET_ON_SUCCESS = True
@@ -518,7 +518,7 @@ WHITENOISE_USE_FINDERS = True
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
-# Probes speak plain HTTP to the pod (craft.health).
+# Probes speak plain HTTP to the pod (craft.http.health).
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
@@ -528,9 +528,9 @@ SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 SECURE_PROXY_SSL_HEADER = env_proxy_header("DJANGO_SECURE_PROXY_SSL_HEADER")
 SESSION_COOKIE_HTTPONLY = True
-# Django's database sessions, read by one statement written out (craft/browser_sessions.py).
-SESSION_ENGINE = "craft.browser_sessions"
-CSRF_FAILURE_VIEW = "craft.api_errors.csrf_failure"
+# Django's database sessions, read by one statement written out (craft/http/browser_sessions.py).
+SESSION_ENGINE = "craft.http.browser_sessions"
+CSRF_FAILURE_VIEW = "craft.api.errors.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 
 LOGGING = {
@@ -688,8 +688,9 @@ CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = env_float("CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT",
 CRAFT_K8S_EXEC_IDLE_TIMEOUT = env_float("CRAFT_K8S_EXEC_IDLE_TIMEOUT", 60.0, minimum=1.0)
 # Ready pods kept with no owner yet, for new users' sandboxes to claim at once (0: none).
 CRAFT_K8S_WARM_SANDBOXES = env_int("CRAFT_K8S_WARM_SANDBOXES", 0, minimum=0)
-# How the pod runs Craft's workspace tool (sandboxes/workspace_tool.py): the sandbox image has
-# it in /opt/craft with its bytecode, and it runs as an imported module, not compiled each time.
+# How the pod runs Craft's workspace tool (sandboxes/in_sandbox/workspace_tool.py): the sandbox
+# image has it in /opt/craft with its bytecode, and it runs as an imported module, not compiled
+# each time.
 CRAFT_K8S_WORKSPACE_TOOL = env_argv(
     "CRAFT_K8S_WORKSPACE_TOOL",
     [
@@ -698,7 +699,7 @@ CRAFT_K8S_WORKSPACE_TOOL = env_argv(
         "sys.exit(workspace_tool.main(sys.argv[1:]))",
     ],
 )  # fmt: skip
-# How the pod's `git` container runs Craft's git tool (sandboxes/git_tool.py), as above.
+# How the pod's `git` container runs Craft's git tool (sandboxes/in_sandbox/git_tool.py), as above.
 CRAFT_K8S_GIT_TOOL = env_argv(
     "CRAFT_K8S_GIT_TOOL",
     [

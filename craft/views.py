@@ -24,8 +24,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
-from craft.api import MAX_EVENTS_PAGE, start_cloning
-from craft.http import SignedInRequest
+from craft.api.sessions import MAX_EVENTS_PAGE, start_cloning
+from craft.http.requests import SignedInRequest
 from craft.models import Session, SessionRepository
 from craft.turns.repository import repository_json
 from sandboxes import catalog
@@ -433,7 +433,7 @@ def signin_locked(request: HttpRequest, *args: object) -> HttpResponse:
     """Render the sign-in page saying that signing in is locked for a while (429).
 
     django-axes calls it for a sign-in it refused or the failure that reached a limit (see
-    craft.login_throttle); what else it passes differs between its sync and async paths, so
+    craft.http.login_throttle); what else it passes differs between its sync and async paths, so
     only the request is used.
     """
     form = AuthenticationForm(request, initial={"username": request.POST.get("username", "")})

@@ -40,9 +40,11 @@ class Agent:
 
     @property
     def is_demo(self) -> bool:
-        """Whether it runs Craft's demo agent (`sandboxes.demo_agent`, `craft-demo-agent`)."""
+        """Whether it runs Craft's demo agent (`sandboxes.in_sandbox.demo_agent`,
+        `craft-demo-agent`)."""
         return any(
-            part == "sandboxes.demo_agent" or part.rsplit("/", 1)[-1] == "craft-demo-agent"
+            part == "sandboxes.in_sandbox.demo_agent"
+            or part.rsplit("/", 1)[-1] == "craft-demo-agent"
             for part in self.command
         )
 

@@ -56,8 +56,8 @@ from django.db import connections as db_connections
 from django.utils import timezone
 
 from . import services, warm
+from .agent.connections import agent_connections
 from .backends import Resource, SandboxError, get_backend
-from .connections import agent_connections
 from .models import ReaperAction, Sandbox
 from .signals import announce_change
 from .terminals import terminals as open_terminals

@@ -20,7 +20,7 @@ the server shuts down and when a test ends.
 
 from __future__ import annotations
 
-from sandboxes.connections import agent_connections
+from sandboxes.agent.connections import agent_connections
 
 
 class SandboxRuntime:

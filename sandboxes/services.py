@@ -26,12 +26,13 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from . import warm
-from .acp import AgentConnection, AgentError
+from .agent.connection import AgentConnection
+from .agent.connections import TooManyAgents, agent_connections
+from .agent.protocol import AgentError
 from .backends import Health, SandboxError, WarmUnusable, get_backend, warm_pool
 from .backends.base import Previews
 from .backends.budget import format_size
 from .catalog import Launch, default_agent
-from .connections import TooManyAgents, agent_connections
 from .models import ReaperAction, Sandbox
 from .repository import Repository
 from .runtime import runtime

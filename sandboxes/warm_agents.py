@@ -1,7 +1,7 @@
 """Warm agents: agents started and initialized before the session that will use them exists.
 
 Each running sandbox keeps up to `CRAFT_WARM_AGENTS` of them in each server process (the
-connection cache holds them, see `sandboxes.connections`): spawned in the sandbox's
+connection cache holds them, see `sandboxes.agent.connections`): spawned in the sandbox's
 `warm_path` with exactly the environment its next session's agent would get (the same
 `Launch`: catalog entry and its owner's credentials), with `initialize` answered and no ACP
 session yet. A new session of that sandbox whose agent would be started for an equal launch
@@ -42,10 +42,10 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection as db_connection
 
-from .acp import AgentConnection
+from .agent.connection import AgentConnection
+from .agent.connections import agent_connections
 from .backends import get_backend
 from .catalog import Launch
-from .connections import agent_connections
 from .models import Sandbox
 
 logger = logging.getLogger(__name__)

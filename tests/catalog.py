@@ -22,7 +22,7 @@ def catalog() -> list[dict[str, Any]]:
         {
             "id": "demo",
             "title": "Demo agent",
-            "command": [sys.executable, "-m", "sandboxes.demo_agent"],
+            "command": [sys.executable, "-m", "sandboxes.in_sandbox.demo_agent"],
             "env": {},
             "credentials": [],
         },

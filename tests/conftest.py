@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
+from sandboxes.agent.connections import agent_connections
 from sandboxes.backends import (
     budget,
     containment,
@@ -354,7 +355,7 @@ def kube_backend(settings, kube, tmp_path):
     settings.CRAFT_K8S_EXEC_HANDSHAKE_TIMEOUT = 5
     # The test server runs exec'd commands on this machine: run the demo agent from here,
     # and the workspace tool as the sandbox image has it.
-    settings.CRAFT_AGENT_COMMAND = [sys.executable, "-m", "sandboxes.demo_agent"]
+    settings.CRAFT_AGENT_COMMAND = [sys.executable, "-m", "sandboxes.in_sandbox.demo_agent"]
     from tests.sandboxes.kube import image_workspace_tool
 
     settings.CRAFT_K8S_WORKSPACE_TOOL = image_workspace_tool(tmp_path / "image-tools")

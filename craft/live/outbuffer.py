@@ -20,7 +20,7 @@ def unsent_bytes(send: Any) -> int | None:
     keeps what the kernel has not taken in `dataBuffer` from `offset` on, and what was written
     since its last attempt in a list that only its private `_tempDataLen` counts. This reads
     that private attribute (checked against Twisted 26.10.0). A Twisted without it would make
-    this answer None and quietly lift the limit, so `tests/craft/test_outbuffer.py` drives a
+    this answer None and quietly lift the limit, so `tests/craft/live/test_outbuffer.py` drives a
     real TCP transport and fails, saying so, if the attribute goes or means something else.
     """
     protocol = next(iter(getattr(send, "args", ())), None)

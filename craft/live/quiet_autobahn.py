@@ -12,7 +12,7 @@ Those three names serve only as log arguments in autobahn's websocket module (an
 in `Timings.__str__`, which keeps it), so `install` gives that module plain versions and a
 `pformat` that formats when a log line is written: a debug log (if anyone turns autobahn's on)
 still shows the same method, values and options, without colours.
-tests/craft/test_quiet_autobahn.py fails if a new autobahn formats anything for a frame or a
+tests/craft/live/test_quiet_autobahn.py fails if a new autobahn formats anything for a frame or a
 connection again.
 """
 

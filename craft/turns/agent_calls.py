@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from sandboxes.acp import AgentConnection
+    from sandboxes.agent.connection import AgentConnection
 
 T = TypeVar("T")
 

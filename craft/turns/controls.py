@@ -23,7 +23,7 @@ from urllib.parse import quote
 from craft.commands import Attachment
 from craft.errors import Refused
 from craft.storage.normalise import clean_title
-from sandboxes.acp import AgentConnection
+from sandboxes.agent.connection import AgentConnection
 
 Events = list[tuple[str, dict[str, Any]]]
 

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sandboxes.acp import TurnEnd, TurnFailed, TurnItem
+from sandboxes.agent.protocol import TurnEnd, TurnFailed, TurnItem
 
 # An agent's reader waits when this many items wait to be stored (at most INBOX_WAIT s a time).
 INBOX_HIGH = 10_000

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from sandboxes.acp import AgentConnection
+from sandboxes.agent.connection import AgentConnection
 
 logger = logging.getLogger(__name__)
 

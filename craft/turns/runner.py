@@ -73,7 +73,8 @@ from craft.turns.repository import SessionRepositoryWork
 from craft.turns.session_queue import SessionQueue
 from craft.turns.turn import BATCH_LIMIT, Events, Turn, TurnContext, start_said
 from sandboxes import services as sandbox_services
-from sandboxes.acp import TURN_UPDATES, AgentConnection, AgentError, Update
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import TURN_UPDATES, AgentError, Update
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
 

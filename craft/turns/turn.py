@@ -32,8 +32,8 @@ from craft.turns.inbox import Inbox
 from craft.turns.quiet import LOOK_SECONDS, QuietStatus
 from craft.turns.recovery import interrupted_answer, interrupted_elicitation, interruption
 from sandboxes import elicitation
-from sandboxes.acp import (
-    AgentConnection,
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import (
     AgentError,
     AuthRequired,
     ElicitationRequest,

@@ -482,12 +482,12 @@ def _restrict(path: Path, mode: int) -> None:
 def install_demo_agent(tools: Path, python: str) -> Path:
     """Install the bundled demo agent as `craft-demo-agent` in `tools`, runnable by all.
 
-    As the sandbox image does: a copy of sandboxes/demo_agent.py (standard library only),
+    As the sandbox image does: a copy of sandboxes/in_sandbox/demo_agent.py (standard library only),
     compiled, and a shell wrapper that runs it with `python` in isolated mode. Files are
     rewritten only when they changed, and atomically, so another process may be starting the
     agent meanwhile.
     """
-    source = Path(__file__).resolve().parent.parent / "demo_agent.py"
+    source = Path(__file__).resolve().parent.parent / "in_sandbox" / "demo_agent.py"
     tools.mkdir(parents=True, exist_ok=True)
     tools.chmod(0o755)
     tools.parent.chmod(0o755)
@@ -497,17 +497,17 @@ def install_demo_agent(tools: Path, python: str) -> Path:
 
 
 def install_workspace_tool(tools: Path, python: str) -> Path:
-    """Install the workspace tool (sandboxes/workspace_tool.py) in `tools`, readable by all,
-    compiled for `python`; run it with `module_command(python, tools, "workspace_tool")`."""
-    source = Path(__file__).resolve().parent.parent / "workspace_tool.py"
+    """Install the workspace tool (sandboxes/in_sandbox/workspace_tool.py) in `tools`, readable
+    by all, compiled for `python`; run it with `module_command(python, tools, "workspace_tool")`."""
+    source = Path(__file__).resolve().parent.parent / "in_sandbox" / "workspace_tool.py"
     tools.mkdir(parents=True, exist_ok=True)
     return _install_module(tools, source, python)
 
 
 def install_git_tool(tools: Path, python: str) -> Path:
-    """Install Craft's git tool (sandboxes/git_tool.py) in `tools` as the workspace tool is;
-    run it with `module_command(python, tools, "git_tool")`."""
-    source = Path(__file__).resolve().parent.parent / "git_tool.py"
+    """Install Craft's git tool (sandboxes/in_sandbox/git_tool.py) in `tools` as the workspace
+    tool is; run it with `module_command(python, tools, "git_tool")`."""
+    source = Path(__file__).resolve().parent.parent / "in_sandbox" / "git_tool.py"
     tools.mkdir(parents=True, exist_ok=True)
     return _install_module(tools, source, python)
 

@@ -37,7 +37,7 @@ from websocket import (
     WebSocketTimeoutException,
 )
 
-from ..acp import LineTooLong, lines_on_a_thread
+from ..agent.connection import LineTooLong, lines_on_a_thread
 from ..stderr_log import StderrLog
 from .base import SandboxError
 

@@ -16,7 +16,7 @@ from playwright.async_api import expect
 from craft.models import Event
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
-from sandboxes.demo_agent import FRESH_MARKER
+from sandboxes.in_sandbox.demo_agent import FRESH_MARKER
 from tests.ready import open_ready_session
 
 from .conftest import assert_accessible, serve, signed_in_page, snap

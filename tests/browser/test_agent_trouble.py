@@ -154,7 +154,7 @@ async def test_an_agent_that_wants_a_sign_in_names_the_key_and_links_the_keys_pa
 ):
     # An agent whose catalog entry asks for a key, and that refuses to work until someone
     # signs in (the demo agent's `--auth`), as a CLI does with a key it does not take.
-    command = shlex.join([sys.executable, "-m", "sandboxes.demo_agent", "--auth"])
+    command = shlex.join([sys.executable, "-m", "sandboxes.in_sandbox.demo_agent", "--auth"])
     catalog = tmp_path / "agents.toml"
     catalog.write_text(
         f'[[agents]]\nid = "signin"\ncommand = {json.dumps(command)}\n'

@@ -22,7 +22,7 @@ from craft.storage.db import db_sync_to_async
 from tests.kubeapi import KubeTestServer
 from tests.sandboxes.kube import image_workspace_tool
 
-from ..craft.test_terminal_socket import open_session
+from ..craft.live.test_terminal_socket import open_session
 from .conftest import serve, snap
 from .test_live_status import off_the_loop
 from .test_terminal import SCREEN as TERMINAL_SCREEN
@@ -48,7 +48,7 @@ def k8s_craft_server(django_db_setup, kube_server, tmp_path_factory):
         "CRAFT_K8S_KUBECONFIG": str(kube_server.write_kubeconfig(folder / "kubeconfig")),
         "CRAFT_K8S_NAMESPACE": "craft-browser",
         "CRAFT_K8S_POLL_INTERVAL": "0.1",
-        "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.demo_agent",
+        "CRAFT_AGENT_COMMAND": f"{sys.executable} -m sandboxes.in_sandbox.demo_agent",
         # The sandbox image's copy of the workspace tool, as the test API server's pods see it.
         "CRAFT_K8S_WORKSPACE_TOOL": shlex.join(image_workspace_tool(folder / "image-tools")),
     }
@@ -119,7 +119,7 @@ async def test_a_new_session_shows_pod_progress_then_chats_with_an_agent_in_the_
     pod = f"craft-sandbox-{session.sandbox_id}"
     folder = kube_server.workspace("craft-browser", pod) / "sessions" / str(session.pk)
     assert (folder / "from-browser.txt").read_text() == "hello pod"
-    agents = [e for e in kube_server.execs if "sandboxes.demo_agent" in e.argv]
+    agents = [e for e in kube_server.execs if "sandboxes.in_sandbox.demo_agent" in e.argv]
     assert len(agents) == 1
     await expect(page.locator("#transcript .msg.agent .bubble").last).to_have_text(
         re.compile(rf"pid {agents[0].pid} [0-9a-f]+")

@@ -22,7 +22,7 @@ from craft.storage.db import db_sync_to_async
 from sandboxes.models import Sandbox
 from tests.ready import open_ready_session
 
-from ..craft.test_live_status import admin_terminate
+from ..craft.live.test_live_status import admin_terminate
 from ..server import Socket, api
 from .conftest import snap
 

@@ -17,7 +17,7 @@ from tests.ports import free_port
 from tests.ready import open_ready_session
 from tests.sandboxes.hostile import contain, needs_root
 
-from ..craft.test_preview import _kill_app
+from ..craft.preview.test_preview import _kill_app
 from ..server import Daphne
 from .conftest import OUTPUT, LiveServer, assert_accessible, signed_in_page, snap
 from .test_chat_page import TURN_END, open_page, send_prompt

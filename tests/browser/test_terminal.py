@@ -18,8 +18,8 @@ from playwright.async_api import expect
 
 from sandboxes.backends import budget, firewall, network
 
-from ..craft.test_live_status import admin_terminate
-from ..craft.test_terminal_socket import open_session
+from ..craft.live.test_live_status import admin_terminate
+from ..craft.live.test_terminal_socket import open_session
 from .conftest import assert_accessible, serve, signed_in_page, snap
 from .test_live_status import off_the_loop
 

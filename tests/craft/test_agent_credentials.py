@@ -101,7 +101,7 @@ def test_another_persons_key_never_makes_an_agent_ready(server, owner, stranger)
 def test_an_agent_that_wants_a_sign_in_names_the_key_its_catalog_entry_asks_for(tmp_path, owner):
     # An agent that asks for a key, and refuses every session until someone signs in (the
     # demo agent's `--auth`): what a model provider's CLI does with a key it does not take.
-    command = shlex.join([sys.executable, "-m", "sandboxes.demo_agent", "--auth"])
+    command = shlex.join([sys.executable, "-m", "sandboxes.in_sandbox.demo_agent", "--auth"])
     catalog = tmp_path / "agents.toml"
     catalog.write_text(
         "[[agents]]\n"

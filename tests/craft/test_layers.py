@@ -16,12 +16,14 @@ CRAFT = Path(__file__).resolve().parents[2] / "craft"
 
 # Top to bottom; the groups of one layer are independent (neither imports the other). A module
 # belongs to the group of its longest matching prefix; `craft` alone catches the rest: the
-# entry points (ASGI, apps, URLs, views, the APIs, the admin, the websocket consumer and its
-# routing, start-up, management commands).
+# entry points (ASGI, apps, URLs, views, the admin, the websocket consumer and its routing,
+# start-up, management commands), beside the JSON API and the HTTP plumbing.
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {
         "entry": (
             "craft",
+            "craft.api",
+            "craft.http",
             "craft.live.consumer",
             "craft.live.status_consumer",
             "craft.live.terminal",

@@ -39,7 +39,7 @@ def kubernetes_server(kube, folder: Path, **env: str) -> Daphne:
         CRAFT_K8S_NAMESPACE="craft-provisioning",
         CRAFT_K8S_POLL_INTERVAL="0.1",
         CRAFT_K8S_READY_TIMEOUT="30",
-        CRAFT_AGENT_COMMAND=f"{sys.executable} -m sandboxes.demo_agent",
+        CRAFT_AGENT_COMMAND=f"{sys.executable} -m sandboxes.in_sandbox.demo_agent",
     )
 
 
@@ -93,7 +93,7 @@ def test_a_new_session_answers_at_once_while_its_pod_starts_then_works(kube, own
         assert frames[-1]["data"] == {"stop_reason": "end_turn"}
         started = [f["data"]["id"] for f in frames if f.get("kind") == "user_message"]
         assert started == ["queued"]
-        agents = [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
+        agents = [e for e in kube.execs if "sandboxes.in_sandbox.demo_agent" in e.argv]
         assert len(agents) == 1
         pod = f"craft-sandbox-{session['sandbox']}"
         workspace = kube.workspace("craft-provisioning", pod) / "sessions" / session["id"]
@@ -283,7 +283,7 @@ def test_a_pod_that_vanished_comes_back_on_the_sandboxs_claim_with_its_files_and
     is deleted behind Craft's back; the next prompts find every file and agents that
     remember; Delete removes the claim."""
     kube.ready_delay = 2
-    demo = [sys.executable, "-m", "sandboxes.demo_agent", "--restore"]
+    demo = [sys.executable, "-m", "sandboxes.in_sandbox.demo_agent", "--restore"]
     catalog = tmp_path / "agents.toml"
     catalog.write_text(
         RESTORING_AGENTS.format(

@@ -16,7 +16,7 @@ from tests.ready import open_ready_session
 
 from ..procs import alive
 from ..server import Daphne, Socket
-from .test_restarts import wait_for
+from .turns.test_restarts import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,7 @@ from craft.models import Session
 from craft.session_activity import session_activity
 from craft.storage.db import db_sync_to_async
 from sandboxes import reaper
-from sandboxes.connections import agent_connections
+from sandboxes.agent.connections import agent_connections
 from tests.ready import open_ready_session
 from tests.sandboxes.hostile import contain, needs_root
 

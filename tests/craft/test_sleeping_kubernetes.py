@@ -15,11 +15,12 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from sandboxes.backends.kubernetes import KubernetesBackend, pod_name
+from sandboxes.in_sandbox import demo_agent
 from sandboxes.models import ReaperAction, Sandbox
 
 from ..server import Daphne, Socket, api, ask
+from .cluster.test_workers import redis_url  # noqa: F401 (a fixture)
 from .test_sleeping import QUICK_SLEEP, put_file, read_file, sandbox_of, wait_for_status
-from .test_workers import redis_url  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,7 +35,7 @@ def kube_env(kube: Any, tmp_path: Any, settings: Any) -> dict[str, str]:
         "CRAFT_K8S_POLL_INTERVAL": "0.05",
         "CRAFT_K8S_READY_TIMEOUT": "30",
         # The checkout's own file (`-m` would import the package the virtualenv points at).
-        "CRAFT_AGENT_COMMAND": f"{sys.executable} {settings.BASE_DIR / 'sandboxes/demo_agent.py'}",
+        "CRAFT_AGENT_COMMAND": f"{sys.executable} {demo_agent.__file__}",
         # The sandbox image's tools, as the test API server's pods see them (`kube_backend`).
         "CRAFT_K8S_WORKSPACE_TOOL": shlex.join(settings.CRAFT_K8S_WORKSPACE_TOOL),
         "CRAFT_K8S_GIT_TOOL": shlex.join(settings.CRAFT_K8S_GIT_TOOL),

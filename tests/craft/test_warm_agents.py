@@ -21,7 +21,7 @@ from tests.ready import running_sandbox
 
 from ..procs import killed
 from ..server import Socket, api, ask, open_session
-from .test_reattach import REMEMBERED
+from .turns.test_reattach import REMEMBERED
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ import pytest
 from craft.models import Event
 from craft.storage.db import db_sync_to_async
 from craft.turns.registry import runners
-from sandboxes.acp import AgentConnection
+from sandboxes.agent.connection import AgentConnection
 from tests.ready import open_ready_session
 
 from ..craft.wsclient import is_turn_end, open_socket, receive_until, session_cookie

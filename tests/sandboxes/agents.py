@@ -6,7 +6,8 @@ import queue
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandboxes.acp import AgentConnection, PermissionRequest, TurnEnd, TurnFailed, TurnItem, Update
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import PermissionRequest, TurnEnd, TurnFailed, TurnItem, Update
 from sandboxes.backends.local import LocalAgentProcess, resolve_command
 
 DEMO_AGENT = ["craft-demo-agent"]

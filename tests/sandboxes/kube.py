@@ -17,7 +17,7 @@ IMAGE_TOOLS = Path("/opt/craft")
 
 def agent_execs(kube) -> list:
     """Return the exec records of agent processes (not workspace commands)."""
-    return [e for e in kube.execs if "sandboxes.demo_agent" in e.argv]
+    return [e for e in kube.execs if "sandboxes.in_sandbox.demo_agent" in e.argv]
 
 
 def image_workspace_tool(folder: Path) -> list[str]:

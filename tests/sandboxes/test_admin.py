@@ -15,7 +15,7 @@ from django.utils import timezone
 from craft.models import Session
 from craft.storage.eventlog import append_events
 from sandboxes import services
-from sandboxes.connections import agent_connections
+from sandboxes.agent.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox, WarmSandbox
 from tests.ready import open_ready_session
 

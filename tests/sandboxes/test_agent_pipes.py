@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.acp import AgentConnection, AgentError, TurnEnd, TurnFailed, TurnItem, Update
+from sandboxes.agent.connection import AgentConnection
+from sandboxes.agent.protocol import AgentError, TurnEnd, TurnFailed, TurnItem, Update
 from sandboxes.backends import local
 from sandboxes.backends.local import LocalAgentProcess
 from sandboxes.pipes import Lines, Pipes

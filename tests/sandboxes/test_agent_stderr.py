@@ -12,8 +12,8 @@ import pytest
 from sandboxes import stderr_text
 from sandboxes.stderr_log import TAIL_LINES, StderrLog
 
+from .agent.test_acp_connection import HOSTILE
 from .agents import reply_text, run_turn, start_demo_agent
-from .test_acp_connection import HOSTILE
 
 MIB = 1 << 20
 

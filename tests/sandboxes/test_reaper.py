@@ -25,9 +25,9 @@ from craft.models import QueuedPrompt, Session
 from craft.session_activity import session_activity
 from craft.storage.eventlog import append_events
 from sandboxes import reaper, services
-from sandboxes.acp import PermissionRequest, TurnEnd, TurnFailed
+from sandboxes.agent.connections import agent_connections
+from sandboxes.agent.protocol import PermissionRequest, TurnEnd, TurnFailed
 from sandboxes.backends.kubernetes import pod_name
-from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction, Sandbox
 from tests.procs import gone
 from tests.ready import open_ready_session, settled_sandbox

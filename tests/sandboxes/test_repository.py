@@ -341,7 +341,7 @@ def test_what_the_agent_plants_in_its_git_config_never_gets_the_token(host, sess
 
 
 def test_the_credential_helper_answers_for_the_remotes_host_only(tmp_path):
-    from sandboxes import git_tool
+    from sandboxes.in_sandbox import git_tool
 
     url = "https://git.example.com:8443/team/app.git"
     credentials = git_tool.Credentials(url, {"token": TOKEN})

@@ -21,8 +21,8 @@ from django import db
 from craft.session_activity import session_activity
 from sandboxes import reaper, services
 from sandboxes import warm_agents as warm_agents_module
+from sandboxes.agent.connections import agent_connections
 from sandboxes.catalog import Agent, Launch, default_agent
-from sandboxes.connections import agent_connections
 from sandboxes.models import ReaperAction
 from sandboxes.warm_agents import warm_agents
 
@@ -31,7 +31,7 @@ from .agents import agent_pid, run_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DEMO = [sys.executable, "-m", "sandboxes.demo_agent"]
+DEMO = [sys.executable, "-m", "sandboxes.in_sandbox.demo_agent"]
 
 
 @pytest.fixture(autouse=True)

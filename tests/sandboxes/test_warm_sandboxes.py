@@ -30,8 +30,8 @@ from sandboxes.models import Sandbox, WarmSandbox
 from tests.ready import settled_sandbox
 
 from .agents import reply_text, run_turn
+from .backends.test_kubernetes_backend import keyed_launch
 from .kube import NAMESPACE, agent_execs
-from .test_kubernetes_backend import keyed_launch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

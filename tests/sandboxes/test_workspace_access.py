@@ -26,8 +26,8 @@ from craft import services as craft_services
 from sandboxes import services
 from sandboxes.backends import SandboxError
 from sandboxes.backends.kubernetes import pod_name
+from sandboxes.in_sandbox.workspace_tool import unescape
 from sandboxes.workspace import WorkspaceRefused
-from sandboxes.workspace_tool import unescape
 from tests.conftest import K8S_NAMESPACE
 
 from .workspaces import Workspaces, open_on, read_all

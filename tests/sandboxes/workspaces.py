@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 from sandboxes import services
+from sandboxes.agent.connections import agent_connections
 from sandboxes.backends.kubernetes import pod_name
-from sandboxes.connections import agent_connections
 from sandboxes.workspace import Workspace
 from tests.conftest import K8S_NAMESPACE
 from tests.ready import open_ready_session

@@ -1,0 +1,258 @@
+"""Several workers: one owner per session, forwarding, failover, fencing.
+
+Real daphne processes on free ports, sharing the real PostgreSQL test database and Redis as the
+channel layer, each with clients of its own; real demo agents. The demo agent's `pid` prompt
+tells which agent process serves a turn.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from craft.models import Event, Lease, Turn
+from craft.turns.recovery import LOST
+from tests.conftest import REDIS_URL
+from tests.ready import open_ready_session
+
+from ...procs import alive
+from ...server import Daphne, Socket
+from ..logs import log_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LEASE = 3  # seconds, so that a takeover after a lost owner happens within a test
+
+
+@pytest.fixture
+def redis_url():
+    """Redis for the channel layer: these tests are about it. Missing in CI is a failure."""
+    address = urlparse(REDIS_URL)
+    try:
+        socket.create_connection((address.hostname, address.port or 6379), timeout=2).close()
+    except OSError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis is required for the several-workers tests: {exc}")
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    return REDIS_URL
+
+
+@pytest.fixture
+def workers(tmp_path, redis_url):
+    started: list[Daphne] = []
+
+    def start(count: int = 1, **env: str) -> list[Daphne]:
+        new = [
+            Daphne(
+                tmp_path, REDIS_URL=redis_url, CRAFT_SESSION_LEASE_SECONDS=str(LEASE),
+                CRAFT_SHUTDOWN_GRACE_SECONDS="1", **env,
+            ).start()
+            for _ in range(count)
+        ]  # fmt: skip
+        started.extend(new)
+        return new
+
+    yield start
+    for server in started:
+        if server.process is not None and server.process.poll() is None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
+def ask_pid(sock: Socket, prompt_id: str) -> int:
+    """Prompt `pid` and return the answering agent's pid (frames of earlier turns skipped)."""
+    sock.send({"type": "prompt", "id": prompt_id, "text": "pid"})
+    mine = False
+
+    def done(frame: dict) -> bool:
+        nonlocal mine
+        if frame.get("type") == "error":
+            return True
+        if frame.get("kind") == "user_message" and frame["data"].get("id") == prompt_id:
+            mine = True
+        return mine and frame.get("kind") == "turn_end"
+
+    frames = sock.until(done)
+    assert frames[-1].get("data") == {"stop_reason": "end_turn"}, frames[-3:]
+    start = next(i for i, f in enumerate(frames) if f.get("data", {}).get("id") == prompt_id)
+    (chunk,) = [f for f in frames[start:] if f.get("kind") == "agent_message_chunk"]
+    return int(chunk["data"]["content"]["text"].split()[1])
+
+
+def owner_pid(session) -> int:
+    return int(Lease.objects.get(session=session).owner.split("/")[1])
+
+
+def test_clients_on_three_workers_see_one_stream_served_by_one_agent(workers, owner):
+    session = open_ready_session(owner, "three workers")
+    servers = workers(3)
+    sockets = [Socket(server, owner, session.pk) for server in servers]
+    for sock in sockets:
+        sock.send({"type": "resume", "after": 0})
+    pids = [ask_pid(sock, f"p{i}") for i, sock in enumerate(sockets)]
+    assert len(set(pids)) == 1, f"one agent serves every prompt: {pids}"
+    assert owner_pid(session) == servers[0].process.pid
+    stored = log_of(session)
+    assert [seq for seq, _, _ in stored] == list(range(1, len(stored) + 1))
+    for sock in sockets:
+        if sock.events[-1]["seq"] < len(stored):
+            sock.until(lambda f: f.get("seq") == len(stored))
+        sock.close()
+        # Every event once, in order, whichever worker the socket is on.
+        assert [(f["seq"], f["kind"], f["data"]) for f in sock.events] == stored
+
+
+def test_a_killed_owner_between_turns_is_replaced_by_exactly_one_new_agent(workers, owner):
+    session = open_ready_session(owner, "owner killed")
+    first, second = workers(2)
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    old_pid = ask_pid(sock, "before")
+    sock.close()
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    sock = Socket(second, owner, session.pk)
+    sock.send({"type": "resume", "after": len(log_of(session))})
+    new_pid = ask_pid(sock, "after")
+    assert new_pid != old_pid
+    assert ask_pid(sock, "again") == new_pid, "exactly one new agent"
+    assert owner_pid(session) == second.process.pid
+    sock.close()
+    stored = log_of(session)
+    assert [seq for seq, _, _ in stored] == list(range(1, len(stored) + 1))
+    assert len([1 for _, kind, _ in stored if kind == "user_message"]) == 3
+
+
+def test_a_killed_owner_mid_turn_has_its_turn_closed_and_the_session_goes_on(workers, owner):
+    session = open_ready_session(owner, "killed mid-turn")
+    first, second = workers(2)
+    watcher = Socket(second, owner, session.pk)
+    watcher.send({"type": "resume", "after": 0})
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "long", "text": "slow 200 0.05"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    before = log_of(session)
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    sock.close()
+    assert ask_pid(watcher, "next") > 0  # through the survivor, which takes the session over
+    after = log_of(session)
+    assert after[: len(before)] == before
+    ends = [data for _, kind, data in after if kind == "turn_end"]
+    assert ends == [{"stop_reason": "interrupted"}, {"stop_reason": "end_turn"}]
+    assert not Turn.objects.running().filter(session=session).exists()
+    watcher.close()
+
+
+def test_prompts_queued_at_a_killed_owner_run_once_on_the_survivor(workers, owner):
+    session = open_ready_session(owner, "queue failover")
+    first, second = workers(2)
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "long", "text": "slow 400 0.05"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    # Sent through the other worker: forwarded to the owner, which queues them.
+    watcher = Socket(second, owner, session.pk)
+    watcher.send({"type": "resume", "after": 0})
+    watcher.send({"type": "prompt", "id": "q1", "text": "after one"})
+    watcher.send({"type": "prompt", "id": "q2", "text": "after two"})
+    watcher.until_kind("prompt_queued", 2)
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    sock.close()
+    watcher.until_kind("turn_end", 3)  # nobody prompts: the survivor runs the queue
+    watcher.close()
+    log = [(kind, data) for _, kind, data in log_of(session)]
+    assert [d["text"] for k, d in log if k == "user_message"] == [
+        "slow 400 0.05", "after one", "after two",
+    ]  # fmt: skip
+    assert [d["stop_reason"] for k, d in log if k == "turn_end"] == [
+        "interrupted", "end_turn", "end_turn",
+    ]  # fmt: skip
+    assert owner_pid(session) == second.process.pid
+    assert not session.queue.exists()
+
+
+def test_a_paused_owner_that_lost_its_lease_stores_nothing_more_and_stops_its_agent(workers, owner):
+    session = open_ready_session(owner, "paused owner")
+    first, second = workers(2)
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    old_pid = ask_pid(sock, "warm")
+    sock.send({"type": "prompt", "id": "long", "text": "slow 400 0.02"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    first.signal(signal.SIGSTOP)  # a long GC pause, a partition
+    other = Socket(second, owner, session.pk)
+    other.send({"type": "resume", "after": 0})
+    new_pid = ask_pid(other, "takeover")  # waits out the lease, then takes the session over
+    assert new_pid != old_pid
+    takeover = Event.objects.get(session=session, kind="agent_error", data__message=LOST).seq
+    first.signal(signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while alive(old_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(old_pid), "the old owner stops its agent when it notices"
+    time.sleep(1)
+    late = [data for seq, kind, data in log_of(session)
+            if seq > takeover and kind == "agent_message_chunk"
+            and data["content"]["text"].startswith("chunk ")]  # fmt: skip
+    assert late == [], "nothing from the old owner after the takeover"
+    assert owner_pid(session) == second.process.pid
+    sock.close()
+    other.close()
+
+
+def test_two_workers_racing_for_a_first_prompt_start_exactly_one_agent(workers, owner):
+    session = open_ready_session(owner, "race")
+    first, second = workers(2)
+    a, b = Socket(first, owner, session.pk), Socket(second, owner, session.pk)
+    for sock in (a, b):
+        sock.send({"type": "resume", "after": 0})
+    a.send({"type": "prompt", "id": "a", "text": "pid"})
+    b.send({"type": "prompt", "id": "b", "text": "pid"})
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        ends = Event.objects.filter(session=session, kind="turn_end").count()
+        refused = ends < 2 and not Turn.objects.running().filter(session=session).exists()
+        if ends == 2 or (ends == 1 and refused):
+            break
+        time.sleep(0.1)
+    pids = {int(d["content"]["text"].split()[1]) for _, k, d in log_of(session)
+            if k == "agent_message_chunk"}  # fmt: skip
+    assert len(pids) == 1, f"one agent process: {pids}"
+    for sock in (a, b):
+        sock.close()
+
+
+def test_a_rolling_restart_loses_and_repeats_no_event_for_a_streaming_client(workers, owner):
+    session = open_ready_session(owner, "rolling")
+    servers = workers(3)
+    seen: list[int] = []
+    sock = Socket(servers[2], owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    sock.send({"type": "prompt", "id": "stream", "text": "slow 100 0.05"})
+    seen += [f["seq"] for f in sock.until(lambda f: f.get("kind") == "agent_message_chunk")]
+    for index in range(3):
+        old = servers[index]
+        if index == 2:
+            sock.close()  # its worker goes; the client reconnects to another one
+        old.signal(signal.SIGTERM)
+        assert old.wait(30) == 0
+        (fresh,) = workers(1)
+        servers[index] = fresh
+        if index == 2:
+            sock = Socket(servers[0], owner, session.pk)
+            sock.send({"type": "resume", "after": seen[-1]})
+    sock.send({"type": "prompt", "id": "after", "text": "hello"})
+    frames = sock.until(lambda f: f.get("kind") == "turn_end" and f["data"] == {
+        "stop_reason": "end_turn"})  # fmt: skip
+    seen += [f["seq"] for f in frames if f.get("type") == "event"]
+    sock.close()
+    stored = [seq for seq, _, _ in log_of(session)]
+    assert seen == stored, "every event once, in order, across the restarts"
