@@ -1,12 +1,13 @@
 """The session websocket (API v1, see docs/websocket-api.md).
 
 The consumer authenticates, authorises, turns each client frame into a checked command
-(`craft.commands`) and hands it to the one service verb for its type; it never runs a turn
-itself. Events reach the browser in seq order, each once: after `resume` the
-consumer reads every stored event after the client's seq from the database, then follows the
-session live. The live layer hands it each committed batch with its frames already encoded;
-the consumer sends whatever continues from the last seq it sent, and reads the database again
-whenever it finds a gap. One task (`_pump`) does all the sending, so frames never interleave.
+(`craft.commands`) and hands it to the session (`services.run_command`), or, for the socket's
+own commands, to its handler named after the frame type; it never runs a turn itself.
+Events reach the browser in seq order, each once: after `resume` the consumer reads every
+stored event after the client's seq from the database, then follows the session live. The
+live layer hands it each committed batch with its frames already encoded; the consumer sends
+whatever continues from the last seq it sent, and reads the database again whenever it finds
+a gap. One task (`_pump`) does all the sending, so frames never interleave.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -262,39 +262,16 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             return
         try:
             command = commands.parse(frame)
-            await self.handlers[type(command)](self, command)
+            if isinstance(command, commands.SocketCommand):
+                await getattr(self, f"handle_{command.frame_type}")(command)
+            else:
+                await services.run_command(self.session_id, command)
         except Refused as refused:
             await self.send_error(refused.code, refused.message)
         except Session.DoesNotExist:
             await self.session_deleted({})
 
-    # --- client commands (checked by craft.commands) ------------------------------------------
-
-    async def handle_prompt(self, prompt: commands.Prompt) -> None:
-        await services.post_prompt(self.session_id, prompt)
-
-    async def handle_cancel(self, cancel: commands.Cancel) -> None:
-        await services.cancel_turn(self.session_id)
-
-    async def handle_permission(self, answer: commands.AnswerPermission) -> None:
-        await services.answer_permission(self.session_id, answer)
-
-    async def handle_elicitation(self, answer: commands.AnswerElicitation) -> None:
-        await services.answer_elicitation(self.session_id, answer)
-
-    async def handle_set_config_option(self, change: commands.SetConfigOption) -> None:
-        await services.set_config_option(self.session_id, change)
-
-    async def handle_set_mode(self, change: commands.SetMode) -> None:
-        await services.set_mode(self.session_id, change)
-
-    async def handle_start_agent(self, start: commands.StartAgent) -> None:
-        await services.start_agent(self.session_id)
-
-    async def handle_queue_change(
-        self, change: commands.EditQueued | commands.RemoveQueued | commands.SendNow
-    ) -> None:
-        await services.change_queue(self.session_id, change)
+    # --- the socket's own commands (checked by craft.commands; the rest go to the session) ---
 
     async def handle_resume(self, resume: commands.Resume) -> None:
         if self._pump is not None:
@@ -315,22 +292,6 @@ class SessionConsumer(FollowsAccount, AsyncWebsocketConsumer):
             # A change since this socket listened (its connect), before it followed: the
             # list the page holds may not show it. One frame now, as if it had followed.
             self.notice({"type": status.SESSIONS_CHANGED})
-
-    handlers: dict[type, Callable[[Any, Any], Awaitable[None]]] = {
-        commands.Prompt: handle_prompt,
-        commands.Cancel: handle_cancel,
-        commands.AnswerPermission: handle_permission,
-        commands.AnswerElicitation: handle_elicitation,
-        commands.SetConfigOption: handle_set_config_option,
-        commands.SetMode: handle_set_mode,
-        commands.StartAgent: handle_start_agent,
-        commands.EditQueued: handle_queue_change,
-        commands.RemoveQueued: handle_queue_change,
-        commands.SendNow: handle_queue_change,
-        commands.Resume: handle_resume,
-        commands.Seen: handle_seen,
-        commands.FollowSessions: handle_follow_sessions,
-    }
 
     # --- live events --------------------------------------------------------------------------
 
