@@ -128,10 +128,7 @@ class AnswerPermission(BaseCommand, frame_type="permission", socket=True):
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> Self:
-        request, option = frame.get("request"), frame.get("option")
-        if not isinstance(request, str) or not isinstance(option, str):
-            raise Refused("bad_frame", "permission needs 'request' and 'option' strings")
-        return cls(request, option)
+        return cls(*_strings(frame, "request", "option"))
 
 
 ELICITATION_ACTIONS = ("accept", "decline", "cancel")
@@ -177,10 +174,7 @@ class SetConfigOption(BaseCommand, frame_type="set_config_option", socket=True):
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> Self:
-        config, value = frame.get("config"), frame.get("value")
-        if not isinstance(config, str) or not isinstance(value, str):
-            raise Refused("bad_frame", "set_config_option needs 'config' and 'value' strings")
-        return cls(config, value)
+        return cls(*_strings(frame, "config", "value"))
 
 
 @dataclass(frozen=True)
@@ -191,10 +185,17 @@ class SetMode(BaseCommand, frame_type="set_mode", socket=True):
 
     @classmethod
     def parse(cls, frame: dict[str, Any]) -> Self:
-        mode = frame.get("mode")
-        if not isinstance(mode, str):
-            raise Refused("bad_frame", "set_mode needs a 'mode' string")
-        return cls(mode)
+        return cls(*_strings(frame, "mode"))
+
+
+def _strings(frame: dict[str, Any], *names: str) -> list[str]:
+    """Return the frame's values of `names`, each checked to be a string."""
+    values = [frame.get(name) for name in names]
+    if not all(isinstance(value, str) for value in values):
+        wanted = " and ".join(f"'{name}'" for name in names)
+        what = f"{wanted} strings" if len(names) > 1 else f"a {wanted} string"
+        raise Refused("bad_frame", f"{frame['type']} needs {what}")
+    return [str(value) for value in values]
 
 
 @dataclass(frozen=True)

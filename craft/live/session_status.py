@@ -24,6 +24,27 @@ logger = logging.getLogger(__name__)
 CHANGED_SESSIONS_AT_MOST = 20
 
 
+def with_changed(changed: set[str] | None, first: bool, session: Any) -> set[str] | None:
+    """Return the sessions the next `sessions` frame names once `session` changed (`first`:
+    the first change since the last frame): past `CHANGED_SESSIONS_AT_MOST`, or with one not
+    named, None: the frame names none and the page reads its whole list."""
+    if first:
+        changed = set()
+    full = changed is not None and len(changed) >= CHANGED_SESSIONS_AT_MOST
+    if changed is None or not isinstance(session, str) or (full and session not in changed):
+        return None
+    changed.add(session)
+    return changed
+
+
+def sessions_frame(changed: set[str] | None) -> dict[str, Any]:
+    """Return the `sessions` frame that names the `changed` sessions (all, if None)."""
+    frame: dict[str, Any] = {"type": "sessions"}
+    if changed is not None:
+        frame["sessions"] = sorted(changed)
+    return frame
+
+
 @db_sync_to_async
 def _sandbox_state(session_id: UUID) -> dict[str, str] | None:
     """The state of the session's sandbox now (a session whose sandbox was terminated moves
@@ -69,7 +90,9 @@ class FollowsStatus:
         if message.get("type") == status.SANDBOX_CHANGED:
             self._sandbox_stale = True  # of this session's, or the one it is moving to
         elif self._follows_sessions:
-            self._note_changed(message.get("session"))
+            self._changed_sessions = with_changed(
+                self._changed_sessions, not self._sessions_stale, message.get("session")
+            )
             self._sessions_stale = True
         else:
             self._sessions_missed = True
@@ -88,18 +111,6 @@ class FollowsStatus:
     def stop_status(self) -> None:
         if self._status_task is not None:
             self._status_task.cancel()
-
-    def _note_changed(self, session: str | None) -> None:
-        """Add a changed session to the next `sessions` frame: past `CHANGED_SESSIONS_AT_MOST`,
-        or with one not named, the frame names none and the page reads its whole list."""
-        if not self._sessions_stale:  # the first change since the last frame
-            self._changed_sessions = set()
-        changed = self._changed_sessions
-        full = changed is not None and len(changed) >= CHANGED_SESSIONS_AT_MOST
-        if changed is None or session is None or (full and session not in changed):
-            self._changed_sessions = None
-        else:
-            changed.add(session)
 
     def _start_status(self) -> None:
         if self._status_task is None or self._status_task.done():
@@ -123,10 +134,7 @@ class FollowsStatus:
                         await self.send_json({"type": "sandbox", **state})
                 if self._sessions_stale:
                     self._sessions_stale = False
-                    frame: dict[str, Any] = {"type": "sessions"}
-                    if self._changed_sessions is not None:
-                        frame["sessions"] = sorted(self._changed_sessions)
-                    await self.send_json(frame)
+                    await self.send_json(sessions_frame(self._changed_sessions))
         except Exception:
             logger.exception("session %s: sending the status failed", self.session_id)
 

@@ -22,7 +22,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from craft.live import status
 from craft.live.accounts import signed_in_as
 from craft.live.delivery import PROCESS_ID
-from craft.live.session_status import CHANGED_SESSIONS_AT_MOST
+from craft.live.session_status import sessions_frame, with_changed
 from craft.live.sign_in import SignsIn
 from craft.storage.db import db_calls
 
@@ -85,18 +85,9 @@ class StatusConsumer(SignsIn, AsyncJsonWebsocketConsumer):
         if kind == status.SANDBOX_CHANGED:
             self._sandbox_stale = True
         elif kind == status.SESSIONS_CHANGED:
-            session = message.get("session")
-            if not self._sessions_stale:
-                self._changed = set()
-            changed = self._changed
-            if (
-                changed is None
-                or not isinstance(session, str)
-                or (len(changed) >= CHANGED_SESSIONS_AT_MOST and session not in changed)
-            ):
-                self._changed = None
-            else:
-                changed.add(session)
+            self._changed = with_changed(
+                self._changed, not self._sessions_stale, message.get("session")
+            )
             self._sessions_stale = True
         else:
             return  # a quiet agent's stderr is for its session's page
@@ -108,10 +99,7 @@ class StatusConsumer(SignsIn, AsyncJsonWebsocketConsumer):
             while self._sandbox_stale or self._sessions_stale:
                 if self._sessions_stale:
                     self._sessions_stale = False
-                    frame: dict[str, Any] = {"type": "sessions"}
-                    if self._changed is not None:
-                        frame["sessions"] = sorted(self._changed)
-                    await self.send_json(frame)
+                    await self.send_json(sessions_frame(self._changed))
                 if self._sandbox_stale:
                     self._sandbox_stale = False
                     await self.send_json({"type": "sandbox"})

@@ -45,3 +45,20 @@ def test_every_command_has_one_frame_type_and_crosses_to_another_worker_as_it_is
     assert isinstance(prompt, commands.Prompt)
     for command in (prompt, commands.Cancel(), commands.Fork(3, "new", True)):
         assert commands.from_wire(commands.to_wire(command)) == command
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        ({"type": "permission", "request": "r"}, "permission needs 'request' and 'option' strings"),
+        ({"type": "set_config_option", "config": 1, "value": "v"},
+         "set_config_option needs 'config' and 'value' strings"),
+        ({"type": "set_mode"}, "set_mode needs a 'mode' string"),
+        ({"type": "send_now", "id": ""}, "send_now needs the queued prompt's 'id'"),
+        ({"type": "edit_queued", "id": "q1"}, "edit_queued needs a 'text' string"),
+    ],
+)  # fmt: skip
+def test_a_frame_without_what_its_type_needs_is_refused_saying_so(frame, message):
+    with pytest.raises(Refused) as refused:
+        commands.parse(frame)
+    assert (refused.value.code, refused.value.message) == ("bad_frame", message)
