@@ -1,9 +1,11 @@
 """What a client asks of a session, as typed commands: parsed and checked once, at the socket.
 
-The consumer turns each client frame into one of these (`parse`), or refuses it; from then on
-the command travels as it is: to the worker that owns the session (`craft.cluster`, which
-sends it through the channel layer with `to_wire` and `from_wire` without knowing what it
-means), and into that worker's runner, which carries it out (`craft.turns`).
+Each command class names its frame type and parses itself; `parse` picks the class by the
+frame's `type` (`COMMANDS`). The consumer turns each client frame into one of these, or
+refuses it; from then on the command travels as it is: to the worker that owns the session
+(`craft.cluster`, which sends it through the channel layer with `to_wire` and `from_wire`
+without knowing what it means), and into that worker's runner, which carries it out
+(`craft.turns`).
 
 Only what the agent must decide (an option its permission request offers, a config value it
 offers, whether it takes images) is checked later, by the runner that knows the agent.
@@ -16,7 +18,7 @@ import binascii
 import dataclasses
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Self, cast
 
 from craft.errors import Refused
 from craft.storage.normalise import clean_text, is_client_id
@@ -50,9 +52,42 @@ class Attachment:
                 "bytes": self.size}  # fmt: skip
 
 
+# Every command by its frame type: how clients and workers name it (filled by `BaseCommand`).
+COMMANDS: dict[str, type[BaseCommand]] = {}
+
+
+class BaseCommand:
+    """A command, known by its frame type: `class Cancel(BaseCommand, frame_type="cancel",
+    socket=True)` declares it once, in `COMMANDS`; `socket` says a session socket's client may
+    send it (the rest come over HTTP, or between workers only)."""
+
+    frame_type: ClassVar[str]
+    from_socket: ClassVar[bool]
+
+    def __init_subclass__(cls, *, frame_type: str, socket: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        assert frame_type not in COMMANDS, f"two commands of frame type {frame_type!r}"
+        cls.frame_type, cls.from_socket = frame_type, socket
+        COMMANDS[frame_type] = cls
+
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        """Return the command a client frame of this type asks for, or raise Refused saying
+        what is wrong with it (a command that takes nothing from its frame: itself)."""
+        return cls()
+
+    @classmethod
+    def from_wire(cls, fields: dict[str, Any]) -> Self:
+        """Return the command whose fields another worker sent (`to_wire`)."""
+        return cls(**fields)
+
+
 @dataclass(frozen=True)
-class Prompt:
-    """Start a turn with this text (cleaned as it will be stored) and attachments."""
+class Prompt(BaseCommand, frame_type="prompt", socket=True):
+    """Start a turn with this text (cleaned as it will be stored) and attachments.
+
+    Refused for images the agent does not take, when the queue is full, and when the server
+    shuts down; a repeated prompt id is ignored."""
 
     id: str
     text: str
@@ -61,49 +96,114 @@ class Prompt:
     # or be refused with `turn_running` / `sandbox_starting` (False).
     queue: bool = True
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        client_id, text, queue = frame.get("id"), frame.get("text"), frame.get("queue", True)
+        if not isinstance(client_id, str) or not is_client_id(client_id):
+            raise Refused(
+                "bad_frame", "prompt needs an 'id' string of 1 to 100 printable characters"
+            )
+        if not isinstance(queue, bool):
+            raise Refused("bad_frame", "'queue' must be true or false")
+        attachments = parse_attachments(frame.get("attachments"))
+        return cls(client_id, _prompt_text(text, "prompt"), tuple(attachments), queue)
+
+    @classmethod
+    def from_wire(cls, fields: dict[str, Any]) -> Self:
+        attachments = tuple(Attachment(**item) for item in fields.pop("attachments", ()))
+        return cls(**fields, attachments=attachments)
+
 
 @dataclass(frozen=True)
-class Cancel:
-    """Cancel the running turn."""
+class Cancel(BaseCommand, frame_type="cancel", socket=True):
+    """Cancel the running turn; it ends with stop reason `cancelled`."""
 
 
 @dataclass(frozen=True)
-class AnswerPermission:
-    """Answer an open permission request with one of its options."""
+class AnswerPermission(BaseCommand, frame_type="permission", socket=True):
+    """Answer an open permission request of the running turn with one of its options."""
 
     request: str
     option: str
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        return cls(*_strings(frame, "request", "option"))
+
+
+ELICITATION_ACTIONS = ("accept", "decline", "cancel")
+MAX_ELICITATION_VALUES = 100  # as many as a form has fields (sandboxes.elicitation)
+
 
 @dataclass(frozen=True)
-class AnswerElicitation:
-    """Answer an open elicitation request: `accept` (with a form's `content`), `decline` or
-    `cancel`."""
+class AnswerElicitation(BaseCommand, frame_type="elicitation", socket=True):
+    """Answer an open elicitation request: `accept` (with a form's `content`, checked against
+    its fields by the runner), `decline` or `cancel`."""
 
     request: str
     action: str
     content: dict[str, Any] | None = None
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        request, action, content = frame.get("request"), frame.get("action"), frame.get("content")
+        if not isinstance(request, str) or action not in ELICITATION_ACTIONS:
+            raise Refused(
+                "bad_frame", "elicitation needs a 'request' string and an 'action': accept, "
+                "decline or cancel",
+            )  # fmt: skip
+        if content is not None and (
+            not isinstance(content, dict) or len(content) > MAX_ELICITATION_VALUES
+        ):
+            raise Refused(
+                "bad_frame",
+                f"'content' must be an object of at most {MAX_ELICITATION_VALUES} values",
+            )
+        return cls(request, str(action), content if action == "accept" else None)
+
 
 @dataclass(frozen=True)
-class SetConfigOption:
-    """Change one of the agent's session config options."""
+class SetConfigOption(BaseCommand, frame_type="set_config_option", socket=True):
+    """Change one of the agent's session config options (starting the agent if needed). The
+    agent's answer, every option with its current value, is stored as a
+    `config_option_update` event; refused for an option or value the agent does not offer, or
+    when the agent refuses."""
 
     config: str
     value: str
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        return cls(*_strings(frame, "config", "value"))
+
 
 @dataclass(frozen=True)
-class SetMode:
-    """Switch the agent to one of its modes."""
+class SetMode(BaseCommand, frame_type="set_mode", socket=True):
+    """Switch the agent to one of its modes; stored as a `current_mode_update` event."""
 
     mode: str
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        return cls(*_strings(frame, "mode"))
+
+
+def _strings(frame: dict[str, Any], *names: str) -> list[str]:
+    """Return the frame's values of `names`, each checked to be a string."""
+    values = [frame.get(name) for name in names]
+    if not all(isinstance(value, str) for value in values):
+        wanted = " and ".join(f"'{name}'" for name in names)
+        what = f"{wanted} strings" if len(names) > 1 else f"a {wanted} string"
+        raise Refused("bad_frame", f"{frame['type']} needs {what}")
+    return [str(value) for value in values]
+
 
 @dataclass(frozen=True)
-class Revert:
+class Revert(BaseCommand, frame_type="revert"):
     """Put the workspace back as it was before change `seq` (a turn, by its user_message's
-    seq, or an earlier revert): all of it, one file (`path`), or one hunk of that file."""
+    seq, or an earlier revert): all of it, one file (`path`), or one hunk of that file; stored
+    as a `workspace_reverted` event (docs/workspace.md). Over HTTP (`parse_revert`). Refused
+    while a turn runs, and when the change has no checkpoints or the hunk no longer applies."""
 
     seq: int
     path: str = ""
@@ -111,10 +211,10 @@ class Revert:
 
 
 @dataclass(frozen=True)
-class Fork:
+class Fork(BaseCommand, frame_type="fork"):
     """Make session `new_id` from this one as it was just after turn `seq` (its user_message's
     seq), or just before it (`before`): the conversation and the workspace
-    (craft.turns.going_back)."""
+    (craft.turns.going_back). Over HTTP (`craft.services.fork_session`)."""
 
     seq: int
     new_id: str
@@ -132,75 +232,117 @@ class ForkRequest:
 
 
 @dataclass(frozen=True)
-class Rewind:
-    """Take the session back to just after turn `seq`: its workspace, and its conversation
-    (the later turns are set aside)."""
+class Rewind(BaseCommand, frame_type="rewind"):
+    """Take the session back to just after turn `seq`: its workspace to the checkpoint after
+    that turn, its later turns set aside (a `rewound` event names them), and its agent's
+    conversation (a new agent session, given the transcript of the turns kept). Over HTTP.
+    Refused `turn_running` while a turn runs, `invalid`, `nothing_to_rewind`,
+    `no_checkpoint`."""
 
     seq: int
 
 
 @dataclass(frozen=True)
-class EditQueued:
-    """Replace the text of a queued prompt that has not started."""
+class EditQueued(BaseCommand, frame_type="edit_queued", socket=True):
+    """Replace the text of a queued prompt that has not started (refused with `not_queued`
+    once it has)."""
 
     id: str
     text: str
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        return cls(_queued_id(frame), _prompt_text(frame.get("text"), cls.frame_type))
+
 
 @dataclass(frozen=True)
-class RemoveQueued:
-    """Take a queued prompt that has not started out of the queue."""
+class RemoveQueued(BaseCommand, frame_type="remove_queued", socket=True):
+    """Take a queued prompt that has not started out of the queue (refused with `not_queued`
+    once it has)."""
 
     id: str
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        return cls(_queued_id(frame))
+
 
 @dataclass(frozen=True)
-class SendNow:
-    """Steer: run this queued prompt next, cancelling the running turn for it."""
+class SendNow(BaseCommand, frame_type="send_now", socket=True):
+    """Steer: run this queued prompt next, cancelling the running turn for it (refused with
+    `not_queued` once it has started)."""
 
     id: str
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        return cls(_queued_id(frame))
+
+
+def _queued_id(frame: dict[str, Any]) -> str:
+    """Return the queued prompt's `id` a queue change names, checked."""
+    client_id = frame.get("id")
+    if not isinstance(client_id, str) or not is_client_id(client_id):
+        raise Refused("bad_frame", f"{frame['type']} needs the queued prompt's 'id'")
+    return client_id
+
 
 @dataclass(frozen=True)
-class RunQueue:
+class RunQueue(BaseCommand, frame_type="run_queue"):
     """Start the session's next queued prompt if nothing runs (the server's own command: after
     a restart or a takeover, or once the sandbox is ready; never a client frame)."""
 
 
 @dataclass(frozen=True)
-class Resume:
+class Resume(BaseCommand, frame_type="resume", socket=True):
     """Send the stored events after `after`, then follow the session live (the socket's own)."""
 
     after: int
 
+    @classmethod
+    def parse(cls, frame: dict[str, Any]) -> Self:
+        after = frame.get("after", 0)
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+            raise Refused("bad_frame", "resume needs 'after': a non-negative integer")
+        return cls(after)
+
 
 @dataclass(frozen=True)
-class StartAgent:
+class StartAgent(BaseCommand, frame_type="start_agent", socket=True):
     """Start the session's agent now if none runs, so that what it offers (config options,
-    modes, commands) is known before the first prompt."""
+    modes, commands) is known before the first prompt; stored as events (`agent_info`, its
+    commands). A start that fails is refused (`agent_not_started`, saying why)."""
+
+
+# Over HTTP (POST .../repository/...), or between workers; never a socket frame.
 
 
 @dataclass(frozen=True)
-class PrepareRepository:
+class PrepareRepository(BaseCommand, frame_type="prepare_repository"):
     """Clone the session's repository into its workspace and run its set-up, if that is not
-    done yet (the server's own command: when the session is opened, or after a restart)."""
+    done yet (the server's own command: when the session is opened, or after a restart);
+    `repository_status` events follow it. Nothing for a session without one."""
 
 
 @dataclass(frozen=True)
-class CommitRepository:
-    """Commit everything in the workspace to the session's branch (`message`: "" drafts one)."""
+class CommitRepository(BaseCommand, frame_type="commit_repository"):
+    """Commit everything in the workspace to the session's branch (`message`: "" drafts one);
+    stored as `repository_committed`. Refused `nothing_to_commit`, `turn_running`,
+    `repository_not_ready`, `no_repository`."""
 
     message: str = ""
 
 
 @dataclass(frozen=True)
-class PushRepository:
-    """Push the session's branch to the remote (never forced)."""
+class PushRepository(BaseCommand, frame_type="push_repository"):
+    """Push the session's branch to the remote (never forced); stored as `repository_pushed`."""
 
 
 @dataclass(frozen=True)
-class OpenPullRequest:
-    """Open a pull request of the session's branch against its base ("" drafts the text)."""
+class OpenPullRequest(BaseCommand, frame_type="open_pull_request"):
+    """Push if need be, then open a pull request of the session's branch against its base
+    through the host's API ("" drafts the text from the session); stored as
+    `pull_request_opened`."""
 
     title: str = ""
     body: str = ""
@@ -208,22 +350,24 @@ class OpenPullRequest:
 
 
 @dataclass(frozen=True)
-class UpdateRepository:
-    """Fetch the base branch and merge it into the session's branch."""
+class UpdateRepository(BaseCommand, frame_type="update_repository"):
+    """Fetch the base branch and merge it into the session's branch (conflicts are left in the
+    files for the agent or the person); stored as `repository_updated`."""
 
 
 @dataclass(frozen=True)
-class RefreshPullRequest:
-    """Read the pull request's state from its host again (the server's own command)."""
+class RefreshPullRequest(BaseCommand, frame_type="refresh_pull_request"):
+    """Read the pull request's state from its host again unless it was read a moment ago (the
+    server's own command); a change is stored as `pull_request_updated`."""
 
 
 @dataclass(frozen=True)
-class Seen:
+class Seen(BaseCommand, frame_type="seen", socket=True):
     """The person has now looked at everything the session's page shows (the socket's own)."""
 
 
 @dataclass(frozen=True)
-class FollowSessions:
+class FollowSessions(BaseCommand, frame_type="follow_sessions", socket=True):
     """Send a `sessions` frame whenever one of the person's sessions changes what a list of
     sessions shows (the socket's own)."""
 
@@ -235,76 +379,18 @@ SessionCommand = (
     | PrepareRepository | CommitRepository | PushRepository | OpenPullRequest | UpdateRepository
     | RefreshPullRequest
 )  # fmt: skip
-Command = SessionCommand | Resume | Seen | FollowSessions
-
-# The frame type of each command, as clients send it.
-FRAME_TYPES: dict[type, str] = {
-    Prompt: "prompt",
-    Cancel: "cancel",
-    AnswerPermission: "permission",
-    AnswerElicitation: "elicitation",
-    SetConfigOption: "set_config_option",
-    SetMode: "set_mode",
-    Revert: "revert",  # over HTTP (POST .../turns/<seq>/revert/), not the socket
-    Fork: "fork",  # over HTTP (POST .../fork/), not the socket
-    Rewind: "rewind",  # over HTTP (POST .../rewind/), not the socket
-    EditQueued: "edit_queued",
-    RemoveQueued: "remove_queued",
-    SendNow: "send_now",
-    RunQueue: "run_queue",  # between workers only
-    StartAgent: "start_agent",
-    # Over HTTP (POST .../repository/...), or between workers; never a socket frame.
-    PrepareRepository: "prepare_repository",
-    CommitRepository: "commit_repository",
-    PushRepository: "push_repository",
-    OpenPullRequest: "open_pull_request",
-    UpdateRepository: "update_repository",
-    RefreshPullRequest: "refresh_pull_request",
-    Resume: "resume",
-    Seen: "seen",
-    FollowSessions: "follow_sessions",
-}
+SocketCommand = Resume | Seen | FollowSessions
+Command = SessionCommand | SocketCommand
 
 
 def parse(frame: dict[str, Any]) -> Command:
     """Return the command a client frame (a JSON object with a string `type`) asks for, or
     raise Refused saying what is wrong with it."""
     kind = frame["type"]
-    if kind == "prompt":
-        return _prompt(frame)
-    if kind == "cancel":
-        return Cancel()
-    if kind == "start_agent":
-        return StartAgent()
-    if kind == "permission":
-        request, option = frame.get("request"), frame.get("option")
-        if not isinstance(request, str) or not isinstance(option, str):
-            raise Refused("bad_frame", "permission needs 'request' and 'option' strings")
-        return AnswerPermission(request, option)
-    if kind == "elicitation":
-        return _elicitation_answer(frame)
-    if kind in ("edit_queued", "remove_queued", "send_now"):
-        return _queue_change(kind, frame)
-    if kind == "resume":
-        after = frame.get("after", 0)
-        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
-            raise Refused("bad_frame", "resume needs 'after': a non-negative integer")
-        return Resume(after)
-    if kind == "seen":
-        return Seen()
-    if kind == "follow_sessions":
-        return FollowSessions()
-    if kind == "set_config_option":
-        config, value = frame.get("config"), frame.get("value")
-        if not isinstance(config, str) or not isinstance(value, str):
-            raise Refused("bad_frame", "set_config_option needs 'config' and 'value' strings")
-        return SetConfigOption(config, value)
-    if kind == "set_mode":
-        mode = frame.get("mode")
-        if not isinstance(mode, str):
-            raise Refused("bad_frame", "set_mode needs a 'mode' string")
-        return SetMode(mode)
-    raise Refused("unknown_type", f"unknown frame type {kind!r}")
+    command = COMMANDS.get(kind)
+    if command is None or not command.from_socket:
+        raise Refused("unknown_type", f"unknown frame type {kind!r}")
+    return cast(Command, command.parse(frame))
 
 
 def parse_revert(seq: int, body: dict[str, Any]) -> Revert:
@@ -338,16 +424,6 @@ def parse_fork(body: dict[str, Any]) -> ForkRequest:
     return ForkRequest(seq, before, "" if text is None else _prompt_text(text, "fork"))
 
 
-def _prompt(frame: dict[str, Any]) -> Prompt:
-    client_id, text, queue = frame.get("id"), frame.get("text"), frame.get("queue", True)
-    if not isinstance(client_id, str) or not is_client_id(client_id):
-        raise Refused("bad_frame", "prompt needs an 'id' string of 1 to 100 printable characters")
-    if not isinstance(queue, bool):
-        raise Refused("bad_frame", "'queue' must be true or false")
-    attachments = parse_attachments(frame.get("attachments"))
-    return Prompt(client_id, _prompt_text(text, "prompt"), tuple(attachments), queue)
-
-
 def _prompt_text(text: Any, frame_type: str) -> str:
     if not isinstance(text, str):
         raise Refused("bad_frame", f"{frame_type} needs a 'text' string")
@@ -359,54 +435,18 @@ def _prompt_text(text: Any, frame_type: str) -> str:
     return clean_text(text)
 
 
-ELICITATION_ACTIONS = ("accept", "decline", "cancel")
-MAX_ELICITATION_VALUES = 100  # as many as a form has fields (sandboxes.elicitation)
-
-
-def _elicitation_answer(frame: dict[str, Any]) -> AnswerElicitation:
-    request, action, content = frame.get("request"), frame.get("action"), frame.get("content")
-    if not isinstance(request, str) or action not in ELICITATION_ACTIONS:
-        raise Refused(
-            "bad_frame", "elicitation needs a 'request' string and an 'action': accept, decline "
-            "or cancel",
-        )  # fmt: skip
-    if content is not None and (
-        not isinstance(content, dict) or len(content) > MAX_ELICITATION_VALUES
-    ):
-        raise Refused(
-            "bad_frame", f"'content' must be an object of at most {MAX_ELICITATION_VALUES} values"
-        )
-    return AnswerElicitation(request, str(action), content if action == "accept" else None)
-
-
-def _queue_change(kind: str, frame: dict[str, Any]) -> EditQueued | RemoveQueued | SendNow:
-    client_id = frame.get("id")
-    if not isinstance(client_id, str) or not is_client_id(client_id):
-        raise Refused("bad_frame", f"{kind} needs the queued prompt's 'id'")
-    if kind == "edit_queued":
-        return EditQueued(client_id, _prompt_text(frame.get("text"), kind))
-    if kind == "remove_queued":
-        return RemoveQueued(client_id)
-    return SendNow(client_id)
-
-
 # --- between workers -------------------------------------------------------------------------
 
 
 def to_wire(command: SessionCommand) -> dict[str, Any]:
     """Return the command as a message for another worker (it was checked here already)."""
-    return {"type": FRAME_TYPES[type(command)], **dataclasses.asdict(command)}
+    return {"type": command.frame_type, **dataclasses.asdict(command)}
 
 
 def from_wire(message: dict[str, Any]) -> SessionCommand:
     """Return the command another worker sent with `to_wire` (through the signed layer)."""
     fields = {key: value for key, value in message.items() if key != "type"}
-    if message["type"] == "prompt":
-        attachments = tuple(Attachment(**item) for item in fields.pop("attachments", ()))
-        return Prompt(**fields, attachments=attachments)
-    kind = next(cls for cls, name in FRAME_TYPES.items() if name == message["type"])
-    command: SessionCommand = kind(**fields)
-    return command
+    return cast(SessionCommand, COMMANDS[message["type"]].from_wire(fields))
 
 
 # --- prompt attachments -------------------------------------------------------------------

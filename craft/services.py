@@ -2,8 +2,9 @@
 
 The session's life (`open_session`, `set_session_title`, `delete_session`) blocks (ORM,
 sandbox and process calls): async callers wrap it in `sync_to_async`. What happens in the
-session (`post_prompt`, `cancel_turn`, ...) is async: checked commands routed to the worker
-that runs the session's agent. Sandboxes are reached only through `sandboxes.services`.
+session is async: each checked command (craft.commands) goes through `run_command` to the
+worker that runs the session's agent (`fork_session` and `start_agent_soon` do more around
+it). Sandboxes are reached only through `sandboxes.services`.
 """
 
 from __future__ import annotations
@@ -21,28 +22,7 @@ from django.utils import timezone
 
 from craft import git_hosts
 from craft.cluster import forwarding
-from craft.commands import (
-    AnswerElicitation,
-    AnswerPermission,
-    Cancel,
-    CommitRepository,
-    EditQueued,
-    Fork,
-    ForkRequest,
-    OpenPullRequest,
-    PrepareRepository,
-    Prompt,
-    PushRepository,
-    RefreshPullRequest,
-    RemoveQueued,
-    Revert,
-    Rewind,
-    SendNow,
-    SetConfigOption,
-    SetMode,
-    StartAgent,
-    UpdateRepository,
-)
+from craft.commands import Fork, ForkRequest, SessionCommand, StartAgent
 from craft.errors import Refused, RepositoryRefused, SessionError, SessionLimit, UnknownAgent
 from craft.live import delivery, status
 from craft.models import Session, SessionRepository, Turn
@@ -66,21 +46,12 @@ __all__ = [
     "SessionError",
     "SessionLimit",
     "UnknownAgent",
-    "answer_elicitation",
-    "answer_permission",
-    "cancel_turn",
-    "change_queue",
     "delete_session",
     "fork_session",
     "mark_seen",
     "open_session",
-    "post_prompt",
-    "revert_workspace",
-    "rewind_session",
-    "set_config_option",
-    "set_mode",
+    "run_command",
     "set_session_title",
-    "start_agent",
     "start_agent_soon",
 ]
 
@@ -105,7 +76,7 @@ def open_session(
     instead of a new one, so that pressing the button again piles up no empty sessions.
     With `repository` (an https URL on one of the server's git hosts) the workspace becomes a
     clone of it (of `branch`, default the remote's default branch) on a branch of the
-    session's own, made before its first turn (`prepare_repository` starts it); such a session
+    session's own, made before its first turn (`PrepareRepository` starts it); such a session
     is always a new one. RepositoryRefused says why a repository or branch is not taken.
     Raises UnknownAgent for an agent the catalog does not offer, SessionLimit when the user
     has CRAFT_MAX_SESSIONS_PER_USER sessions (concurrent requests can pass it by a few),
@@ -213,59 +184,15 @@ def mark_seen(user: User, session_id: uuid.UUID) -> None:
 
 
 # --- A session's commands (async, on the event loop) -----------------------------------------
-# Each routes a checked command (craft.commands) to the worker that owns the session's agent
-# (craft.cluster.forwarding): this one, or another. Each raises Refused with the error for
-# the client.
 
 
-async def post_prompt(session_id: uuid.UUID, prompt: Prompt) -> None:
-    """Store the prompt and start its turn in the background, or queue it while a turn runs
-    or the sandbox starts (refused instead, `turn_running` or `sandbox_starting`, when the
-    prompt says `queue: false`).
-
-    Refused for images the agent does not take, when the queue is full, and when the server
-    shuts down. A repeated prompt id is ignored.
-    """
-    await forwarding.route(session_id, prompt)
-
-
-async def change_queue(session_id: uuid.UUID, change: EditQueued | RemoveQueued | SendNow) -> None:
-    """Edit or remove a queued prompt, or send it now (steer: the running turn is cancelled
-    and this prompt runs next). Refused with `not_queued` once the prompt has started."""
-    await forwarding.route(session_id, change)
-
-
-async def cancel_turn(session_id: uuid.UUID) -> None:
-    """Cancel the session's running turn; it ends with stop reason `cancelled`."""
-    await forwarding.route(session_id, Cancel())
-
-
-async def answer_permission(session_id: uuid.UUID, answer: AnswerPermission) -> None:
-    """Answer an open permission request of the session's running turn."""
-    await forwarding.route(session_id, answer)
-
-
-async def answer_elicitation(session_id: uuid.UUID, answer: AnswerElicitation) -> None:
-    """Answer an open elicitation request of the session's running turn: accept (a form's
-    values, checked against its fields), decline or cancel."""
-    await forwarding.route(session_id, answer)
-
-
-async def set_config_option(session_id: uuid.UUID, change: SetConfigOption) -> None:
-    """Change one of the agent's session config options (starting the agent if needed).
-
-    The agent's answer, every option with its current value, is stored as a
-    `config_option_update` event. Refused for an option or value the agent does not offer,
-    or when the agent refuses.
-    """
-    await forwarding.route(session_id, change)
-
-
-async def start_agent(session_id: uuid.UUID) -> None:
-    """Start the session's agent ahead of its first prompt, if it is not running; what it
-    offers is stored as events (`agent_info`, its commands). A start that fails is refused
-    (`agent_not_started`, saying why); nothing else is."""
-    await forwarding.route(session_id, StartAgent())
+async def run_command(session_id: uuid.UUID, command: SessionCommand) -> None:
+    """Carry out a checked command (craft.commands: each command's class says what it does
+    and what refuses it) in the session: route it to the worker that owns the session's agent
+    (craft.cluster.forwarding), this one or another, and return once it is carried out there
+    (a prompt: stored, and its turn started or queued). Raises Refused with the error for the
+    client (when the server shuts down, too)."""
+    await forwarding.route(session_id, command)
 
 
 # Agents being started in the background (`start_agent_soon`), held until they are done.
@@ -273,7 +200,7 @@ _starting: set[asyncio.Task[None]] = set()
 
 
 async def start_agent_soon(session_id: uuid.UUID) -> None:
-    """Start the session's agent in the background, as `start_agent` does, and return at
+    """Start the session's agent in the background, as `StartAgent` does, and return at
     once: a session created through the API, whose client sends no `start_agent`, then finds
     its agent started (the warm agent's `session/new` done) and its first checkpoint taken
     when its first prompt comes. A start that fails is only logged: the first prompt starts
@@ -287,23 +214,11 @@ async def start_agent_soon(session_id: uuid.UUID) -> None:
 
 async def _start_quietly(session_id: uuid.UUID) -> None:
     try:
-        await start_agent(session_id)
+        await run_command(session_id, StartAgent())
     except (Refused, Session.DoesNotExist) as exc:
         logger.info("session %s: the agent did not start ahead of a prompt: %s", session_id, exc)
     except Exception:
         logger.exception("session %s: starting the agent ahead of a prompt failed", session_id)
-
-
-async def set_mode(session_id: uuid.UUID, change: SetMode) -> None:
-    """Switch the agent to one of its modes; stored as a `current_mode_update` event."""
-    await forwarding.route(session_id, change)
-
-
-async def revert_workspace(session_id: uuid.UUID, revert: Revert) -> None:
-    """Put the session's workspace back as it was before a turn (or a revert): all of it, one
-    file, or one hunk; stored as a `workspace_reverted` event (docs/workspace.md). Refused
-    while a turn runs, and when the change has no checkpoints or the hunk no longer applies."""
-    await forwarding.route(session_id, revert)
 
 
 async def fork_session(session: Session, request: ForkRequest) -> uuid.UUID:
@@ -319,7 +234,7 @@ async def fork_session(session: Session, request: ForkRequest) -> uuid.UUID:
             f"you have {limit} sessions, the most one person can have: delete some first"
         )
     new_id = uuid.uuid4()
-    await forwarding.route(session.pk, Fork(request.seq, str(new_id), request.before))
+    await run_command(session.pk, Fork(request.seq, str(new_id), request.before))
     status.tell_user(session.owner_id, status.SESSIONS_CHANGED, session=str(new_id))
     return new_id
 
@@ -327,49 +242,3 @@ async def fork_session(session: Session, request: ForkRequest) -> uuid.UUID:
 @db_sync_to_async
 def _session_count(owner_id: int) -> int:
     return Session.objects.filter(owner_id=owner_id).count()
-
-
-async def rewind_session(session_id: uuid.UUID, seq: int) -> None:
-    """Take the session back to just after turn `seq`: its workspace to the checkpoint after
-    that turn, its later turns set aside (a `rewound` event names them), and its agent's
-    conversation (a new agent session, given the transcript of the turns kept). Refused
-    `turn_running` while a turn runs, `invalid`, `nothing_to_rewind`, `no_checkpoint`."""
-    await forwarding.route(session_id, Rewind(seq))
-
-
-async def prepare_repository(session_id: uuid.UUID) -> None:
-    """Start cloning the session's repository (and running its set-up) if that is not done;
-    `repository_status` events follow it. Nothing for a session without one."""
-    await forwarding.route(session_id, PrepareRepository())
-
-
-async def commit_repository(session_id: uuid.UUID, message: str = "") -> None:
-    """Commit the workspace's changes to the session's branch (a drafted message if none);
-    stored as `repository_committed`. Refused `nothing_to_commit`, `turn_running`,
-    `repository_not_ready`, `no_repository`."""
-    await forwarding.route(session_id, CommitRepository(message))
-
-
-async def push_repository(session_id: uuid.UUID) -> None:
-    """Push the session's branch (never forced); stored as `repository_pushed`."""
-    await forwarding.route(session_id, PushRepository())
-
-
-async def open_pull_request(
-    session_id: uuid.UUID, title: str = "", body: str = "", link: str = ""
-) -> None:
-    """Push if need be, then open the branch's pull request through the host's API (its
-    text drafted from the session where not given); stored as `pull_request_opened`."""
-    await forwarding.route(session_id, OpenPullRequest(title, body, link))
-
-
-async def update_repository(session_id: uuid.UUID) -> None:
-    """Fetch the base branch and merge it into the session's branch; conflicts are left in
-    the files for the agent or the person; stored as `repository_updated`."""
-    await forwarding.route(session_id, UpdateRepository())
-
-
-async def refresh_pull_request(session_id: uuid.UUID) -> None:
-    """Read the pull request's state from its host unless it was read a moment ago; a change
-    is stored as `pull_request_updated`."""
-    await forwarding.route(session_id, RefreshPullRequest())

@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth import get_user_model
 
-from sandboxes.agent.connections import agent_connections
 from sandboxes.backends import (
     budget,
     containment,

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 
 from craft import services
 from craft.api.sessions import error, owned_session_and_body
-from craft.commands import Prompt, parse_fork, parse_turn_seq
+from craft.commands import Prompt, Rewind, parse_fork, parse_turn_seq
 from craft.errors import Refused
 from craft.http.requests import SignedInRequest
 
@@ -56,7 +56,7 @@ async def fork(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     if asked.text:
         # The fork exists whatever happens to its first prompt: a refusal is told beside it.
         try:
-            await services.post_prompt(new_id, Prompt(uuid.uuid4().hex, asked.text))
+            await services.run_command(new_id, Prompt(uuid.uuid4().hex, asked.text))
         except Refused as refused:
             answer["prompt_error"] = {"code": refused.code, "message": refused.message}
     return JsonResponse(answer, status=201)
@@ -72,7 +72,7 @@ async def rewind(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     session, body = owned
     try:
         seq = parse_turn_seq(body)
-        await services.rewind_session(session.pk, seq)
+        await services.run_command(session.pk, Rewind(seq))
     except Refused as refused:
         return error(STATUS.get(refused.code, 400), refused.code, refused.message)
     return JsonResponse({"seq": seq})

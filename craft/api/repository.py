@@ -18,6 +18,13 @@ from django.views.decorators.http import require_http_methods
 
 from craft import services
 from craft.api.sessions import error, json_body, owned_session
+from craft.commands import (
+    CommitRepository,
+    OpenPullRequest,
+    PushRepository,
+    RefreshPullRequest,
+    UpdateRepository,
+)
 from craft.errors import Refused
 from craft.http.requests import SignedInRequest
 from craft.models import Event, SessionRepository
@@ -67,7 +74,7 @@ async def repository(request: SignedInRequest, session_id: UUID) -> HttpResponse
         return error(404, "no_repository", "this session is not on a repository")
     if row.pull_request_number is not None and row.pull_request_state == "open":
         try:
-            await services.refresh_pull_request(session.pk)
+            await services.run_command(session.pk, RefreshPullRequest())
         except Refused as refused:  # the host is down: the state it last said is shown
             logger.info("session %s: pull request not refreshed: %s", session.pk, refused)
         row = await _row(session.pk) or row
@@ -109,7 +116,7 @@ async def commit(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         return error(400, "invalid", "send a JSON object with an optional 'message' string")
     before = await _last(session.pk, "repository_committed")
     try:
-        await services.commit_repository(session.pk, message)
+        await services.run_command(session.pk, CommitRepository(message))
     except Refused as refused:
         return _refused(refused)
     event = await _last(session.pk, "repository_committed")
@@ -125,7 +132,7 @@ async def push(request: SignedInRequest, session_id: UUID) -> HttpResponse:
     if isinstance(session, HttpResponse):
         return session
     try:
-        await services.push_repository(session.pk)
+        await services.run_command(session.pk, PushRepository())
     except Refused as refused:
         return _refused(refused)
     row = await _row(session.pk)
@@ -147,7 +154,7 @@ async def pull_request(request: SignedInRequest, session_id: UUID) -> HttpRespon
         return error(400, "invalid", "the title or the body is too long")
     link = request.build_absolute_uri(reverse("session", args=[session.pk]))
     try:
-        await services.open_pull_request(session.pk, title, text, link)
+        await services.run_command(session.pk, OpenPullRequest(title, text, link))
     except Refused as refused:
         return _refused(refused)
     row = await _row(session.pk)
@@ -167,7 +174,7 @@ async def update(request: SignedInRequest, session_id: UUID) -> HttpResponse:
         return session
     before = await _last(session.pk, "repository_updated")
     try:
-        await services.update_repository(session.pk)
+        await services.run_command(session.pk, UpdateRepository())
     except Refused as refused:
         return _refused(refused)
     event = await _last(session.pk, "repository_updated")

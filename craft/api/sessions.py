@@ -17,6 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_http_methods
 
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
+from craft.commands import PrepareRepository
 from craft.http.requests import SignedInRequest
 from craft.models import Event, Session, SessionRepository, Turn
 from craft.storage.db import db_sync_to_async
@@ -220,7 +221,7 @@ def start_cloning(session_id: UUID) -> None:
     """Start the new session's clone now (from a sync view); what cannot start now starts at
     its first prompt, or when its page opens."""
     try:
-        async_to_sync(services.prepare_repository)(session_id)
+        async_to_sync(services.run_command)(session_id, PrepareRepository())
     except Exception as exc:  # its first prompt (or its page) starts it then
         logger.info("session %s: the clone did not start yet: %s", session_id, exc)
 

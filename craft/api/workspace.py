@@ -212,7 +212,7 @@ async def revert(request: SignedInRequest, session_id: UUID, seq: int) -> HttpRe
         return owned
     session, body = owned
     try:
-        await services.revert_workspace(session.pk, parse_revert(seq, body))
+        await services.run_command(session.pk, parse_revert(seq, body))
     except Refused as refused:
         return error(REVERT_STATUS.get(refused.code, 400), refused.code, refused.message)
     return HttpResponse(status=204)

@@ -19,7 +19,7 @@ long as it stays open. Two things end it when the account's right to it ends:
   their browser sessions no longer exist, and closes those sockets with the same 4401.
 
 The same registry counts each person's sockets in this process: past
-`CRAFT_MAX_SOCKETS_PER_USER`, a new one is closed with 4429 (see craft.live.consumer).
+`CRAFT_MAX_SOCKETS_PER_USER`, a new one is closed with 4429 (see craft.live.sign_in).
 """
 
 from __future__ import annotations

@@ -20,14 +20,10 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from craft.live import status
-from craft.live.accounts import FollowsAccount, signed_in_as
-from craft.live.auth import authenticate
-from craft.live.consumer import (
-    CHANGED_SESSIONS_AT_MOST,
-    CLOSE_TOO_MANY_SOCKETS,
-    CLOSE_UNAUTHENTICATED,
-)
+from craft.live.accounts import signed_in_as
 from craft.live.delivery import PROCESS_ID
+from craft.live.session_status import sessions_frame, with_changed
+from craft.live.sign_in import SignsIn
 from craft.storage.db import db_calls
 
 logger = logging.getLogger(__name__)
@@ -39,7 +35,7 @@ LAYER_MESSAGES = {
 }  # fmt: skip
 
 
-class StatusConsumer(FollowsAccount, AsyncJsonWebsocketConsumer):
+class StatusConsumer(SignsIn, AsyncJsonWebsocketConsumer):
     _listening = False
     _sending: asyncio.Task[None] | None = None
     _sandbox_stale = False
@@ -54,24 +50,14 @@ class StatusConsumer(FollowsAccount, AsyncJsonWebsocketConsumer):
         await super().dispatch(message)
 
     async def connect(self) -> None:
-        await self.accept()  # before any query, as the session socket (see its connect)
-        user = await authenticate(self.scope)
-        if not user.is_authenticated:
-            await self._refuse(CLOSE_UNAUTHENTICATED)
-            return
-        if not self.hold_socket(user):
-            await self._refuse(CLOSE_TOO_MANY_SOCKETS)
+        if not await self.sign_in():
             return
         # Listen before the check below: what changes after it reaches this socket.
-        await self.join_account(user)
-        self.user = user
-        status.listen(user.pk, self)
+        status.listen(self.user.pk, self)
         self._listening = True
-        auth_hash = await db_calls.run(signed_in_as, self.session_key, user.pk)
-        if auth_hash is None:
-            await self._refuse(CLOSE_UNAUTHENTICATED)
+        auth_hash = await db_calls.run(signed_in_as, self.session_key, self.user.pk)
+        if not await self.admit(auth_hash):
             return
-        self.watch_account(auth_hash)
         await self.send_json({"type": "hello"})
 
     async def _refuse(self, code: int) -> None:
@@ -99,18 +85,9 @@ class StatusConsumer(FollowsAccount, AsyncJsonWebsocketConsumer):
         if kind == status.SANDBOX_CHANGED:
             self._sandbox_stale = True
         elif kind == status.SESSIONS_CHANGED:
-            session = message.get("session")
-            if not self._sessions_stale:
-                self._changed = set()
-            changed = self._changed
-            if (
-                changed is None
-                or not isinstance(session, str)
-                or (len(changed) >= CHANGED_SESSIONS_AT_MOST and session not in changed)
-            ):
-                self._changed = None
-            else:
-                changed.add(session)
+            self._changed = with_changed(
+                self._changed, not self._sessions_stale, message.get("session")
+            )
             self._sessions_stale = True
         else:
             return  # a quiet agent's stderr is for its session's page
@@ -122,10 +99,7 @@ class StatusConsumer(FollowsAccount, AsyncJsonWebsocketConsumer):
             while self._sandbox_stale or self._sessions_stale:
                 if self._sessions_stale:
                     self._sessions_stale = False
-                    frame: dict[str, Any] = {"type": "sessions"}
-                    if self._changed is not None:
-                        frame["sessions"] = sorted(self._changed)
-                    await self.send_json(frame)
+                    await self.send_json(sessions_frame(self._changed))
                 if self._sandbox_stale:
                     self._sandbox_stale = False
                     await self.send_json({"type": "sandbox"})

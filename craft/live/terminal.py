@@ -24,16 +24,11 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from craft.live.accounts import FollowsAccount, signed_in_as
-from craft.live.auth import authenticate
-from craft.live.consumer import (
-    CLOSE_FORBIDDEN,
-    CLOSE_TOO_MANY_SOCKETS,
-    CLOSE_TOO_SLOW,
-    CLOSE_UNAUTHENTICATED,
-    FromSocket,
-)
+from craft.live.accounts import signed_in_as
+from craft.live.consumer import FromSocket
+from craft.live.event_pump import CLOSE_TOO_SLOW
 from craft.live.outbuffer import unsent_bytes
+from craft.live.sign_in import CLOSE_TOO_MANY_SOCKETS, SignsIn
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
 from sandboxes import services as sandbox_services
@@ -77,11 +72,10 @@ def _size(query: dict[str, list[str]]) -> tuple[int, int]:
     return DEFAULT_SIZE
 
 
-class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
+class TerminalConsumer(SignsIn, AsyncWebsocketConsumer):
     """One socket on one terminal (a `sandboxes.terminals.Listener`)."""
 
     terminal: Terminal | None = None
-    _accepted = False
     _pump: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -104,24 +98,13 @@ class TerminalConsumer(FollowsAccount, AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
-        await self.accept()  # before any query, as the session socket (see its connect)
-        self._accepted = True
-        user = await authenticate(self.scope)
-        if not user.is_authenticated:
-            await self._refuse(CLOSE_UNAUTHENTICATED)
+        if not await self.sign_in():
             return
-        if not self.hold_socket(user):
-            await self._refuse(CLOSE_TOO_MANY_SOCKETS)
-            return
-        await self.join_account(user)
+        user = self.user
         auth_hash, session = await _opening(user, self.session_key, self.session_id)
-        if auth_hash is None:
-            await self._refuse(CLOSE_UNAUTHENTICATED)
+        if not await self.admit(auth_hash, session is not None):
             return
-        if session is None:
-            await self._refuse(CLOSE_FORBIDDEN)
-            return
-        self.watch_account(auth_hash)
+        assert session is not None
         query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
         wanted = query.get("terminal", [""])[0]
         if wanted:

@@ -27,7 +27,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 from uuid import UUID
@@ -158,47 +158,7 @@ class SessionRunner:
             self._handling -= 1
 
     async def _carry_out(self, command: SessionCommand) -> None:
-        match command:
-            case Prompt():
-                await self.prompt(command)
-            case Cancel():
-                await self.cancel()
-            case AnswerPermission(request=request, option=option):
-                await self.answer_permission(request, option)
-            case AnswerElicitation(request=request, action=action, content=content):
-                await self.answer_elicitation(request, action, content)
-            case SetConfigOption(config=config, value=value):
-                await self.set_config_option(config, value)
-            case SetMode(mode=mode):
-                await self.set_mode(mode)
-            case Revert(seq=seq, path=path, hunk=hunk):
-                await self.revert(seq, path, hunk)
-            case Fork(seq=seq, new_id=new_id, before=before):
-                await self.fork(seq, UUID(new_id), before)
-            case Rewind(seq=seq):
-                await self.rewind(seq)
-            case EditQueued(id=client_id, text=text):
-                await self.queue.edit(client_id, text)
-            case RemoveQueued(id=client_id):
-                await self.queue.remove(client_id)
-            case SendNow(id=client_id):
-                await self.queue.send_now(client_id)
-            case RunQueue():
-                await self.queue.run()
-            case StartAgent():
-                await self.start_agent()
-            case PrepareRepository():
-                self.prepare_repository()
-            case CommitRepository(message=message):
-                await self._ship(self.repository.commit(message))
-            case PushRepository():
-                await self._ship(self.repository.push())
-            case OpenPullRequest(title=title, body=body, link=link):
-                await self._ship(self.repository.open_pull_request(title, body, link))
-            case UpdateRepository():
-                await self._ship(self.repository.update())
-            case RefreshPullRequest():
-                await self.repository.refresh_pull_request()
+        await CARRIED_OUT_BY[type(command)](self, command)
 
     def take_fence(self, fence: Fence) -> None:
         """Run the next command under this lease. A new lease means another worker may have
@@ -665,3 +625,38 @@ class SessionRunner:
             )
         except Exception:
             logger.exception("session %s: taking the agent's title failed", self.session_id)
+
+
+async def _prepare_repository(runner: SessionRunner, prepare: PrepareRepository) -> None:
+    runner.prepare_repository()  # it runs in the background
+
+
+# What carries out each of a session's commands (craft.commands) in its runner.
+CARRIED_OUT_BY: dict[type[SessionCommand], Callable[[SessionRunner, Any], Awaitable[object]]] = {
+    Prompt: lambda runner, prompt: runner.prompt(prompt),
+    Cancel: lambda runner, cancel: runner.cancel(),
+    AnswerPermission: lambda runner, answer: runner.answer_permission(
+        answer.request, answer.option
+    ),
+    AnswerElicitation: lambda runner, answer: runner.answer_elicitation(
+        answer.request, answer.action, answer.content
+    ),
+    SetConfigOption: lambda runner, change: runner.set_config_option(change.config, change.value),
+    SetMode: lambda runner, change: runner.set_mode(change.mode),
+    Revert: lambda runner, revert: runner.revert(revert.seq, revert.path, revert.hunk),
+    Fork: lambda runner, fork: runner.fork(fork.seq, UUID(fork.new_id), fork.before),
+    Rewind: lambda runner, rewind: runner.rewind(rewind.seq),
+    EditQueued: lambda runner, edit: runner.queue.edit(edit.id, edit.text),
+    RemoveQueued: lambda runner, remove: runner.queue.remove(remove.id),
+    SendNow: lambda runner, send: runner.queue.send_now(send.id),
+    RunQueue: lambda runner, run: runner.queue.run(),
+    StartAgent: lambda runner, start: runner.start_agent(),
+    PrepareRepository: _prepare_repository,
+    CommitRepository: lambda runner, commit: runner._ship(runner.repository.commit(commit.message)),
+    PushRepository: lambda runner, push: runner._ship(runner.repository.push()),
+    OpenPullRequest: lambda runner, pr: runner._ship(
+        runner.repository.open_pull_request(pr.title, pr.body, pr.link)
+    ),
+    UpdateRepository: lambda runner, update: runner._ship(runner.repository.update()),
+    RefreshPullRequest: lambda runner, refresh: runner.repository.refresh_pull_request(),
+}

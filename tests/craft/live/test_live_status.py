@@ -20,7 +20,8 @@ import pytest
 from django.utils import timezone
 
 from craft.live import status
-from craft.live.consumer import CHANGED_SESSIONS_AT_MOST, SessionConsumer
+from craft.live.consumer import SessionConsumer
+from craft.live.session_status import CHANGED_SESSIONS_AT_MOST
 from craft.session_activity import session_activity
 from craft.storage.db import db_sync_to_async
 from sandboxes import reaper
