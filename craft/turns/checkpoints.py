@@ -43,7 +43,7 @@ from django.db import transaction
 from craft.errors import Refused
 from craft.models import Session, Turn, WorkspaceRevert
 from craft.storage.db import db_sync_to_async
-from craft.storage.eventlog import Fence, Fenced, Stored, append_events
+from craft.storage.eventlog import Fence, Fenced, Stored, append_events, turn_rows
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
@@ -438,7 +438,7 @@ def _store_revert(
 
 @db_sync_to_async
 def _note(session_id: UUID, prompt_seq: int, **checkpoint: str) -> None:
-    Turn.objects.filter(session_id=session_id, prompt_seq=prompt_seq).update(**checkpoint)
+    turn_rows.note_checkpoints(session_id, prompt_seq, **checkpoint)
 
 
 @db_sync_to_async

@@ -22,7 +22,7 @@ from django.db import transaction
 
 from craft.models import Turn, Worker
 from craft.storage import workers
-from craft.storage.eventlog import append_events
+from craft.storage.eventlog import append_events, turn_rows
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +82,7 @@ def _why(worker: Worker | None) -> str:
 def close_turn(turn_id: int, worker_id: str, why: str) -> bool:
     """Close one running turn of `worker_id` as interrupted; False if it is not running."""
     with transaction.atomic():
-        turn = (
-            Turn.objects.select_for_update()
-            .filter(pk=turn_id, state=Turn.State.RUNNING, worker=worker_id)
-            .first()
-        )
+        turn = turn_rows.lock_running(turn_id, worker_id)
         if turn is None:
             return False
         events = [

@@ -15,6 +15,11 @@ small batch is one statement, a round trip), so each of its paths takes its piec
 `new_values` for the many-sessions statement (PostgreSQL), `start_many` for SQLite's
 many-sessions path, and `follow` for the three-statement path and for what a statement does
 not follow (requests and answers).
+
+Nothing else changes a turn's row: recovery ends a turn whose worker is gone by storing the
+events that say so (`craft.turns.recovery`, with the row held by `lock_running`),
+checkpoints note the workspace's commits beside a turn (`note_checkpoints`), and a fork
+copies turns, ended (`copy_ended`).
 """
 
 from __future__ import annotations
@@ -244,3 +249,43 @@ def _insert_sql() -> str:
         f"INSERT INTO {Turn._meta.db_table} ({columns}) VALUES ({values}) "
         f"RETURNING {Turn._meta.pk.column}"
     )
+
+
+# --- outside the event log's statements -------------------------------------------------------
+
+
+def lock_running(turn_id: int, worker_id: str) -> Turn | None:
+    """Return the turn `turn_id` if it is running and `worker_id`'s, its row locked until the
+    transaction ends (None if not): two workers that end it at once (recovery) end it once,
+    the second seeing it ended."""
+    return (
+        Turn.objects.select_for_update()
+        .filter(pk=turn_id, state=Turn.State.RUNNING, worker=worker_id)
+        .first()
+    )
+
+
+def note_checkpoints(session_id: UUID, prompt_seq: int, **checkpoint: str) -> None:
+    """Note the workspace's checkpoints (`checkpoint_before`, `checkpoint_after`) beside the
+    session's turn of the prompt at `prompt_seq`."""
+    Turn.objects.filter(session_id=session_id, prompt_seq=prompt_seq).update(**checkpoint)
+
+
+def copy_ended(source_id: UUID, session_id: UUID, copies: list[tuple[int, int, str, str]]) -> None:
+    """Copy turns of session `source_id` to `session_id` (a fork), ended, each
+    (its prompt's seq in the source, its prompt's seq in the copy, the checkpoints before
+    and after it); a turn the source does not have is left out."""
+    sources = Turn.objects.filter(
+        session_id=source_id, prompt_seq__in=[source_seq for source_seq, *_ in copies]
+    ).only("prompt_seq", "worker", "stop_reason", "started_at", "ended_at")
+    rows = {row.prompt_seq: row for row in sources}
+    copied = []
+    for source_seq, prompt_seq, before, after in copies:
+        if (row := rows.get(source_seq)) is not None:
+            ended = Turn(
+                session_id=session_id, prompt_seq=prompt_seq, worker=row.worker,
+                state=Turn.State.ENDED, stop_reason=row.stop_reason, started_at=row.started_at,
+                ended_at=row.ended_at, checkpoint_before=before, checkpoint_after=after,
+            )  # fmt: skip
+            copied.append(ended)
+    Turn.objects.bulk_create(copied)
