@@ -18,7 +18,7 @@ from django.views.decorators.http import require_http_methods
 
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
 from craft.http import SignedInRequest
-from craft.models import Event, Session, SessionRepository, Turn
+from craft.models import Event, Session, SessionRepository, TurnRecord
 from craft.storage.eventlog import events_json_after
 from craft.turns.repository import repository_json
 from sandboxes import services as sandbox_services
@@ -64,7 +64,7 @@ def _running(session: Session) -> bool:
     """Whether a turn runs (in whichever worker runs it): from `with_running()` if there."""
     running = getattr(session, "running", None)
     if running is None:
-        return Turn.objects.running().filter(session=session).exists()
+        return TurnRecord.objects.running().filter(session=session).exists()
     return bool(running)
 
 

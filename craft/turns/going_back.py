@@ -126,7 +126,7 @@ def _checkpoint_after(session_id: UUID, span: TurnSpan, spans: list[TurnSpan]) -
 @dataclass(frozen=True)
 class CopiedTurn:
     """A turn a fork copies: its prompt's seq in the source, and the checkpoints the fork's
-    Turn row gets (the first turn's state before it; the state just after each)."""
+    TurnRecord row gets (the first turn's state before it; the state just after each)."""
 
     prompt: int
     checkpoint_before: str

@@ -116,7 +116,7 @@ def _lone_prompt(job: _Job) -> bool:
 
 
 def _plain(job: _Job) -> bool:
-    """What the agent streams: no prompt, nothing the session's `Turn` row follows."""
+    """What the agent streams: no prompt, nothing the session's `TurnRecord` row follows."""
     return job.client_id is None and not any(kind in _TURN_KINDS for kind, _ in job.events)
 
 

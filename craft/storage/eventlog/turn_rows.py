@@ -1,4 +1,4 @@
-"""A turn's durable state: the one module that writes a `Turn` row (craft.models).
+"""A turn's durable state: the one module that writes a `TurnRecord` row (craft.models).
 
 A row is a prompt and everything until its `turn_end`, and only ever moves forward:
 
@@ -31,7 +31,7 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-from craft.models import Session, Turn
+from craft.models import Session, TurnRecord
 from craft.storage import workers
 from craft.storage.eventlog.records import _TURN_KINDS, _db
 
@@ -41,7 +41,7 @@ SQLITE_VARIABLES = 999
 
 @dataclass(frozen=True, slots=True)
 class TurnChange:
-    """What one statement does to the session's `Turn` row besides storing the events."""
+    """What one statement does to the session's `TurnRecord` row besides storing the events."""
 
     starts: bool  # a prompt: insert the running turn (else: end it)
     stop_reason: str = ""
@@ -68,22 +68,23 @@ def params(change: TurnChange, session_pk: Any, created: Any, db: Any) -> dict[s
     """The named parameters `cte` of `change` takes, for the session `session_pk`, now
     (`created`, as the database takes it)."""
     if change.starts:
-        row = Turn(session_id=session_pk, prompt_seq=0, worker=workers.me().key,
+        row = TurnRecord(session_id=session_pk, prompt_seq=0, worker=workers.me().key,
                    started_at=created)  # fmt: skip
         return {
             f"turn_{field.column}": field.get_db_prep_save(field.pre_save(row, True), db)
             for field in _fields()
         }
     return dict(
-        running=Turn.State.RUNNING, ended=Turn.State.ENDED, stop_reason=change.stop_reason,
-        no_pending=Turn._meta.get_field("pending").get_db_prep_save({}, db),
+        running=TurnRecord.State.RUNNING, ended=TurnRecord.State.ENDED,
+        stop_reason=change.stop_reason,
+        no_pending=TurnRecord._meta.get_field("pending").get_db_prep_save({}, db),
     )  # fmt: skip
 
 
 def cte(step: str) -> str:
     """The CTE of the one-statement path (PostgreSQL) that starts ("start") or ends ("end")
     the session's turn once `bump` numbered its events; its parameters are `params`'."""
-    turns = Turn._meta.db_table
+    turns = TurnRecord._meta.db_table
     if step == "start":
         fields = _fields()
         columns = ", ".join(field.column for field in fields)
@@ -115,21 +116,21 @@ def many_started_cte(db: Any) -> str:
          *(f"%s::{field.db_type(db)}" for field in _rest())]
     )  # fmt: skip
     return (
-        f"started AS (INSERT INTO {Turn._meta.db_table} ({columns}) "
+        f"started AS (INSERT INTO {TurnRecord._meta.db_table} ({columns}) "
         f"SELECT {values} FROM bump WHERE bump.client_id IS NOT NULL)"
     )
 
 
 def new_values(now: datetime) -> list[Any]:
-    """The values of the columns besides `TURN_KEYS` of a running `Turn` of this worker
+    """The values of the columns besides `TURN_KEYS` of a running `TurnRecord` of this worker
     started `now`."""
     db = _db()
-    turn = Turn(prompt_seq=0, worker=workers.me().key, started_at=now)
+    turn = TurnRecord(prompt_seq=0, worker=workers.me().key, started_at=now)
     return [field.get_db_prep_save(field.pre_save(turn, True), db) for field in _rest()]
 
 
 def start_many(cursor: Any, prompts: list[tuple[Any, int]], now: datetime) -> None:
-    """Insert the running `Turn` of each (session, prompt's seq), this worker's, in a few
+    """Insert the running `TurnRecord` of each (session, prompt's seq), this worker's, in a few
     statements; a session with a turn running refuses (IntegrityError), as `start`."""
     if not prompts:
         return
@@ -142,7 +143,7 @@ def start_many(cursor: Any, prompts: list[tuple[Any, int]], now: datetime) -> No
         chunk = rows[start : start + per_statement]
         values = ", ".join([f"({', '.join(['%s'] * len(columns))})"] * len(chunk))
         cursor.execute(
-            f"INSERT INTO {Turn._meta.db_table} ({', '.join(columns)}) VALUES {values}",
+            f"INSERT INTO {TurnRecord._meta.db_table} ({', '.join(columns)}) VALUES {values}",
             [v for row in chunk for v in row],
         )
 
@@ -155,7 +156,7 @@ def follow(
     now: datetime,
     worker_known: bool = False,
 ) -> None:
-    """Keep the session's running `Turn` in step with the events stored in this transaction.
+    """Keep the session's running `TurnRecord` in step with the events stored in this transaction.
 
     A prompt (a `user_message` with a client id) starts a turn: the constraint of one running
     turn per session refuses a second (IntegrityError). Permission and elicitation requests and
@@ -170,7 +171,7 @@ def follow(
         return
     # A prompt's batch starts the turn (the loop creates it): there is none to read.
     starts = client_id is not None and "user_message" in kinds
-    turn = None if starts else Turn.objects.running().filter(session_id=session_id).first()
+    turn = None if starts else TurnRecord.objects.running().filter(session_id=session_id).first()
     changed = False
     for kind, data in events:
         if kind == "user_message" and client_id is not None:
@@ -190,7 +191,7 @@ def follow(
         elif kind in ("permission_answer", "elicitation_answer"):
             turn.pending.pop(str(data.get("request")), None)
         elif kind == "turn_end":
-            turn.state = Turn.State.ENDED
+            turn.state = TurnRecord.State.ENDED
             turn.stop_reason = str(data.get("stop_reason", ""))[:64]
             turn.ended_at = now
             turn.pending = {}
@@ -202,10 +203,10 @@ def follow(
 # the ORM per call: building them cost more than running them (about 0.2 ms each on SQLite).
 
 
-def start(session_id: UUID, first_seq: int, now: datetime) -> Turn:
-    """Insert the running `Turn` of the prompt stored at `first_seq`; return it, saved."""
+def start(session_id: UUID, first_seq: int, now: datetime) -> TurnRecord:
+    """Insert the running `TurnRecord` of the prompt stored at `first_seq`; return it, saved."""
     db = _db()
-    turn = Turn(session_id=session_id, prompt_seq=first_seq, worker=workers.me().key,
+    turn = TurnRecord(session_id=session_id, prompt_seq=first_seq, worker=workers.me().key,
                 started_at=now)  # fmt: skip
     fields = _fields()
     values = [field.get_db_prep_save(field.pre_save(turn, True), db) for field in fields]
@@ -217,22 +218,22 @@ def start(session_id: UUID, first_seq: int, now: datetime) -> Turn:
 
 
 def end(session_id: UUID, stop_reason: str, now: datetime) -> None:
-    """End the session's running `Turn`, if it has one, with `stop_reason`."""
+    """End the session's running `TurnRecord`, if it has one, with `stop_reason`."""
     db = _db()
-    ended = Turn._meta.get_field("ended_at").get_db_prep_save(now, db)
-    pending = Turn._meta.get_field("pending").get_db_prep_save({}, db)
+    ended = TurnRecord._meta.get_field("ended_at").get_db_prep_save(now, db)
+    pending = TurnRecord._meta.get_field("pending").get_db_prep_save({}, db)
     pk = Session._meta.pk.get_db_prep_value(session_id, db)
     with db.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Turn._meta.db_table} SET state = %s, stop_reason = %s, ended_at = %s, "
+            f"UPDATE {TurnRecord._meta.db_table} SET state = %s, stop_reason = %s, ended_at = %s, "
             "pending = %s WHERE session_id = %s AND state = %s",
-            [Turn.State.ENDED, stop_reason, ended, pending, pk, Turn.State.RUNNING],
+            [TurnRecord.State.ENDED, stop_reason, ended, pending, pk, TurnRecord.State.RUNNING],
         )
 
 
 @lru_cache(maxsize=1)
 def _fields() -> list[Any]:
-    return [field for field in Turn._meta.concrete_fields if not field.primary_key]
+    return [field for field in TurnRecord._meta.concrete_fields if not field.primary_key]
 
 
 @lru_cache(maxsize=1)
@@ -246,21 +247,21 @@ def _insert_sql() -> str:
     columns = ", ".join(field.column for field in fields)
     values = ", ".join(["%s"] * len(fields))
     return (
-        f"INSERT INTO {Turn._meta.db_table} ({columns}) VALUES ({values}) "
-        f"RETURNING {Turn._meta.pk.column}"
+        f"INSERT INTO {TurnRecord._meta.db_table} ({columns}) VALUES ({values}) "
+        f"RETURNING {TurnRecord._meta.pk.column}"
     )
 
 
 # --- outside the event log's statements -------------------------------------------------------
 
 
-def lock_running(turn_id: int, worker_id: str) -> Turn | None:
+def lock_running(turn_id: int, worker_id: str) -> TurnRecord | None:
     """Return the turn `turn_id` if it is running and `worker_id`'s, its row locked until the
     transaction ends (None if not): two workers that end it at once (recovery) end it once,
     the second seeing it ended."""
     return (
-        Turn.objects.select_for_update()
-        .filter(pk=turn_id, state=Turn.State.RUNNING, worker=worker_id)
+        TurnRecord.objects.select_for_update()
+        .filter(pk=turn_id, state=TurnRecord.State.RUNNING, worker=worker_id)
         .first()
     )
 
@@ -268,24 +269,25 @@ def lock_running(turn_id: int, worker_id: str) -> Turn | None:
 def note_checkpoints(session_id: UUID, prompt_seq: int, **checkpoint: str) -> None:
     """Note the workspace's checkpoints (`checkpoint_before`, `checkpoint_after`) beside the
     session's turn of the prompt at `prompt_seq`."""
-    Turn.objects.filter(session_id=session_id, prompt_seq=prompt_seq).update(**checkpoint)
+    TurnRecord.objects.filter(session_id=session_id, prompt_seq=prompt_seq).update(**checkpoint)
 
 
 def copy_ended(source_id: UUID, session_id: UUID, copies: list[tuple[int, int, str, str]]) -> None:
     """Copy turns of session `source_id` to `session_id` (a fork), ended, each
     (its prompt's seq in the source, its prompt's seq in the copy, the checkpoints before
     and after it); a turn the source does not have is left out."""
-    sources = Turn.objects.filter(
+    sources = TurnRecord.objects.filter(
         session_id=source_id, prompt_seq__in=[source_seq for source_seq, *_ in copies]
     ).only("prompt_seq", "worker", "stop_reason", "started_at", "ended_at")
     rows = {row.prompt_seq: row for row in sources}
     copied = []
     for source_seq, prompt_seq, before, after in copies:
         if (row := rows.get(source_seq)) is not None:
-            ended = Turn(
+            ended = TurnRecord(
                 session_id=session_id, prompt_seq=prompt_seq, worker=row.worker,
-                state=Turn.State.ENDED, stop_reason=row.stop_reason, started_at=row.started_at,
-                ended_at=row.ended_at, checkpoint_before=before, checkpoint_after=after,
+                state=TurnRecord.State.ENDED, stop_reason=row.stop_reason,
+                started_at=row.started_at, ended_at=row.ended_at, checkpoint_before=before,
+                checkpoint_after=after,
             )  # fmt: skip
             copied.append(ended)
-    Turn.objects.bulk_create(copied)
+    TurnRecord.objects.bulk_create(copied)
