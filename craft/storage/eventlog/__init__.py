@@ -34,11 +34,11 @@ The package's modules, each one job:
   every statement above that starts or ends a turn takes;
 * `reading`: `frames_after`, `events_json_after`.
 
-What the rest of Craft uses is imported from here.
+What the rest of Craft uses is imported from here (and the few private helpers tests check).
 """
 
 from craft.storage.eventlog.appending import append_events
-from craft.storage.eventlog.group_commit import BATCH_EVENTS, EventWriter, writer
+from craft.storage.eventlog.group_commit import EventWriter, writer
 from craft.storage.eventlog.inserts import _copy_field
 from craft.storage.eventlog.postgresql import ONE_STATEMENT_ROWS
 from craft.storage.eventlog.reading import events_json_after, frames_after
@@ -47,7 +47,6 @@ from craft.storage.eventlog.records import (
     Fenced,
     Listener,
     Notice,
-    Settle,
     Stored,
     _changes_list,
     _encode,
@@ -55,14 +54,12 @@ from craft.storage.eventlog.records import (
 )
 
 __all__ = [
-    "BATCH_EVENTS",
     "ONE_STATEMENT_ROWS",
     "EventWriter",
     "Fence",
     "Fenced",
     "Listener",
     "Notice",
-    "Settle",
     "Stored",
     "_changes_list",
     "_copy_field",
