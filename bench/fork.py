@@ -88,7 +88,7 @@ def _tar() -> bytes:
 def _big_session(user: Any, tar: bytes) -> tuple[Any, int]:
     """Return a session of TURNS turns whose workspace holds the tar's files, recorded as
     the checkpoint after its last turn, and the seq of that turn's prompt."""
-    from craft.models import Turn
+    from craft.models import TurnRecord
     from craft.services import open_session
     from craft.storage.eventlog import append_events
     from sandboxes import services
@@ -108,7 +108,7 @@ def _big_session(user: Any, tar: bytes) -> tuple[Any, int]:
                  "content": {"type": "text", "text": f"part of answer {turn}. " * 10}}  # fmt: skip
         append_events(session.pk, [("agent_message_chunk", chunk)] * CHUNKS
                       + [("turn_end", {"stop_reason": "end_turn"})])  # fmt: skip
-    Turn.objects.filter(session=session, prompt_seq=seq).update(checkpoint_after=commit)
+    TurnRecord.objects.filter(session=session, prompt_seq=seq).update(checkpoint_after=commit)
     return session, seq
 
 

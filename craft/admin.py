@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from craft.api.sessions import MAX_EVENTS_PAGE
-from craft.models import Session, SessionRepository, Turn
+from craft.models import Session, SessionRepository, TurnRecord
 from craft.session_activity import session_activity
 from craft.storage.eventlog import events_json_after
 from sandboxes.admin import SandboxAdmin
@@ -127,7 +127,7 @@ class SandboxWithSessionsAdmin(SandboxAdmin):
     inlines = [*SandboxAdmin.inlines, SessionInline]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Sandbox]:
-        running = Q(sessions__turns__state=Turn.State.RUNNING)
+        running = Q(sessions__turns__state=TurnRecord.State.RUNNING)
         return (
             super()
             .get_queryset(request)
@@ -146,7 +146,7 @@ class SandboxWithSessionsAdmin(SandboxAdmin):
 
     def describe(self, sandbox: Sandbox) -> str:
         sessions = sandbox.sessions.count()
-        turns = Turn.objects.running().filter(session__sandbox=sandbox).count()
+        turns = TurnRecord.objects.running().filter(session__sandbox=sandbox).count()
         return (
             f"{super().describe(sandbox)}, {sessions} session{'' if sessions == 1 else 's'}, "
             f"{turns} running turn{'' if turns == 1 else 's'}"

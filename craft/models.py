@@ -37,11 +37,13 @@ class SessionQuerySet(models.QuerySet["Session"]):
         """Annotate what the list of sessions shows (see `Session.state`): `running`,
         `awaiting` (the running turn waits for a permission answer), `last_stop` (the stop
         reason of the latest turn) and `unread` (a turn ended after its owner last looked)."""
-        turns = Turn.objects.filter(session=models.OuterRef("pk"))
+        turns = TurnRecord.objects.filter(session=models.OuterRef("pk"))
         latest = turns.order_by("-prompt_seq").values("stop_reason")[:1]
         unseen = turns.filter(ended_at__gt=models.OuterRef("seen_at"))
         return self.with_running().annotate(
-            awaiting=models.Exists(turns.filter(state=Turn.State.RUNNING).exclude(pending={})),
+            awaiting=models.Exists(
+                turns.filter(state=TurnRecord.State.RUNNING).exclude(pending={})
+            ),
             last_stop=models.Subquery(latest),
             unread=models.Exists(unseen),
         )
@@ -51,7 +53,7 @@ class SessionQuerySet(models.QuerySet["Session"]):
 def _running_turn() -> models.Exists:
     """Whether the outer query's session has a running turn. Built once: building it is a
     fifth of the cost of a socket's session read; each query resolves its own copy."""
-    turns = Turn.objects.filter(session=models.OuterRef("pk"), state=Turn.State.RUNNING)
+    turns = TurnRecord.objects.filter(session=models.OuterRef("pk"), state=TurnRecord.State.RUNNING)
     return models.Exists(turns)
 
 
@@ -161,17 +163,19 @@ class Worker(models.Model):
         return self.id
 
 
-class TurnQuerySet(models.QuerySet["Turn"]):
-    def running(self) -> "TurnQuerySet":
-        return self.filter(state=Turn.State.RUNNING)
+class TurnRecordQuerySet(models.QuerySet["TurnRecord"]):
+    def running(self) -> "TurnRecordQuerySet":
+        return self.filter(state=TurnRecord.State.RUNNING)
 
 
-class Turn(models.Model):
-    """One prompt and everything until its `turn_end`: the durable part of a running turn.
+class TurnRecord(models.Model):
+    """One prompt and everything until its `turn_end`: the durable part of a running turn
+    (the running one is `craft.turns.turn.Turn`).
 
-    The event log keeps it up to date in the transactions that store the turn's events: a
-    `user_message` with a client id starts it, `permission_request` and `permission_answer`
-    (and `elicitation_request` and `elicitation_answer`) open and close entries of `pending`,
+    The event log keeps it up to date in the transactions that store the turn's events, and
+    `craft.storage.eventlog.turn_rows` is the one module that writes it: a `user_message`
+    with a client id starts it, `permission_request` and `permission_answer` (and
+    `elicitation_request` and `elicitation_answer`) open and close entries of `pending`,
     `turn_end` ends it. A session has at most one running
     turn (a constraint, so that two workers can never start two).
     """
@@ -195,9 +199,10 @@ class Turn(models.Model):
     checkpoint_before = models.CharField(max_length=64, blank=True)
     checkpoint_after = models.CharField(max_length=64, blank=True)
 
-    objects = TurnQuerySet.as_manager()
+    objects = TurnRecordQuerySet.as_manager()
 
     class Meta:
+        db_table = "craft_turn"  # the table of the model's first name, Turn
         ordering = ["session", "prompt_seq"]
         constraints = [
             models.UniqueConstraint(

@@ -25,7 +25,7 @@ from craft.cluster import forwarding
 from craft.commands import Fork, ForkRequest, SessionCommand, StartAgent
 from craft.errors import Refused, RepositoryRefused, SessionError, SessionLimit, UnknownAgent
 from craft.live import delivery, status
-from craft.models import Session, SessionRepository, Turn
+from craft.models import Session, SessionRepository, TurnRecord
 from craft.storage.db import db_sync_to_async
 from craft.storage.normalise import clean_title
 from craft.storage.titles import set_session_title
@@ -178,7 +178,7 @@ def mark_seen(user: User, session_id: uuid.UUID) -> None:
         return
     now = timezone.now()
     sessions.update(seen_at=now)
-    ended = Turn.objects.filter(session_id=session_id, ended_at__gt=before, ended_at__lte=now)
+    ended = TurnRecord.objects.filter(session_id=session_id, ended_at__gt=before, ended_at__lte=now)
     if ended.exists():
         status.sessions_changed(user.pk, session_id)
 

@@ -12,7 +12,7 @@ from uuid import UUID
 
 from django.db.models import Max
 
-from craft.models import QueuedPrompt, Session, Turn
+from craft.models import QueuedPrompt, Session, TurnRecord
 from sandboxes.reaper import Busy
 
 
@@ -28,7 +28,7 @@ class SessionActivity:
         closed by `craft.turns.recovery`, not reaped. A queued prompt waits for its turn (or
         for its sandbox or repository).
         """
-        rows = list(Turn.objects.running().values_list("session_id", "session__sandbox_id"))
+        rows = list(TurnRecord.objects.running().values_list("session_id", "session__sandbox_id"))
         rows += QueuedPrompt.objects.values_list("session_id", "session__sandbox_id").distinct()
         return Busy(
             sessions=frozenset(session for session, _ in rows),

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods
 from craft import credentials, git_hosts, git_tokens, services, workspace_paths
 from craft.commands import PrepareRepository
 from craft.http.requests import SignedInRequest
-from craft.models import Event, Session, SessionRepository, Turn
+from craft.models import Event, Session, SessionRepository, TurnRecord
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import events_json_after
 from craft.turns.repository import repository_json
@@ -118,7 +118,7 @@ def _running(session: Session) -> bool:
     """Whether a turn runs (in whichever worker runs it): from `with_running()` if there."""
     running = getattr(session, "running", None)
     if running is None:
-        return Turn.objects.running().filter(session=session).exists()
+        return TurnRecord.objects.running().filter(session=session).exists()
     return bool(running)
 
 

@@ -41,9 +41,9 @@ from uuid import UUID
 from django.db import transaction
 
 from craft.errors import Refused
-from craft.models import Session, Turn, WorkspaceRevert
+from craft.models import Session, TurnRecord, WorkspaceRevert
 from craft.storage.db import db_sync_to_async
-from craft.storage.eventlog import Fence, Fenced, Stored, append_events
+from craft.storage.eventlog import Fence, Fenced, Stored, append_events, turn_rows
 from sandboxes import services as sandbox_services
 from sandboxes.backends import SandboxError
 from sandboxes.models import Sandbox
@@ -358,7 +358,7 @@ def latest_checkpoint(session_id: UUID, before: int | None = None) -> str:
     limit = 2**63 - 1 if before is None else before
     found: list[tuple[int, int, str]] = []  # (seq, 0 before / 1 after, commit)
     turns = (
-        Turn.objects.filter(session_id=session_id, prompt_seq__lte=limit)
+        TurnRecord.objects.filter(session_id=session_id, prompt_seq__lte=limit)
         .exclude(checkpoint_before="", checkpoint_after="")
         .order_by("-prompt_seq")
         .values_list("prompt_seq", "checkpoint_before", "checkpoint_after")
@@ -387,7 +387,7 @@ def latest_checkpoints(session_id: UUID, befores: list[int | None]) -> list[str]
     # (its place: (seq, 0 before / 1 after), as there; the least `before` it answers; commit)
     found: list[tuple[tuple[int, int], int, str]] = []
     turns = (
-        Turn.objects.filter(session_id=session_id)
+        TurnRecord.objects.filter(session_id=session_id)
         .exclude(checkpoint_before="", checkpoint_after="")
         .values_list("prompt_seq", "checkpoint_before", "checkpoint_after")
     )
@@ -414,7 +414,7 @@ def checkpoints_of(session_id: UUID, seq: int) -> tuple[str, str]:
     )
     if revert is not None:
         return revert
-    turn = Turn.objects.filter(session_id=session_id, prompt_seq=seq)
+    turn = TurnRecord.objects.filter(session_id=session_id, prompt_seq=seq)
     after = turn.values_list("checkpoint_after", flat=True).first()
     if after is None:
         return "", ""  # no such turn
@@ -438,7 +438,7 @@ def _store_revert(
 
 @db_sync_to_async
 def _note(session_id: UUID, prompt_seq: int, **checkpoint: str) -> None:
-    Turn.objects.filter(session_id=session_id, prompt_seq=prompt_seq).update(**checkpoint)
+    turn_rows.note_checkpoints(session_id, prompt_seq, **checkpoint)
 
 
 @db_sync_to_async

@@ -32,9 +32,9 @@ from django.db import transaction
 from django.db.models import Q
 
 from craft.errors import Refused
-from craft.models import Event, Session, Turn, WorkspaceRevert
+from craft.models import Event, Session, WorkspaceRevert
 from craft.storage.db import db_sync_to_async
-from craft.storage.eventlog import Fence, append_events
+from craft.storage.eventlog import Fence, append_events, turn_rows
 from craft.storage.normalise import clean_title
 from craft.turns.checkpoints import (
     MAX_FILES,
@@ -126,7 +126,7 @@ def _checkpoint_after(session_id: UUID, span: TurnSpan, spans: list[TurnSpan]) -
 @dataclass(frozen=True)
 class CopiedTurn:
     """A turn a fork copies: its prompt's seq in the source, and the checkpoints the fork's
-    Turn row gets (the first turn's state before it; the state just after each)."""
+    TurnRecord row gets (the first turn's state before it; the state just after each)."""
 
     prompt: int
     checkpoint_before: str
@@ -219,21 +219,12 @@ def store_fork(plan: ForkPlan, new_id: UUID, seq: int, before: bool) -> Session:
         for number, (_, kind, data) in enumerate(plan.events, start=1)
     )
     renumbered = {old: number for number, (old, _, _) in enumerate(plan.events, start=1)}
-    sources = Turn.objects.filter(
-        session_id=source.pk, prompt_seq__in=[turn.prompt for turn in plan.turns]
-    ).only("prompt_seq", "worker", "stop_reason", "started_at", "ended_at")
-    rows = {row.prompt_seq: row for row in sources}
-    copied = []
-    for turn in plan.turns:
-        if (row := rows.get(turn.prompt)) is not None and turn.prompt in renumbered:
-            ended = Turn(
-                session=session, prompt_seq=renumbered[turn.prompt], worker=row.worker,
-                state=Turn.State.ENDED, stop_reason=row.stop_reason, started_at=row.started_at,
-                ended_at=row.ended_at, checkpoint_before=turn.checkpoint_before,
-                checkpoint_after=turn.checkpoint_after,
-            )  # fmt: skip
-            copied.append(ended)
-    Turn.objects.bulk_create(copied)
+    copies = [
+        (turn.prompt, renumbered[turn.prompt], turn.checkpoint_before, turn.checkpoint_after)
+        for turn in plan.turns
+        if turn.prompt in renumbered
+    ]
+    turn_rows.copy_ended(source.pk, session.pk, copies)
     session.last_seq = len(plan.events)
     session.save(update_fields=["last_seq"])
     forked: dict[str, Any] = {"from": str(source.pk), "seq": seq, "title": source.title}

@@ -21,7 +21,7 @@ from django.db.models import Exists, Max, Min, OuterRef
 
 from craft.commands import Attachment, Prompt
 from craft.errors import Refused
-from craft.models import Event, QueuedPrompt, Session, Turn
+from craft.models import Event, QueuedPrompt, Session, TurnRecord
 from craft.storage.eventlog import Fence, Stored, append_events
 from sandboxes.models import Sandbox
 
@@ -126,7 +126,7 @@ def start_next(session_id: UUID, fence: Fence | None) -> tuple[Prompt, Stored] |
 
 def sessions_waiting() -> list[UUID]:
     """Sessions whose queue could run now: prompts waiting, no turn running, sandbox running."""
-    running = Turn.objects.running().filter(session=OuterRef("pk"))
+    running = TurnRecord.objects.running().filter(session=OuterRef("pk"))
     queued = QueuedPrompt.objects.filter(session=OuterRef("pk"))
     return list(
         Session.objects.filter(Exists(queued), ~Exists(running))

@@ -20,9 +20,9 @@ from uuid import UUID
 
 from django.db import transaction
 
-from craft.models import Turn, Worker
+from craft.models import TurnRecord, Worker
 from craft.storage import workers
-from craft.storage.eventlog import append_events
+from craft.storage.eventlog import append_events, turn_rows
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def interruption(why: str, reason: str | None = None) -> tuple[str, dict[str, An
 
 def close_turns_of_gone_workers(session_id: UUID | None = None) -> int:
     """Close the running turns (of one session, or all) whose worker is gone; return how many."""
-    turns = Turn.objects.running()
+    turns = TurnRecord.objects.running()
     if session_id is not None:
         turns = turns.filter(session_id=session_id)
     candidates = list(turns.values_list("pk", "worker"))
@@ -68,7 +68,7 @@ def close_turns_of_gone_workers(session_id: UUID | None = None) -> int:
 def close_turns_taken_over(session_id: UUID, previous: str) -> None:
     """Close the running turns of a session whose lease was just taken over from `previous`
     (in the takeover's transaction: `craft.cluster.leases.acquire`)."""
-    running = Turn.objects.running().filter(session_id=session_id, worker=previous)
+    running = TurnRecord.objects.running().filter(session_id=session_id, worker=previous)
     for turn_id in running.values_list("pk", flat=True):
         close_turn(turn_id, previous, LOST)
 
@@ -82,11 +82,7 @@ def _why(worker: Worker | None) -> str:
 def close_turn(turn_id: int, worker_id: str, why: str) -> bool:
     """Close one running turn of `worker_id` as interrupted; False if it is not running."""
     with transaction.atomic():
-        turn = (
-            Turn.objects.select_for_update()
-            .filter(pk=turn_id, state=Turn.State.RUNNING, worker=worker_id)
-            .first()
-        )
+        turn = turn_rows.lock_running(turn_id, worker_id)
         if turn is None:
             return False
         events = [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from craft.models import Event, Turn
+from craft.models import Event, TurnRecord
 from sandboxes.models import Sandbox
 from tests.catalog import KEY
 from tests.ready import running_sandbox
@@ -93,7 +93,7 @@ def test_a_session_created_through_the_api_takes_its_warm_agent_before_its_first
     second = Socket(server, owner, created["id"])
     second.send({"type": "resume", "after": 0})
     assert int(ask(second, "pid").split()[1]) == pid
-    noted = Turn.objects.filter(session_id=created["id"]).exclude(checkpoint_before="")
+    noted = TurnRecord.objects.filter(session_id=created["id"]).exclude(checkpoint_before="")
     while not noted.exists():  # noted beside the turn, not before it
         assert time.monotonic() < deadline, "the first turn has no checkpoint from before it"
         time.sleep(0.05)

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from craft.models import Event, Lease, Turn
+from craft.models import Event, Lease, TurnRecord
 from craft.turns.recovery import LOST
 from tests.conftest import REDIS_URL
 from tests.ready import open_ready_session
@@ -146,7 +146,7 @@ def test_a_killed_owner_mid_turn_has_its_turn_closed_and_the_session_goes_on(wor
     assert after[: len(before)] == before
     ends = [data for _, kind, data in after if kind == "turn_end"]
     assert ends == [{"stop_reason": "interrupted"}, {"stop_reason": "end_turn"}]
-    assert not Turn.objects.running().filter(session=session).exists()
+    assert not TurnRecord.objects.running().filter(session=session).exists()
     watcher.close()
 
 
@@ -219,7 +219,7 @@ def test_two_workers_racing_for_a_first_prompt_start_exactly_one_agent(workers, 
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         ends = Event.objects.filter(session=session, kind="turn_end").count()
-        refused = ends < 2 and not Turn.objects.running().filter(session=session).exists()
+        refused = ends < 2 and not TurnRecord.objects.running().filter(session=session).exists()
         if ends == 2 or (ends == 1 and refused):
             break
         time.sleep(0.1)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from craft.models import Event, Turn
+from craft.models import Event, TurnRecord
 from craft.storage.db import db_sync_to_async
 from tests.ready import open_ready_session
 
@@ -136,7 +136,7 @@ def turn_marks(session) -> tuple[list[str], int]:
     """Return the kinds of the session's user_message and turn_end events, in order, and how
     many turns still run."""
     kinds = Event.objects.filter(session=session, kind__in=["user_message", "turn_end"])
-    running = Turn.objects.running().filter(session=session).count()
+    running = TurnRecord.objects.running().filter(session=session).count()
     return list(kinds.order_by("seq").values_list("kind", flat=True)), running
 
 

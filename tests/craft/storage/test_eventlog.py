@@ -95,7 +95,7 @@ async def test_a_turn_follows_a_prompt_and_its_requests_stored_in_one_commit(ses
     turn's end close them; a second prompt while it runs is refused by the database."""
     from django.db import IntegrityError
 
-    from craft.models import Turn
+    from craft.models import TurnRecord
 
     session_id = sessions[0]
     request = {"request": 7, "options": [{"optionId": "allow"}, {"optionId": "deny"}]}
@@ -104,7 +104,7 @@ async def test_a_turn_follows_a_prompt_and_its_requests_stored_in_one_commit(ses
         [("user_message", {"id": "p", "text": "go"}), ("permission_request", request)],
         client_id="p",
     )
-    turn = await db_sync_to_async(Turn.objects.get)(session_id=session_id)
+    turn = await db_sync_to_async(TurnRecord.objects.get)(session_id=session_id)
     assert (turn.state, turn.prompt_seq, turn.pending) == ("running", 1, {"7": ["allow", "deny"]})
     with pytest.raises(IntegrityError):
         await db_sync_to_async(append_events)(
@@ -113,9 +113,9 @@ async def test_a_turn_follows_a_prompt_and_its_requests_stored_in_one_commit(ses
     await db_sync_to_async(append_events)(
         session_id, [("permission_answer", {"request": 7, "option": "allow"})]
     )
-    assert (await db_sync_to_async(Turn.objects.get)(session_id=session_id)).pending == {}
+    assert (await db_sync_to_async(TurnRecord.objects.get)(session_id=session_id)).pending == {}
     await writer.append(session_id, [("turn_end", {"stop_reason": "end_turn"})])
-    turn = await db_sync_to_async(Turn.objects.get)(session_id=session_id)
+    turn = await db_sync_to_async(TurnRecord.objects.get)(session_id=session_id)
     assert (turn.state, turn.stop_reason, turn.pending) == ("ended", "end_turn", {})
     assert turn.ended_at is not None
 

@@ -22,7 +22,7 @@ from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
 
-from craft.models import Event, Lease, Session, Turn
+from craft.models import Event, Lease, Session, TurnRecord
 from craft.storage import workers
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import Fenced, writer
@@ -135,7 +135,7 @@ async def test_one_batch_keeps_each_session_s_order_its_turn_and_its_prompt(owne
     ]  # fmt: skip
     assert '"seq":3' in results[7].frames[0].replace(" ", "")
     turns = await db_sync_to_async(
-        lambda: {t.session_id: (t.state, t.prompt_seq) for t in Turn.objects.all()}
+        lambda: {t.session_id: (t.state, t.prompt_seq) for t in TurnRecord.objects.all()}
     )()
     assert turns == {s2.pk: ("ended", 1), s3.pk: ("running", 1)}
     last_seqs = await db_sync_to_async(
@@ -236,7 +236,7 @@ async def test_many_sessions_prompts_are_numbered_together_and_turn_ends_pipelin
     assert [(r.first_seq, r.last_seq) for r in results[:3]] == [(1, 1), (1, 1), (2, 3)]
     assert results[3] is None
     turns = await db_sync_to_async(
-        lambda: {t.session_id: (t.state, t.prompt_seq) for t in Turn.objects.all()}
+        lambda: {t.session_id: (t.state, t.prompt_seq) for t in TurnRecord.objects.all()}
     )()
     assert turns == {
         s1.pk: ("running", 1), s2.pk: ("running", 1), s3.pk: ("ended", 1), s4.pk: ("ended", 1)
@@ -263,14 +263,14 @@ async def test_a_fenced_session_in_a_pipelined_batch_is_refused_and_the_others_s
         assert (result.first_seq, result.last_seq) == (1, 1)
         assert [data["text"] for _, _, data in await log_of(session)] == [session.title]
     running = await db_sync_to_async(
-        lambda: set(Turn.objects.filter(state="running").values_list("session_id", flat=True))
+        lambda: set(TurnRecord.objects.filter(state="running").values_list("session_id", flat=True))
     )()
     assert running == {s1.pk, s3.pk}
 
 
 @postgresql_only
 async def test_a_statement_failing_in_a_batch_costs_only_its_own_job(owner):
-    """A session with a turn running cannot start a second one (its Turn row's constraint):
+    """A session with a turn running cannot start a second one (its TurnRecord row's constraint):
     the many-sessions statement that starts the batch's turns fails, the batch is rolled
     back, and its jobs are stored one at a time, so only that prompt is refused."""
     (held, held_fence), (s1, f1), (s2, f2) = await leased(owner, 3)
@@ -374,7 +374,7 @@ async def test_on_sqlite_many_sessions_prompts_are_stored_together(owner):
     assert texts(await log_of(s3)) == ["earlier", "turn_end"]
     assert texts(await log_of(s5)) == ["before", "five"]
     turns = await db_sync_to_async(
-        lambda: {t.session_id: (t.state, t.prompt_seq, t.worker) for t in Turn.objects.all()}
+        lambda: {t.session_id: (t.state, t.prompt_seq, t.worker) for t in TurnRecord.objects.all()}
     )()
     me = workers.me().key
     assert turns == {
@@ -387,7 +387,7 @@ async def test_on_sqlite_many_sessions_prompts_are_stored_together(owner):
 
 @pytest.mark.skipif(not SQLITE, reason="the run on SQLite")
 async def test_on_sqlite_a_prompt_of_a_session_with_a_turn_running_costs_only_its_own_job(owner):
-    """A session with a turn running cannot start a second one (its Turn row's constraint):
+    """A session with a turn running cannot start a second one (its TurnRecord row's constraint):
     the statement starting the burst's turns fails, the batch is rolled back, and its jobs
     are stored one at a time, so only that prompt is refused; so is a prompt whose lease was
     taken over."""
@@ -412,7 +412,9 @@ async def test_on_sqlite_a_prompt_of_a_session_with_a_turn_running_costs_only_it
     assert [data["text"] for _, _, data in await log_of(s1)] == ["running"]
     assert [data["text"] for _, _, data in await log_of(s2)] == ["fine"]
     running = await db_sync_to_async(
-        lambda: dict(Turn.objects.filter(state="running").values_list("session_id", "prompt_seq"))
+        lambda: dict(
+            TurnRecord.objects.filter(state="running").values_list("session_id", "prompt_seq")
+        )
     )()
     assert running == {s1.pk: 1, s2.pk: 1, s3.pk: 1}
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from craft.models import Event, Lease, Turn, Worker
+from craft.models import Event, Lease, TurnRecord, Worker
 from craft.storage import workers
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import ONE_STATEMENT_ROWS, writer
@@ -87,11 +87,11 @@ async def test_a_cached_follow_up_reads_nothing_and_writes_only_the_log(owner, c
         Event.objects.filter(session=session, kind="user_message").values_list("seq", flat=True)
     )
     turns = await db_sync_to_async(list)(
-        Turn.objects.filter(session=session)
+        TurnRecord.objects.filter(session=session)
         .order_by("prompt_seq")
         .values_list("prompt_seq", "state", "stop_reason", "pending")
     )
-    assert turns == [(seq, Turn.State.ENDED, "end_turn", {}) for seq in prompts]
+    assert turns == [(seq, TurnRecord.State.ENDED, "end_turn", {}) for seq in prompts]
     await comm.disconnect()
 
 
@@ -109,8 +109,8 @@ async def test_a_prompt_writes_its_worker_row_back_when_it_is_missing(owner):
             fence=(lease.owner, lease.token),
         )  # fmt: skip
     assert what(seen) == Counter(["store", "worker"])
-    turn = await db_sync_to_async(Turn.objects.get)(session=session)
-    assert turn.state == Turn.State.RUNNING and turn.worker == workers.me().key
+    turn = await db_sync_to_async(TurnRecord.objects.get)(session=session)
+    assert turn.state == TurnRecord.State.RUNNING and turn.worker == workers.me().key
     assert await db_sync_to_async(Worker.objects.filter(pk=workers.me().key).exists)()
 
 

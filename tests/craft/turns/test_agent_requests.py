@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from craft.models import Event, Turn
+from craft.models import Event, TurnRecord
 from craft.turns.recovery import RESTARTED
 from tests.ready import open_ready_session
 
@@ -70,7 +70,7 @@ def test_a_form_is_stored_then_accepted_with_checked_values(socket):
     assert [f["type"] for f in request["fields"]] == ["string", "integer", "number", "boolean",
                                                       "enum"]  # fmt: skip
     assert request["answerable"] is True
-    assert Turn.objects.running().get(session=socket.session).pending == {
+    assert TurnRecord.objects.running().get(session=socket.session).pending == {
         request["request"]: {"kind": "elicitation"}
     }
     rid = request["request"]
@@ -162,7 +162,7 @@ def test_a_request_the_agent_withdraws_is_closed(socket, kind):
         assert closed == [{"request": request["request"], "action": "cancel",
                            "reason": "withdrawn"}]  # fmt: skip
     assert said == "I withdrew my request; the client confirmed."
-    assert not Turn.objects.running().filter(session=socket.session).exists()
+    assert not TurnRecord.objects.running().filter(session=socket.session).exists()
 
 
 def test_a_killed_server_s_open_elicitation_is_closed_as_interrupted(servers, owner):

@@ -15,7 +15,7 @@ import pytest
 from django.db import IntegrityError
 
 from craft import services
-from craft.models import Turn
+from craft.models import TurnRecord
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import writer
 from craft.turns.registry import runners
@@ -41,8 +41,8 @@ def folder_of(session) -> Path:
 
 
 @db_sync_to_async
-def first_turn(session) -> Turn:
-    return Turn.objects.filter(session=session).order_by("prompt_seq").first()
+def first_turn(session) -> TurnRecord:
+    return TurnRecord.objects.filter(session=session).order_by("prompt_seq").first()
 
 
 @db_sync_to_async

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from craft.models import Session, Turn, WorkspaceRevert
+from craft.models import Session, TurnRecord, WorkspaceRevert
 from craft.turns.checkpoints import latest_checkpoint, latest_checkpoints
 from sandboxes.models import Sandbox
 
@@ -19,8 +19,8 @@ def test_read_at_once_they_are_what_latest_checkpoint_finds_before_each_change(o
     turns = {1: ("start", "one"), 5: ("", ""), 9: ("", "nine"), 14: ("", "fourteen"),
              20: ("", "")}  # fmt: skip
     for seq, (before, after) in turns.items():
-        Turn.objects.create(
-            session=session, prompt_seq=seq, worker="w", state=Turn.State.ENDED,
+        TurnRecord.objects.create(
+            session=session, prompt_seq=seq, worker="w", state=TurnRecord.State.ENDED,
             checkpoint_before=before, checkpoint_after=after,
         )  # fmt: skip
     for seq, after in ((12, "reverted"), (13, "reverted again"), (18, "late")):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from craft.models import Event, Turn, Worker
+from craft.models import Event, TurnRecord, Worker
 from craft.turns.recovery import RESTARTED
 from sandboxes import services as sandbox_services
 from tests.ready import open_ready_session
@@ -76,7 +76,7 @@ def test_a_killed_server_s_turn_is_closed_once_at_the_next_start(servers, owner)
         if f.get("kind") == "permission_request"
     ]  # fmt: skip
     before = log_of(session)
-    assert Turn.objects.running().get(session=session).pending == {
+    assert TurnRecord.objects.running().get(session=session).pending == {
         request["data"]["request"]: ["allow", "reject"]
     }
 
@@ -96,7 +96,7 @@ def test_a_killed_server_s_turn_is_closed_once_at_the_next_start(servers, owner)
         ("agent_error", {"message": RESTARTED, "reason": "server_restarted"}),
         ("turn_end", {"stop_reason": "interrupted"}),
     ]  # fmt: skip
-    assert not Turn.objects.running().filter(session=session).exists()
+    assert not TurnRecord.objects.running().filter(session=session).exists()
 
     # The session goes on, with a new agent, through the new server.
     sock = Socket(second, owner, session.pk)

@@ -12,7 +12,7 @@ import pytest
 
 from craft import lifecycle
 from craft.cluster import leases
-from craft.models import Turn
+from craft.models import TurnRecord
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import append_events
 from craft.turns.registry import runners
@@ -62,7 +62,7 @@ async def test_a_turn_that_writes_a_file_is_followed_by_its_changes(session, coo
     ]
     turns = await db_sync_to_async(
         lambda: list(
-            Turn.objects.filter(session=session).values_list(
+            TurnRecord.objects.filter(session=session).values_list(
                 "checkpoint_before", "checkpoint_after"
             )
         )
@@ -118,7 +118,7 @@ def another_workers_turn(session, path: str) -> None:
     stored = append_events(session.pk, [("user_message", {"id": "elsewhere", "text": "…"})],
                            client_id="elsewhere")  # fmt: skip
     append_events(session.pk, [("turn_end", {"stop_reason": "end_turn"})])
-    Turn.objects.filter(session=session, prompt_seq=stored.first_seq).update(
+    TurnRecord.objects.filter(session=session, prompt_seq=stored.first_seq).update(
         checkpoint_after=taken.commit
     )
 

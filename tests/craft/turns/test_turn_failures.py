@@ -16,7 +16,7 @@ import threading
 import pytest
 from django.db import OperationalError
 
-from craft.models import Turn
+from craft.models import TurnRecord
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import EventWriter
 from craft.turns.turn import STORAGE_FAILED
@@ -37,7 +37,7 @@ def session(owner):
 
 @db_sync_to_async
 def running_turns(session) -> int:
-    return Turn.objects.running().filter(session=session).count()
+    return TurnRecord.objects.running().filter(session=session).count()
 
 
 async def agent_pid(comm, prompt_id: str) -> str:
