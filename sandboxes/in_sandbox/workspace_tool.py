@@ -58,6 +58,7 @@ import re
 import stat
 import sys
 import time
+from collections.abc import Callable
 
 # Imported where used (and typing not at all): a listing, the most frequent request, starts in
 # a few milliseconds.
@@ -127,27 +128,35 @@ def parts_of(path: str) -> list[bytes]:
 # --- walking without following links ------------------------------------------------------
 
 
-def open_folder(fd: int, names: list[bytes]) -> int:
-    """Open the folder `names` below folder `fd`, following no link; the caller closes it."""
+def _descend(fd: int, names: list[bytes], step: Callable[[int, bytes], int]) -> int:
+    """Open the folder `names` below folder `fd`, one name at a time with `step(folder,
+    name)`, closing each folder passed through; the caller closes the one returned."""
     current = os.dup(fd)
     try:
         for name in names:
-            try:
-                following = os.open(name, FOLDER, dir_fd=current)
-            except FileNotFoundError:
-                raise Refused("not_found", f"no such folder: {escape(name)}") from None
-            except (NotADirectoryError, OSError) as exc:
-                if _is_link(current, name):
-                    raise Refused("is_link", f"{escape(name)} is a symbolic link") from None
-                raise Refused(
-                    "not_a_folder", f"{escape(name)} is not a folder ({exc.strerror})"
-                ) from None
+            following = step(current, name)
             os.close(current)
             current = following
     except BaseException:
         os.close(current)
         raise
     return current
+
+
+def _open_one(folder: int, name: bytes) -> int:
+    try:
+        return os.open(name, FOLDER, dir_fd=folder)
+    except FileNotFoundError:
+        raise Refused("not_found", f"no such folder: {escape(name)}") from None
+    except (NotADirectoryError, OSError) as exc:
+        if _is_link(folder, name):
+            raise Refused("is_link", f"{escape(name)} is a symbolic link") from None
+        raise Refused("not_a_folder", f"{escape(name)} is not a folder ({exc.strerror})") from None
+
+
+def open_folder(fd: int, names: list[bytes]) -> int:
+    """Open the folder `names` below folder `fd`, following no link; the caller closes it."""
+    return _descend(fd, names, _open_one)
 
 
 def _is_link(fd: int, name: bytes) -> bool:
@@ -279,20 +288,15 @@ def read_file(workspace: int, path: str, limit: int, out: BinaryIO) -> None:
 def make_folders(fd: int, names: list[bytes]) -> int:
     """Open the folder `names` below folder `fd`, making the missing ones (mode 0700 less the
     umask), following no link; the caller closes it."""
-    current = os.dup(fd)
+    return _descend(fd, names, _make_one)
+
+
+def _make_one(folder: int, name: bytes) -> int:
     try:
-        for name in names:
-            try:
-                os.mkdir(name, 0o777, dir_fd=current)
-            except FileExistsError:
-                pass
-            following = open_folder(current, [name])
-            os.close(current)
-            current = following
-    except BaseException:
-        os.close(current)
-        raise
-    return current
+        os.mkdir(name, 0o777, dir_fd=folder)
+    except FileExistsError:
+        pass
+    return _open_one(folder, name)
 
 
 def write_file(workspace: int, path: str, limit: int, overwrite: bool, source: BinaryIO) -> dict:
@@ -344,20 +348,29 @@ def write_file(workspace: int, path: str, limit: int, overwrite: bool, source: B
     return {"path": spelled, "size": size}
 
 
+def _names(fd: int) -> list[bytes]:
+    """The names in folder `fd`, sorted (none when it cannot be listed)."""
+    try:
+        return sorted(os.fsencode(name) for name in os.listdir(fd))
+    except OSError:
+        return []
+
+
+def _entries(fd: int, names: list[bytes]) -> Iterator[tuple[bytes, os.stat_result]]:
+    """Yield (name, lstat) for each of `names` in folder `fd` still there."""
+    for name in names:
+        try:
+            yield name, os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue  # gone meanwhile
+
+
 def walk(
     fd: int, prefix: bytes, depth: int = 0
 ) -> Iterator[tuple[int, bytes, bytes, os.stat_result]]:
     """Yield (folder fd, name, path, lstat) for everything below folder `fd`, never following
     a link. The folder fd is valid only until the next item is asked for."""
-    try:
-        names = sorted(os.fsencode(name) for name in os.listdir(fd))
-    except OSError:
-        return
-    for name in names:
-        try:
-            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            continue  # gone meanwhile
+    for name, info in _entries(fd, _names(fd)):
         path = prefix + name
         yield fd, name, path, info
         if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH:
@@ -736,18 +749,11 @@ def _left_out(workspace: int, limit: int) -> tuple[list[bytes], list[bytes]]:
     repositories: list[bytes] = []
 
     def visit(fd: int, prefix: bytes, depth: int) -> None:
-        try:
-            names = sorted(os.fsencode(name) for name in os.listdir(fd))
-        except OSError:
-            return
+        names = _names(fd)
         if depth > 0 and b".git" in names:
             repositories.append(prefix[:-1])
             return
-        for name in names:
-            try:
-                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                continue  # gone meanwhile
+        for name, info in _entries(fd, names):
             if stat.S_ISREG(info.st_mode) and info.st_size > limit:
                 too_large.append(prefix + name)
             elif (
