@@ -15,7 +15,7 @@ singletons beside the code that uses it:
 * the sandboxes' state, which `sandboxes.runtime` knows (agents, warm agents, terminals);
 * `lifecycle.lifecycle`: start-up and housekeeping, whose shutdown calls this one's;
 * nothing that must be let go of in order: `session_activity.session_activity` (what the
-  reaper asks of sessions), `http_handler.request_threads` (idle request threads, kept for
+  reaper asks of sessions), `http/handler.request_threads` (idle request threads, kept for
   the next requests), `live/status._unowned` (status notices rung from a loop without a
   hub), `turns/quiet.agent_stderr_changed` (a signal), and the thread pools of agent, git,
   checkpoint and preview calls (`turns/agent_calls.agent_calls`, `turns/repository.git_calls`,
