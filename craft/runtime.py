@@ -9,7 +9,7 @@ singletons beside the code that uses it:
 * `cluster/leases.ownership`: the sessions this worker holds the lease of;
 * `cluster/forwarding.listener`: this worker's channel for commands of other workers, and
   `cluster/peers.links`, the direct links to them, closed with it;
-* `storage/eventlog.writer` and `storage/db.db_calls`: the threads that hold database
+* `storage/eventlog/group_commit.writer` and `storage/db.db_calls`: the threads that hold database
   connections;
 * channels' layers (`channel_layers`), one per event loop for the in-memory layer;
 * the sandboxes' state, which `sandboxes.runtime` knows (agents, warm agents, terminals);

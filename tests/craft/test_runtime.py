@@ -38,7 +38,7 @@ def test_each_singleton_is_named_by_its_packages_runtime():
 
 
 def test_the_check_finds_the_singletons():
-    assert ("storage/eventlog", "writer") in singletons("craft")
+    assert ("storage/eventlog/group_commit", "writer") in singletons("craft")
     assert ("turns/registry", "runners") in singletons("craft")
     assert ("backends/local", "_spawner") in singletons("sandboxes")
     assert len(singletons("craft")) + len(singletons("sandboxes")) >= 25
