@@ -15,49 +15,25 @@ the test, named module by module.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from .test_layers import imported_names, module_name
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("craft", "sandboxes")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def is_module(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
 def imports_of(path: Path) -> set[str]:
     """Return the product's modules a file imports, with the packages around them."""
     module = module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     own = module.split(".")
     around = {".".join(own[:end]) for end in range(1, len(own))}  # the packages it is in
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            names = [
-                f"{base}.{alias.name}" if is_module(f"{base}.{alias.name}") else base
-                for alias in node.names
-            ]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] in PACKAGES:
-                found |= {".".join(parts[:end]) for end in range(1, len(parts))} - around
-                found.add(name)
+    for name, _ in imported_names(path):
+        parts = name.split(".")
+        if parts[0] in PACKAGES:
+            found |= {".".join(parts[:end]) for end in range(1, len(parts))} - around
+            found.add(name)
     return found - {module}
 
 

@@ -72,9 +72,10 @@ def is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def craft_imports(path: Path) -> list[tuple[str, int]]:
-    """Return the `craft` modules a file imports (a name imported from a package counts as
-    its module when it is one), with the line of each import."""
+def imported_names(path: Path) -> list[tuple[str, int]]:
+    """Return every module a file of the repository imports, at module level or inside a
+    function (a name imported from a package counts as its module when it is one), with the
+    line of each import."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
@@ -92,8 +93,13 @@ def craft_imports(path: Path) -> list[tuple[str, int]]:
             ]
         else:
             continue
-        found += [(name, node.lineno) for name in names if name.split(".")[0] == "craft"]
+        found += [(name, node.lineno) for name in names]
     return found
+
+
+def craft_imports(path: Path) -> list[tuple[str, int]]:
+    """Return the `craft` modules a file imports, with the line of each import."""
+    return [(name, line) for name, line in imported_names(path) if name.split(".")[0] == "craft"]
 
 
 def points_up(importer: str, imported: str) -> bool:
