@@ -106,7 +106,10 @@ class Runtime:
         """Let go of what this process holds, in the order `shutdown` does, without waiting
         for turns: a test ended, and the next has an event loop of its own, which runners and
         the in-memory channel layer belong to. The threads holding database connections end,
-        so that the test database can go."""
+        so that the test database can go. Sandboxes being provisioned in the background stop
+        first, while the test's settings still hold: a thread that went on would make its
+        folders wherever the settings restored after it say."""
+        sandbox_services.stop_provisioning(STOP_PROVISIONING_SECONDS)
         self.sandboxes.reset()
         runners.forget_all()
         channel_layers.backends.clear()

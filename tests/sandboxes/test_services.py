@@ -9,6 +9,7 @@ import pytest
 
 from craft import services as craft_services
 from craft.models import Session
+from craft.runtime import runtime
 from sandboxes import services
 from sandboxes.models import ReaperAction, Sandbox
 from tests.ready import open_ready_session
@@ -115,3 +116,18 @@ def test_a_request_takes_over_a_provisioning_that_stopped(owner, settings):
     assert 0.9 < waited < 5, "they waited for the provisioning, then one took it over"
     (action,) = ReaperAction.objects.filter(sandbox=stuck)
     assert action.kind == ReaperAction.Kind.RECLAIMED_PROVISIONING
+
+
+def test_a_test_s_end_stops_the_provisioning_it_started(owner, settings, kube, kube_backend):
+    """`Runtime.reset` (every test's teardown) stops provisioning threads while the test's
+    settings still hold: one that went on made its folders under the settings restored after
+    the test (the checkout's own `var/`)."""
+    kube.ready_delay = 60  # the pod stays Pending: the thread waits in the backend
+    settings.CRAFT_K8S_READY_TIMEOUT = 60
+    session = craft_services.open_session(owner, "slow pod")
+    deadline = time.monotonic() + 30
+    while "pod Pending" not in Sandbox.objects.get(pk=session.sandbox_id).status_detail:
+        assert time.monotonic() < deadline, "provisioning did not reach the pod"
+        time.sleep(0.02)
+    runtime.reset()
+    assert services.stop_provisioning(0.0) == 0  # no provisioning thread is left running
