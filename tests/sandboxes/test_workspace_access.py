@@ -200,16 +200,27 @@ def test_the_archive_holds_files_folders_and_links_as_links_and_nothing_else(wor
 
 
 def tools_running() -> list[int]:
-    """Return the pids of workspace tools running on this machine (the test API server runs
-    a pod's execs here too)."""
-    found = []
+    """Return the pids of workspace tools this test process started, however deep (the test
+    API server runs a pod's execs here too); another test process's tools are not ours."""
+    parents, found = {}, []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"workspace_tool" in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
+            if entry.name.isdigit():
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                if b"workspace_tool" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
         except OSError:
             continue
-    return found
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return [pid for pid in found if ours(pid)]
 
 
 def test_a_download_left_half_read_stops_the_tool(workspace):
