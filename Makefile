@@ -149,9 +149,9 @@ tests/realagent/.installed: tests/realagent/package.json Makefile
 	fi
 	touch $@
 
-# The suite runs on two processes (pytest-xdist), each with its own test database and Redis
+# The suite runs on three processes (pytest-xdist), each with its own test database and Redis
 # database; PYTEST_WORKERS=0 runs it in this one.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 test: dev-venv browser haproxy isolation node stress-ng realagent lint
 	node --test tests/js/
