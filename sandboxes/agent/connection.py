@@ -87,6 +87,20 @@ logger = logging.getLogger(__name__)
 CLOSE_SECONDS = 2.0
 
 
+@dataclass(frozen=True)
+class LineReader:
+    """Where an agent's stdout goes (`AgentProcess.read_lines`): `line` is called with each
+    line (its newline or not), in order and from one thread at a time, then `end()` once at
+    the end of output (or on terminate). A line longer than `limit` bytes is skipped whole
+    (never held in memory) and reported by `too_long(its size)`. `line` and `too_long` must
+    not block; `end` may."""
+
+    limit: int
+    line: Callable[[bytes], None]
+    too_long: Callable[[int], None]
+    end: Callable[[], None]
+
+
 class AgentProcess(Protocol):
     """A running agent program, wherever it runs (a local subprocess, a pod exec)."""
 
@@ -98,19 +112,8 @@ class AgentProcess(Protocol):
     def write(self, data: bytes) -> None:
         """Write bytes to the agent's stdin (raise OSError once it is gone)."""
 
-    def read_lines(
-        self,
-        limit: int,
-        line: Callable[[bytes], None],
-        too_long: Callable[[int], None],
-        end: Callable[[], None],
-    ) -> None:
-        """Start reading stdout: call `line` with each line (its newline or not), in order and
-        from one thread at a time, then `end()` once at the end of output (or on terminate).
-
-        A line longer than `limit` bytes is skipped whole (never held in memory) and reported
-        by `too_long(its size)`. `line` and `too_long` must not block; `end` may.
-        """
+    def read_lines(self, reader: LineReader) -> None:
+        """Start reading stdout into `reader`."""
 
     def is_alive(self) -> bool: ...
 
@@ -253,7 +256,9 @@ class AgentConnection:
         failure (the agent is stopped). A warm agent is one initialized and waiting for
         `open_session`."""
         self.process.read_lines(
-            self.max_message_bytes, self._handle_line, self._report_too_long, self._output_ended
+            LineReader(
+                self.max_message_bytes, self._handle_line, self._report_too_long, self._output_ended
+            )
         )
         try:
             init = self.request(
@@ -1096,25 +1101,18 @@ class AgentConnection:
                 waiting.future.set_exception(AgentError(reason))
 
 
-def lines_on_a_thread(
-    readline: Callable[[int], bytes],
-    limit: int,
-    line: Callable[[bytes], None],
-    too_long: Callable[[int], None],
-    end: Callable[[], None],
-    name: str,
-) -> None:
+def lines_on_a_thread(readline: Callable[[int], bytes], reader: LineReader, name: str) -> None:
     """`AgentProcess.read_lines` for a process read by blocking `readline(limit)` calls
     (which raise `LineTooLong`): a thread of its own reads it."""
 
     def read() -> None:
         try:
-            while chunk := _next_line(readline, limit, too_long):
-                line(chunk)
+            while chunk := _next_line(readline, reader.limit, reader.too_long):
+                reader.line(chunk)
         except Exception:
             logger.exception("reading from agent %s failed", name)
         finally:
-            end()
+            reader.end()
 
     threading.Thread(target=read, name=f"acp-reader-{name}", daemon=True).start()
 

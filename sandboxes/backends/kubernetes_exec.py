@@ -37,7 +37,7 @@ from websocket import (
     WebSocketTimeoutException,
 )
 
-from ..agent.connection import LineTooLong, lines_on_a_thread
+from ..agent.connection import LineReader, LineTooLong, lines_on_a_thread
 from ..stderr_log import StderrLog
 from .base import SandboxError
 
@@ -190,15 +190,9 @@ class ExecProcess:
             raise line
         return line
 
-    def read_lines(
-        self,
-        limit: int,
-        line: Callable[[bytes], None],
-        too_long: Callable[[int], None],
-        end: Callable[[], None],
-    ) -> None:
-        # `limit` was applied as frames arrived (CRAFT_MAX_MESSAGE_BYTES, see _on_stdout).
-        lines_on_a_thread(self.readline, limit, line, too_long, end, self.ident)
+    def read_lines(self, reader: LineReader) -> None:
+        # Its limit was applied as frames arrived (CRAFT_MAX_MESSAGE_BYTES, see _on_stdout).
+        lines_on_a_thread(self.readline, reader, self.ident)
 
     def is_alive(self) -> bool:
         return not self._done.is_set()

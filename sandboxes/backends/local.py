@@ -44,6 +44,8 @@ from .base import Health, Progress, Resource, SandboxError
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
 
+    from ..agent.connection import LineReader
+
 logger = logging.getLogger(__name__)
 
 
@@ -138,23 +140,16 @@ class LocalAgentProcess:
     def write(self, data: bytes) -> None:
         self._stdin.write(data)
 
-    def read_lines(
-        self,
-        limit: int,
-        line: Callable[[bytes], None],
-        too_long: Callable[[int], None],
-        end: Callable[[], None],
-    ) -> None:
-        # Multi-megabyte lines are normal in ACP; `limit` keeps a runaway one out of memory.
+    def read_lines(self, reader: LineReader) -> None:
+        # Multi-megabyte lines are normal in ACP; the limit keeps a runaway one out of memory.
         # The lines are cut on the pipes' thread; the end, which may wait for the exit code,
         # is heard on a thread of `_ends`.
-        if self._leaf is not None:
-            line = self._watching_memory(line)
-        lines = Lines(limit, line, too_long)
+        line = reader.line if self._leaf is None else self._watching_memory(reader.line)
+        lines = Lines(reader.limit, line, reader.too_long)
 
         def ended() -> None:
             lines.end()
-            _ends.submit(end)
+            _ends.submit(reader.end)
 
         pipes.watch(cast(IO[bytes], self._popen.stdout), lines.feed, ended)
 
