@@ -465,7 +465,9 @@ def sleep_sandbox(
     `idle_since`, not used since), and after it `busy()` (the sandboxes with a running turn
     or a queued prompt, in any process) and this process's agents are asked again: a turn
     stored in between, or an agent in a turn here, wakes it back at once. A turn that
-    starts after the claim finds the sandbox sleeping and wakes it itself.
+    starts after the claim finds the sandbox sleeping and wakes it itself. An agent that is
+    only started (a page asking for its pickers) is no work: it is stopped with the others,
+    even if its start ended just now.
     """
     now = timezone.now()
     mine = Sandbox.objects.filter(pk=sandbox.pk, status=Sandbox.Status.RUNNING)
@@ -476,7 +478,7 @@ def sleep_sandbox(
     if not mine.update(status=Sandbox.Status.SLEEPING, **falling):
         return False
     agent_connections.stop_idle(sandbox.pk, 0.0)
-    if sandbox.pk in busy() or agent_connections.count(sandbox.pk, warm=False):
+    if sandbox.pk in busy() or agent_connections.in_turn(sandbox.pk):
         Sandbox.objects.filter(
             pk=sandbox.pk, status=Sandbox.Status.SLEEPING, status_changed_at=now
         ).update(status=Sandbox.Status.RUNNING, status_detail="ready", status_changed_at=now)

@@ -442,6 +442,15 @@ class ConnectionCache:
                 and (warm or key not in self._warm)
             )
 
+    def in_turn(self, sandbox_id: UUID) -> int:
+        """Return how many of the sandbox's connections in this process are in a turn."""
+        with self._lock:
+            return sum(
+                1
+                for key, conn in self._connections.items()
+                if key[0] == sandbox_id and conn.is_running and conn.turn_active
+            )
+
     def sandboxes(self) -> set[UUID]:
         """Return the sandboxes this process holds live sessions' agents of (a warm agent
         alone does not make a sandbox in use)."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from craft import services as craft_services
 from craft.models import Session
@@ -131,3 +134,56 @@ def test_a_test_s_end_stops_the_provisioning_it_started(owner, settings, kube, k
         time.sleep(0.02)
     runtime.reset()
     assert services.stop_provisioning(0.0) == 0  # no provisioning thread is left running
+
+
+def test_an_agent_whose_start_ends_while_its_sandbox_falls_asleep_is_stopped_with_it(
+    owner, settings, tmp_path
+):
+    """Found in the browser: the page asks for a new session's agent (`start_agent`) as it
+    opens, and a sleep that came meanwhile was refused ("an agent is working in it") when the
+    start ended between the sleep's stop of idle agents and its last look. Only a turn keeps
+    a sandbox awake; an agent that is only started is stopped with the others."""
+    gate = tmp_path / "go"  # the agent's start waits for it
+    settings.CRAFT_AGENT_COMMAND = [
+        "sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.02; done; exec "$1" -m "$2"',
+        str(gate), sys.executable, "sandboxes.in_sandbox.demo_agent",
+    ]  # fmt: skip
+    session = open_ready_session(owner)
+    started: list = []
+
+    def start() -> None:
+        try:
+            started.append(services.connect_agent(session.sandbox, session.pk))
+        finally:
+            connection.close()  # this thread's database connection
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    deadline = time.monotonic() + 30
+    while not any(str(gate).encode() in cmdline for cmdline in command_lines()):
+        assert time.monotonic() < deadline, "the agent's start did not begin"
+        time.sleep(0.02)
+
+    def busy() -> frozenset:
+        # The sleep has stopped the idle agents (this one was still starting): its start
+        # ends now, before the sleep's last look.
+        gate.touch()
+        starting.join(30)
+        assert started and started[0].is_running
+        return frozenset()
+
+    assert services.sleep_sandbox(session.sandbox, busy, by_staff=True)
+    sandbox = Sandbox.objects.get(pk=session.sandbox_id)
+    assert (sandbox.status, sandbox.status_detail) == ("sleeping", Sandbox.ASLEEP_BY_STAFF)
+    assert not started[0].is_running
+
+
+def command_lines() -> list[bytes]:
+    """Return the command lines of the processes on this machine."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found.append(entry.read_bytes())
+        except OSError:
+            continue  # gone meanwhile
+    return found
