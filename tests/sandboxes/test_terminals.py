@@ -13,6 +13,7 @@ import os
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -133,13 +134,33 @@ def test_the_shell_has_none_of_the_server_s_environment(local_workspace, monkeyp
 
 def test_ctrl_c_interrupts_the_foreground_program(workspace):
     terminal, screen = open_terminal(workspace)
-    # Printed by the foreground job itself: once it shows, the job has the terminal.
-    terminal.write(b"sh -c 'echo sleep\"\"ing; exec sleep 60'; echo not''interrupted\r")
+    terminal.write(b"sh -c 'echo sleep\"\"ing; exec sleep 67'; echo not''interrupted\r")
     screen.wait_for("sleeping")
+    # The shell hands the job the terminal as it starts it, and may do so after the job has
+    # printed (seen on a loaded machine): a ^C before that goes to the shell, not the job.
+    deadline = time.monotonic() + WAIT
+    while not has_the_terminal(b"sleep\x0067\x00"):
+        assert time.monotonic() < deadline, "the job never had the terminal"
+        time.sleep(0.02)
     terminal.write(b"\x03")
     # Were the sleep not interrupted, the shell would read this only a minute later.
     run(terminal, screen, "echo back", "BACK")
     assert "notinterrupted" not in screen.text
+
+
+def has_the_terminal(command: bytes) -> bool:
+    """Whether a process running `command` (its whole command line) is in its terminal's
+    foreground process group."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if (stat.parent / "cmdline").read_bytes() != command:
+                continue
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[2] == fields[5]:  # its process group is the terminal's foreground group
+            return True
+    return False
 
 
 def test_a_resize_reaches_the_programs_on_the_terminal(workspace):
