@@ -13,7 +13,6 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -62,6 +61,17 @@ class Screen:
     @property
     def text(self) -> str:
         return self.data.decode(errors="replace")
+
+    def shown_after(self, start: int, data: bytes, timeout: float) -> bool:
+        """Wait up to `timeout` for `data` in what was sent after the first `start` bytes."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while data not in self.data[start:]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
 
     def wait_for(self, pattern: str) -> re.Match[str]:
         deadline = time.monotonic() + WAIT
@@ -134,33 +144,21 @@ def test_the_shell_has_none_of_the_server_s_environment(local_workspace, monkeyp
 
 def test_ctrl_c_interrupts_the_foreground_program(workspace):
     terminal, screen = open_terminal(workspace)
-    terminal.write(b"sh -c 'echo sleep\"\"ing; exec sleep 67'; echo not''interrupted\r")
+    terminal.write(b"sh -c 'echo sleep\"\"ing; exec sleep 60'; echo not''interrupted\r")
     screen.wait_for("sleeping")
-    # The shell hands the job the terminal as it starts it, and may do so after the job has
-    # printed (seen on a loaded machine): a ^C before that goes to the shell, not the job.
+    # ^C until the shell asks for a line again (readline turns bracketed paste back on): in
+    # full runs under load the first one was twice lost to the job (both backends at once),
+    # never reproduced alone. Were the sleep not interrupted, the shell would be back only
+    # a minute later.
     deadline = time.monotonic() + WAIT
-    while not has_the_terminal(b"sleep\x0067\x00"):
-        assert time.monotonic() < deadline, "the job never had the terminal"
-        time.sleep(0.02)
-    terminal.write(b"\x03")
-    # Were the sleep not interrupted, the shell would read this only a minute later.
+    while True:
+        asked = len(screen.data)
+        terminal.write(b"\x03")
+        if screen.shown_after(asked, b"\x1b[?2004h", 2.0):
+            break
+        assert time.monotonic() < deadline, f"^C never interrupted it:\n{screen.text}"
     run(terminal, screen, "echo back", "BACK")
     assert "notinterrupted" not in screen.text
-
-
-def has_the_terminal(command: bytes) -> bool:
-    """Whether a process running `command` (its whole command line) is in its terminal's
-    foreground process group."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if (stat.parent / "cmdline").read_bytes() != command:
-                continue
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if fields[2] == fields[5]:  # its process group is the terminal's foreground group
-            return True
-    return False
 
 
 def test_a_resize_reaches_the_programs_on_the_terminal(workspace):
