@@ -55,8 +55,23 @@ logger = logging.getLogger(__name__)
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="craft-agent-spawner")
 
 
+# Signals a server started in the background of a script runs with ignored (a shell does that
+# for its background jobs), and that every process it starts would inherit: ^C would do
+# nothing in a terminal, nor SIGQUIT to a sandbox's programs. coreutils' env puts them back
+# to their default before it runs the command (a preexec_fn could too, but is not safe in a
+# process with threads).
+_SANDBOX_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+_DEFAULT_SIGNALS = [
+    shutil.which("env") or "/usr/bin/env",
+    "--default-signal=" + ",".join(number.name.removeprefix("SIG") for number in _SANDBOX_SIGNALS),
+]
+
+
 def _spawn(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
-    """Start `argv` (on the spawner thread), handing a jailed one its seccomp filter."""
+    """Start `argv` (on the spawner thread), handing a jailed one its seccomp filter, with
+    the default action for `_SANDBOX_SIGNALS` if this server ignores one of them."""
+    if any(signal.getsignal(number) == signal.SIG_IGN for number in _SANDBOX_SIGNALS):
+        argv = [*_DEFAULT_SIGNALS, *argv]
     with jail.passing_filter(argv) as (argv, fds):
         return subprocess.Popen(argv, pass_fds=fds, **options)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import threading
 import time
 
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Kind = ReaperAction.Kind
 
 WAIT = 20.0
+SERVER_IGNORES = (signal.SIGINT, signal.SIGQUIT)
 
 
 class Screen:
@@ -140,6 +142,25 @@ def test_ctrl_c_interrupts_the_foreground_program(workspace):
     # Were the sleep not interrupted, the shell would read this only a minute later.
     run(terminal, screen, "echo back", "BACK")
     assert "notinterrupted" not in screen.text
+
+
+def test_ctrl_c_interrupts_even_on_a_server_that_ignores_it(local_workspace):
+    # A server started in the background of a script ignores SIGINT and SIGQUIT; its
+    # sandboxes' programs must not.
+    ignored = {number: signal.signal(number, signal.SIG_IGN) for number in SERVER_IGNORES}
+    try:
+        terminal, screen = open_terminal(local_workspace)
+        shown = run(terminal, screen, "grep SigIgn /proc/self/status", "IGNORED")
+        mask = int(re.search(r"SigIgn:\s+([0-9a-f]+)", shown)[1], 16)
+        assert not [number for number in SERVER_IGNORES if mask & 1 << (number - 1)], shown
+        terminal.write(b"sh -c 'echo sleep\"\"ing; exec sleep 60'; echo not''interrupted\r")
+        screen.wait_for("sleeping")
+        terminal.write(b"\x03")
+        run(terminal, screen, "echo back", "BACK")
+        assert "notinterrupted" not in screen.text
+    finally:
+        for number, handler in ignored.items():
+            signal.signal(number, handler)
 
 
 def test_a_resize_reaches_the_programs_on_the_terminal(workspace):
