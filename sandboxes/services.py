@@ -78,7 +78,7 @@ def provision_sandbox(user: User) -> Sandbox:
             sandbox.refresh_from_db()
             return sandbox
         if sandbox.status == Sandbox.Status.RUNNING:
-            if _found_gone(sandbox, "found when opening a session"):
+            if found_gone(sandbox, "found when opening a session"):
                 continue  # now failed: the next round provisions it again
             return sandbox
         if sandbox.status != Sandbox.Status.PROVISIONING or time.monotonic() >= deadline:
@@ -106,7 +106,7 @@ def request_sandbox(user: User) -> Sandbox:
             sandbox.refresh_from_db()
             transaction.on_commit(functools.partial(_provision_in_background, sandbox, claimed_at))
             return sandbox
-        if sandbox.status == Sandbox.Status.RUNNING and _found_gone(
+        if sandbox.status == Sandbox.Status.RUNNING and found_gone(
             sandbox, "found when opening a session"
         ):
             continue  # now failed: the next round claims it
@@ -389,8 +389,9 @@ def health_of(sandbox: Sandbox) -> Health | None:
         return None
 
 
-def _found_gone(sandbox: Sandbox, found_by: str) -> bool:
-    """Check a sandbox that failed us: if its folder or pod is gone, mark it failed."""
+def found_gone(sandbox: Sandbox, found_by: str) -> bool:
+    """Check a sandbox that failed us (`found_by` says how, for its error): if its folder or
+    pod is gone, mark it failed (`mark_gone`) and return True."""
     health = health_of(sandbox)
     if health is None or not health.gone:
         return False
@@ -712,7 +713,7 @@ def agent_connection(
         raise  # the server is full, the sandbox is fine
     except (SandboxError, AgentError) as exc:
         # Outside the cache's lock: marking the sandbox gone stops its connections.
-        gone = _found_gone(sandbox, "found when starting an agent")
+        gone = found_gone(sandbox, "found when starting an agent")
         if gone:
             row = Sandbox.objects.filter(pk=sandbox.pk).values_list("error", flat=True).first()
             _release_database_connection()

@@ -84,6 +84,18 @@ def comes_back(sandbox: Sandbox) -> bool:
 
 
 @db_sync_to_async
+def lost_with_its_sandbox(session_id: UUID) -> bool:
+    """Say whether the session's sandbox was lost: its folder or pod found gone, before or
+    now (then marked so). An agent that ended in a turn went with it, and did nothing after."""
+    sandbox = Session.objects.select_related("sandbox").get(pk=session_id).sandbox
+    if sandbox.status == Sandbox.Status.FAILED:
+        return sandbox.status_detail == "gone"
+    return sandbox.status == Sandbox.Status.RUNNING and sandbox_services.found_gone(
+        sandbox, "found when its agent ended in a turn"
+    )
+
+
+@db_sync_to_async
 def bring_back(session_id: UUID) -> bool:
     """Wake the session's sandbox, or set it up again if it was found gone (`comes_back`);
     return whether it is now on its way (provisioning), for a turn to wait for."""

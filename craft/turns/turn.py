@@ -100,6 +100,7 @@ class Turn:
         self.prompt_seq = prompt_seq  # the seq of its user_message: what names the turn
         self.session_id = context.session_id
         self.used_tools = False  # a tool call or a permission request: files may have changed
+        self.heard = False  # the agent sent something of the turn besides its end
         self.pending: dict[str, set[str]] = {}  # open permission requests: their option ids
         # Open elicitation requests: their form fields (None for a URL, which takes no values).
         self.elicitations: dict[str, list[dict[str, Any]] | None] = {}
@@ -291,8 +292,9 @@ class Turn:
         return [event for event in ending if event[0] != "agent_error"]
 
     async def _send(self, connection: AgentConnection) -> tuple[Events, str]:
-        """Stream the turn; if the prompt could not even be written (the agent died just
-        before), the agent never got it: a new agent takes it, once."""
+        """Stream the turn. A new agent takes the prompt, once, if the agent never got it
+        (writing it failed: the agent died just before), or if the agent went with its
+        sandbox before it said a word of the turn (`_lost_before_a_word`)."""
         attachments = list(self.prompt.attachments)
         for attempt in (1, 2):
             try:
@@ -302,19 +304,39 @@ class Turn:
             blocks = controls.prompt_blocks(attachments, connection.cwd)
             blocks += self.context.transcript_blocks(connection)
             try:
-                return await self._stream(connection, blocks)
+                ending, reason = await self._stream(connection, blocks)
             except PromptNotSent as exc:
                 logger.info("session %s: prompt not sent (%s)", self.session_id, exc)
                 await self.context.drop_connection()
                 if attempt == 2 or self.cancel_requested:
                     message = f"the agent could not take the prompt: {exc}"
                     return [("agent_error", {"message": message})], "error"
+            else:
+                if attempt == 2 or not await self._lost_before_a_word(connection, reason):
+                    return ending, reason
+                logger.info(
+                    "session %s: its agent went with its sandbox before it answered; the "
+                    "prompt goes to a new agent there", self.session_id,
+                )  # fmt: skip
+                await self.context.drop_connection()
             try:
                 connection = await self.context.connection_for_turn()
             except Exception as exc:
                 logger.warning("session %s: agent did not start: %s", self.session_id, exc)
                 return [("agent_error", start_failure(exc))], "error"
         raise AssertionError("unreachable")
+
+    async def _lost_before_a_word(self, connection: AgentConnection, reason: str) -> bool:
+        """Say whether the turn failed because its agent went with its sandbox (its pod
+        deleted, its folder removed) before the agent sent anything of the turn. A prompt
+        written as its pod was being deleted reaches a process that is about to die: the
+        sandbox, set up again on its files, takes it instead. An agent that sent a word may
+        have done something: that turn ends with the error, as any other."""
+        if reason != "error" or self.heard or connection.is_running:
+            return False
+        if self.cancel_requested or self.interrupted is not None:
+            return False
+        return await records.lost_with_its_sandbox(self.session_id)
 
     async def _stream(
         self, connection: AgentConnection, blocks: list[dict[str, Any]]
@@ -362,6 +384,7 @@ class Turn:
                 continue
             heard_at = loop.time()
             quiet.heard()
+            self.heard = self.heard or any(not isinstance(i, TurnEnd | TurnFailed) for i in batch)
             events, final = self.events_of(batch)
             if over:  # past the turn's limit: what the agent still says is counted, not kept
                 dropped += len([e for e in events if e[0] != "agent_error"])

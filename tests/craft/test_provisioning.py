@@ -274,6 +274,19 @@ def said(frames: list[dict]) -> str:
     return "".join(chunk["content"]["text"] for chunk in chunks)
 
 
+def outline(frames: list[dict]) -> list:
+    """The frames in short, for a failure's message: a long turn's whole frames are cut."""
+    short: list = []
+    for frame in frames:
+        if frame.get("kind") == "agent_message_chunk":
+            short.append(frame["data"]["content"]["text"])
+        elif "kind" in frame:
+            short.append((frame["kind"], frame.get("data")))
+        else:
+            short.append(str(frame)[:300])
+    return short
+
+
 def test_a_pod_that_vanished_comes_back_on_the_sandboxs_claim_with_its_files_and_memory(
     kube, owner, tmp_path
 ):
@@ -326,9 +339,9 @@ def test_a_pod_that_vanished_comes_back_on_the_sandboxs_claim_with_its_files_and
         frames = turn(load, "read kept.txt")
         frames += turn(load, "recall")
         restarted = [f["data"] for f in frames if f.get("kind") == "agent_restarted"]
-        assert restarted == [{"restored": "load"}], restarted
-        assert "Read kept.txt (12 characters)." in said(frames), frames
-        assert said(frames).endswith("You asked me to remember: the blue door."), frames
+        assert restarted == [{"restored": "load"}], outline(frames)
+        assert "Read kept.txt (12 characters)." in said(frames), outline(frames)
+        assert said(frames).endswith("You asked me to remember: the blue door."), outline(frames)
         assert core.read_namespaced_pod(pod, namespace).metadata.uid  # a new pod, same claim
         frames = turn(resume, "recall")
         restarted = [f["data"] for f in frames if f.get("kind") == "agent_restarted"]
@@ -341,5 +354,54 @@ def test_a_pod_that_vanished_comes_back_on_the_sandboxs_claim_with_its_files_and
         assert (status, body["status"]) == (200, "terminated"), body
         assert (namespace, pod) not in kube.cluster.claims
         assert not kube.claim_folder(namespace, pod).exists()
+    finally:
+        server.stop()
+
+
+def test_a_prompt_whose_pod_goes_before_its_agent_says_a_word_is_answered_on_the_next_pod(
+    kube, owner, tmp_path
+):
+    """The pod is deleted behind Craft's back while its agent has the prompt and has said
+    nothing of it yet (a prompt written as a pod is being deleted reaches a process about to
+    die): the sandbox is set up again on its claim and the prompt answered there, once, with
+    no error in the log."""
+    kube.ready_delay = 1
+    troubled = [sys.executable, str(Path(__file__).parents[1] / "agents" / "troubled_agent.py")]
+    catalog = tmp_path / "agents.toml"
+    command = json.dumps(shlex.join(troubled))
+    catalog.write_text(f'[[agents]]\nid = "troubled"\ntitle = "Troubled"\ncommand = {command}\n')
+    server = kubernetes_server(
+        kube, tmp_path, CRAFT_AGENTS_FILE=str(catalog), CRAFT_AGENT_QUIET_SECONDS="0.5"
+    ).start()
+    namespace = "craft-provisioning"
+    core = kubernetes.CoreV1Api(kubernetes.ApiClient(kube.configuration()))
+    try:
+        socket = open_session(server, owner, "troubled")
+        assert said(turn(socket, "hello")) == "fine"
+        session_id = socket.hello["session"]
+        pod = f"craft-sandbox-{Sandbox.objects.get(owner=owner).pk}"
+        folder = kube.workspace(namespace, pod) / "sessions" / session_id
+        socket.send({"type": "prompt", "id": "held", "text": "quiet"})
+        # Its stderr says it has the prompt; it has sent nothing of the turn.
+        socket.until(lambda f: f.get("type") == "agent_stderr" and "attempt 1/5" in f["text"])
+
+        core.delete_namespaced_pod(pod, namespace)  # behind Craft's back: the agent dies
+        (folder / "next").touch()  # on the claim: the next pod's agent goes on at once
+        (folder / "go").touch()
+
+        frames = socket.until(lambda f: f.get("kind") == "turn_end")
+        ends = [f["data"] for f in frames if f.get("kind") == "turn_end"]
+        assert ends == [{"stop_reason": "end_turn"}], outline(frames)
+        assert said(frames) == "answered at last", outline(frames)
+        assert not [f for f in frames if f.get("kind") == "agent_error"], outline(frames)
+        assert core.read_namespaced_pod(pod, namespace).metadata.uid  # a new pod, same claim
+        kinds = list(
+            Event.objects.filter(session_id=session_id)
+            .order_by("seq")
+            .values_list("kind", flat=True)
+        )
+        assert kinds.count("user_message") == 2 and kinds.count("turn_end") == 2, kinds
+        assert "agent_error" not in kinds, kinds
+        socket.close()
     finally:
         server.stop()
