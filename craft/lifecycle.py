@@ -17,11 +17,12 @@ all of it:
   too big") rather than dropping the connection.
 * **SIGTERM / SIGINT**: housekeeping stops, and the process's runtime (`craft.runtime`) lets
   go of what it holds, in order: refuse new turns; give running turns
-  `CRAFT_SHUTDOWN_GRACE_SECONDS` to finish; cancel the others and record them as interrupted;
-  stop every agent actively (its process group is killed, or its exec closed: an agent need
-  not exit when its input ends); mark the sandboxes it was provisioning failed (their users'
-  "Try again" provisions them anew) and wait for their threads to leave the backend; commit
-  what the event writer holds; mark this worker stopped.
+  `CRAFT_SHUTDOWN_GRACE_SECONDS` to finish (their sockets stay open meanwhile: daphne's
+  cancel of every socket waits for the end of all this); cancel the others and record them
+  as interrupted; stop every agent actively (its process group is killed, or its exec
+  closed: an agent need not exit when its input ends); mark the sandboxes it was
+  provisioning failed (their users' "Try again" provisions them anew) and wait for their
+  threads to leave the backend; commit what the event writer holds; mark this worker stopped.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def install_in_daphne() -> None:
     """Run `lifecycle` inside daphne's reactor, if this process is daphne."""
     if "twisted.internet.reactor" not in sys.modules:
         return  # not under daphne (tests, management commands): nothing to hook into
+    from daphne.server import Server
     from daphne.ws_protocol import WebSocketProtocol
     from twisted.internet import defer, reactor
 
@@ -164,9 +166,30 @@ def install_in_daphne() -> None:
     def on_start() -> None:
         lifecycle.starting = asyncio.ensure_future(lifecycle.start())
 
-    def on_stop() -> defer.Deferred[None]:
-        return defer.Deferred.fromFuture(asyncio.ensure_future(lifecycle.shutdown()))
+    stopping: list[asyncio.Future[None]] = []
 
+    def on_stop() -> defer.Deferred[None]:
+        stopping.append(asyncio.ensure_future(lifecycle.shutdown()))
+        return defer.Deferred.fromFuture(stopping[-1])
+
+    # Daphne cancels every application instance (every open socket) as its reactor stops, at
+    # the same moment as `on_stop`: a person answering a permission during the shutdown grace
+    # would not be heard, and the turn waiting for it would end interrupted. Its sockets go
+    # once the lifecycle's shutdown is over instead.
+    kill_all_applications = Server.kill_all_applications
+
+    def kill_after_shutdown(server: Server) -> defer.Deferred[None]:
+        if not stopping:
+            return kill_all_applications(server)
+        waiting = defer.Deferred.fromFuture(asyncio.ensure_future(_settled(stopping[-1])))
+        return waiting.addCallback(lambda _: kill_all_applications(server))
+
+    Server.kill_all_applications = kill_after_shutdown
     reactor.callWhenRunning(on_start)
     # zope.interface's declaration of this method confuses the type checker.
     reactor.addSystemEventTrigger("before", "shutdown", on_stop)  # type: ignore[arg-type]
+
+
+async def _settled(future: asyncio.Future[None]) -> None:
+    """Wait for `future` to end, however it ends (its own trigger reports its failure)."""
+    await asyncio.wait([future])
