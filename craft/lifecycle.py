@@ -23,12 +23,15 @@ all of it:
   closed: an agent need not exit when its input ends); mark the sandboxes it was
   provisioning failed (their users' "Try again" provisions them anew) and wait for their
   threads to leave the backend; commit what the event writer holds; mark this worker stopped.
+  A provisioning thread still inside the backend after its wait would abort the process as
+  the interpreter finalizes: the process then ends at once instead, with code 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from typing import Any
 
@@ -46,6 +49,7 @@ from craft.storage.db import db_calls
 from craft.turns import queue
 from craft.turns.recovery import close_turns_of_gone_workers
 from craft.turns.registry import runners
+from sandboxes import services as sandbox_services
 from sandboxes.reaper import periodic_reaper
 
 logger = logging.getLogger(__name__)
@@ -186,8 +190,29 @@ def install_in_daphne() -> None:
 
     Server.kill_all_applications = kill_after_shutdown
     reactor.callWhenRunning(on_start)
-    # zope.interface's declaration of this method confuses the type checker.
+    # zope.interface's declaration of this method confuses the type checker (twice).
     reactor.addSystemEventTrigger("before", "shutdown", on_stop)  # type: ignore[arg-type]
+    reactor.addSystemEventTrigger("after", "shutdown", _exit_before_stuck_threads_wake)  # type: ignore[arg-type]
+
+
+def _exit_before_stuck_threads_wake() -> None:
+    """End the process here, without finalizing the interpreter, if a provisioning thread
+    is still inside the backend once the shutdown is over (`stop_provisioning` gave up on
+    it: the Kubernetes API did not answer within its wait).
+
+    Such a thread, waking while the interpreter finalizes, aborts the process (SIGABRT; see
+    `sandboxes.services.stop_provisioning`). Everything worth keeping is stored by now: the
+    shutdown committed the events and marked the worker stopped; only the logs are left to
+    flush.
+    """
+    left = sandbox_services.provisioning_left()
+    if not left:
+        return  # the usual way out: daphne returns and the interpreter finalizes
+    logger.warning("exiting at once: %d provisioning thread(s) still in the backend", left)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def _settled(future: asyncio.Future[None]) -> None:

@@ -175,6 +175,13 @@ def stop_provisioning(timeout: float) -> int:
     return sum(provisioning.thread.is_alive() for provisioning in running)
 
 
+def provisioning_left() -> int:
+    """How many of this process's provisioning threads still run (inside the backend, after
+    `stop_provisioning` gave up on them)."""
+    with _in_flight_lock:
+        return sum(provisioning.thread.is_alive() for provisioning in _in_flight.values())
+
+
 def abandon_provisioning() -> int:
     """Mark the sandboxes this process is provisioning failed (it is stopping); return how
     many. The user's next session, or "Try again", provisions them anew."""

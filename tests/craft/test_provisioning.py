@@ -236,6 +236,29 @@ def test_a_server_stopped_while_provisioning_under_load_exits_0_ten_times(kube, 
             server.stop()
 
 
+def test_a_server_whose_provisioning_thread_never_leaves_the_backend_exits_0(owner, tmp_path):
+    """A provisioning thread the shutdown cannot stop (its API never answers for good) is
+    awake in the Rust frames of `validate_call` as the shutdown ends: the process ends
+    there, with code 0, instead of finalizing the interpreter into a SIGABRT."""
+    server = Daphne(
+        tmp_path, app="tests.craft.stuck_backend:application", PYTHONFAULTHANDLER="1"
+    ).start()
+    try:
+        status, _ = api(server, owner, "POST", "/api/sessions/", {})
+        assert status == 201
+        provisioning_started(server, owner)
+        server.signal(signal.SIGTERM)
+        code = server.wait(STOPPED_WITHIN)
+        log = server.log.read_text()
+        assert code == 0, f"{code}\n{log[-3000:]}"
+        assert "exiting at once: 1 provisioning thread(s) still in the backend" in log
+    finally:
+        server.stop()
+    sandbox = Sandbox.objects.get(owner=owner)
+    assert sandbox.status == Sandbox.Status.FAILED
+    assert "restarted" in sandbox.error
+
+
 @contextlib.contextmanager
 def cpu_load(stress: str) -> Iterator[None]:
     """Keep two CPUs busy (`stress-ng --cpu 2`) while the block runs."""
