@@ -17,7 +17,9 @@ In one run, one after the other (N = 400 by default):
   arrive together have short gaps, so the gap figure holds only if they were also in time.
 * one user, ten at a time (on its own daphne, before the rest): N sessions of one more user,
   AT_ONCE at a time, each created, its socket connected and resumed, its first prompt sent
-  and answered, its socket closed; the time until every one is answered.
+  and answered, its socket closed; the time until every one is answered. Its floor: N cold
+  agents of that user's sandbox started by the backend in this process (jail, network,
+  budget and start slots as in the server), AT_ONCE at a time, each prompted and answered.
 * one at a time, first (on its own daphne, stopped before the rest): ONE_AT_A_TIME sessions
   of one more user opened one after another, after a few untimed; daphne's CPU per session
   opened (its create, socket, resume, first prompt and turn, its agent's start and first
@@ -303,7 +305,39 @@ async def one_user_in_tens(site: Site, count: int) -> dict[str, float]:
         began = time.perf_counter()
         await asyncio.gather(*(one(server) for _ in range(count)))
         took = time.perf_counter() - began
-    return {"seconds": took, "session_p50": percentile(times, 50)}
+    floor = await asyncio.to_thread(agents_in_tens, user, count)
+    return {"seconds": took, "session_p50": percentile(times, 50), "floor": floor}
+
+
+def agents_in_tens(user: Any, count: int) -> float:
+    """The floor of `one_user_in_tens`: `count` cold agents in the user's sandbox, started
+    by the backend in this process as Craft starts one (its jail, network and budget, at most
+    CRAFT_LOCAL_AGENT_STARTS starting at once), AT_ONCE at a time, each given the same first
+    prompt and answered; no web server, no database. Return the seconds until every one is
+    answered (they are stopped afterwards, untimed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandboxes.models import Sandbox
+    from sandboxes.services import start_agent_connection
+    from tests.sandboxes.agents import run_turn
+
+    sandbox = Sandbox.objects.live().owned_by(user).get()
+    started = []
+
+    def one(_: int) -> None:
+        connection = start_agent_connection(sandbox, uuid.uuid4())
+        started.append(connection)
+        if not run_turn(connection, FOLLOW_UP):
+            raise RuntimeError("a floor agent did not answer")
+
+    try:
+        with ThreadPoolExecutor(AT_ONCE) as pool:
+            began = time.perf_counter()
+            list(pool.map(one, range(count)))
+            return time.perf_counter() - began
+    finally:
+        for connection in started:
+            connection.stop()
 
 
 async def warm_agents_waiting(homes: list[Path]) -> float:
@@ -473,7 +507,8 @@ async def measure(site: Site, sessions: int, workers: int) -> list[Figure]:
             f"<= {TENS_TARGET:g} s",
             tens["seconds"] <= TENS_TARGET,
             f"each created, connected, prompted and answered (median session "
-            f"{tens['session_p50'] * ms:.0f} ms), on a daphne of its own",
+            f"{tens['session_p50'] * ms:.0f} ms), on a daphne of its own; floor (the same "
+            f"agents started and answered without Craft's server) {tens['floor']:.1f} s",
         ),
         Figure(
             f"{ONE_AT_A_TIME} sessions opened one at a time: daphne CPU per session",
