@@ -354,14 +354,12 @@ def test_a_pod_that_vanished_comes_back_on_the_sandboxs_claim_with_its_files_and
             assert time.monotonic() < deadline, "no warm pod"
             time.sleep(0.1)
         kube.requests.clear()
-        started = time.monotonic()
         load = open_session(server, owner, "load")
         first = turn(load, "remember the blue door")
-        answered = time.monotonic() - started
         assert said(first) == "I will remember the blue door.", first
-        # The warm pod's: no pod and no claim was created on the user's path.
+        # The warm pod's: no pod and no claim was created on the user's path (its speed is
+        # `bench.warm`'s figure, not this test's).
         assert not [p for m, p in kube.requests if m == "POST" and p.endswith(("/pods", "claims"))]
-        assert answered < kube.ready_delay, f"{answered:.2f} s: a pod was started meanwhile?"
         sandbox = Sandbox.objects.get(owner=owner)
         pod = f"craft-sandbox-{sandbox.pk}"
         claim = core.read_namespaced_persistent_volume_claim(pod, namespace)
