@@ -594,8 +594,9 @@ CRAFT_AGENT_START_TIMEOUT = env_float("CRAFT_AGENT_START_TIMEOUT", 30.0, minimum
 # How many local agents may be starting at once (0: no limit): a start is mostly the agent's
 # own CPU, and a burst of them would starve the running sessions of this machine.
 CRAFT_LOCAL_AGENT_STARTS = env_int("CRAFT_LOCAL_AGENT_STARTS", os.cpu_count() or 2, minimum=0)
-# What a websocket may have sent but its client not read yet; a client that stays past it for
-# CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects.
+# What a websocket may have sent but its client not read yet; a client past it that reads nothing
+# for CRAFT_SOCKET_STALL_SECONDS is closed (4408) and resumes from its last seq when it reconnects
+# (one that reads, however slowly, is waited for).
 CRAFT_SOCKET_BUFFER_BYTES = env_int("CRAFT_SOCKET_BUFFER_BYTES", 4 * 1024 * 1024, minimum=65536)
 CRAFT_SOCKET_STALL_SECONDS = env_float("CRAFT_SOCKET_STALL_SECONDS", 30.0, minimum=0.5)
 # How often each server process asks the database, for all its websockets at once, whether

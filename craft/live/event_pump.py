@@ -18,7 +18,7 @@ from uuid import UUID
 
 from django.conf import settings
 
-from craft.live.outbuffer import unsent_bytes
+from craft.live.outbuffer import client_keeps_up
 from craft.storage.db import db_sync_to_async
 from craft.storage.eventlog import frames_after
 
@@ -159,14 +159,7 @@ class EventPump:
         and close it (4408, resume later) if it does not read for CRAFT_SOCKET_STALL_SECONDS.
         What a socket holds in memory is so bounded by CRAFT_SOCKET_BUFFER_BYTES."""
         await asyncio.sleep(0)
-        limit = settings.CRAFT_SOCKET_BUFFER_BYTES
-        unsent = unsent_bytes(self._send)
-        if unsent is None or unsent <= limit:
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.CRAFT_SOCKET_STALL_SECONDS
-        while (unsent_bytes(self._send) or 0) > limit // 2:
-            if loop.time() > deadline:
-                logger.info("session %s: a client stopped reading; closing", self.session_id)
-                raise TooSlow
-            await asyncio.sleep(0.05)
+        limit, stall = settings.CRAFT_SOCKET_BUFFER_BYTES, settings.CRAFT_SOCKET_STALL_SECONDS
+        if not await client_keeps_up(self._send, limit, stall):
+            logger.info("session %s: a client stopped reading; closing", self.session_id)
+            raise TooSlow

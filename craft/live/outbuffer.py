@@ -9,6 +9,7 @@ test communicator, another server) it answers None and nothing is limited.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 
@@ -28,3 +29,32 @@ def unsent_bytes(send: Any) -> int | None:
     if transport is None or not hasattr(transport, "_tempDataLen"):
         return None
     return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+
+
+# How often a client past its limit is looked at.
+LOOK_SECONDS = 0.05
+
+
+async def client_keeps_up(send: Any, limit: int, stall_seconds: float) -> bool:
+    """Hold on while the client behind `send` has more than `limit` bytes not read yet,
+    until at most half of it is left; return False if it read nothing for `stall_seconds`
+    meanwhile (it stopped reading), True otherwise.
+
+    A client that reads, however slowly, is waited for: each time the kernel takes some of
+    what waits (the client read that much), it gets `stall_seconds` again. Meanwhile nothing
+    more is sent to it, so what it holds in the server stays about `limit`.
+    """
+    unsent = unsent_bytes(send)
+    if unsent is None or unsent <= limit:
+        return True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + stall_seconds
+    while unsent > limit // 2:
+        await asyncio.sleep(LOOK_SECONDS)
+        now = unsent_bytes(send) or 0
+        if now < unsent:
+            deadline = loop.time() + stall_seconds
+        elif loop.time() > deadline:
+            return False
+        unsent = now
+    return True

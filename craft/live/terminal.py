@@ -6,8 +6,9 @@ then live output. Authenticated and checked as the session socket is (the sessio
 Origin, the account followed), and only the session's owner. The shell's output is sent as
 it is read (what piles up while a send is under way goes in the next frame), decoded as UTF-8
 across reads, and the terminal is read further only once the client has taken what was sent
-(past CRAFT_SOCKET_BUFFER_BYTES unread for CRAFT_SOCKET_STALL_SECONDS, the socket is closed,
-4408); what the person types is written to the terminal and kept nowhere.
+(a client past CRAFT_SOCKET_BUFFER_BYTES unread that reads nothing for
+CRAFT_SOCKET_STALL_SECONDS is closed, 4408); what the person types is written to the terminal
+and kept nowhere.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from django.conf import settings
 from craft.live.accounts import signed_in_as
 from craft.live.consumer import FromSocket
 from craft.live.event_pump import CLOSE_TOO_SLOW
-from craft.live.outbuffer import unsent_bytes
+from craft.live.outbuffer import client_keeps_up
 from craft.live.sign_in import CLOSE_TOO_MANY_SOCKETS, SignsIn
 from craft.models import Session
 from craft.storage.db import db_sync_to_async
@@ -198,7 +199,8 @@ class TerminalConsumer(SignsIn, AsyncWebsocketConsumer):
                 text = self._decoder.decode(data)
                 if text:
                     await self.send_json({"type": "output", "data": text})
-                if not await self._client_keeps_up(limit):
+                stall = settings.CRAFT_SOCKET_STALL_SECONDS
+                if not await client_keeps_up(self.base_send, limit, stall):
                     logger.info("terminal socket: the client stopped reading; closing")
                     await self.close(code=CLOSE_TOO_SLOW)
                     return
@@ -211,20 +213,6 @@ class TerminalConsumer(SignsIn, AsyncWebsocketConsumer):
                 await self.send_json({"type": "exit", "code": self._exit})
                 await self.close()
                 return
-
-    async def _client_keeps_up(self, limit: int) -> bool:
-        """Hold on while the client has more than `limit` bytes not read yet (the terminal
-        waits meanwhile: it is read no faster than the client reads); False when it read
-        nothing for CRAFT_SOCKET_STALL_SECONDS."""
-        if (unsent_bytes(self.base_send) or 0) <= limit:
-            return True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.CRAFT_SOCKET_STALL_SECONDS
-        while (unsent_bytes(self.base_send) or 0) > limit // 2:
-            if loop.time() > deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
 
     # --- from the client ------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ naming it, if a Twisted upgrade takes it away or changes what it counts.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import socket
 import time
@@ -16,7 +18,7 @@ from twisted.internet import tcp
 from twisted.internet.protocol import Protocol
 from twisted.internet.testing import MemoryReactor
 
-from craft.live.outbuffer import unsent_bytes
+from craft.live.outbuffer import client_keeps_up, unsent_bytes
 
 SIZE = 2 * 1024 * 1024
 
@@ -97,3 +99,53 @@ def test_unsent_bytes_follows_what_the_kernel_takes_until_all_is_sent(connection
 def test_a_send_that_is_not_daphnes_answers_none():
     assert unsent_bytes(lambda message: None) is None
     assert unsent_bytes(functools.partial(lambda protocol, message: None, object())) is None
+
+
+STALL = 1.0
+
+
+async def reading(transport: tcp.Server, client: socket.socket, every: float) -> None:
+    """Play the reactor and a slow client: every `every` s the client reads at most 64 KiB
+    (about what loopback's receive window opens by) and the transport hands the kernel what
+    fits."""
+    while True:
+        await asyncio.sleep(every)
+        with contextlib.suppress(BlockingIOError):
+            client.recv(64 * 1024)
+        transport.doWrite()
+
+
+def test_a_client_that_reads_slowly_is_waited_for_and_one_that_stops_is_not(connection):
+    """Past its limit, a client that reads 64 KiB every 0.4 s, and so needs several stall
+    times to take half of what waits, is waited for; one that reads nothing is not."""
+    transport, client = connection
+    send = daphne_send(transport)
+    transport.write(b"x" * SIZE)
+    transport.doWrite()  # the kernel takes what fits in its buffers
+    waiting = unsent_bytes(send)
+    assert waiting
+    limit = waiting - 1  # just past it: half of it must be read
+
+    async def slow_reader() -> tuple[bool, float]:
+        began = time.monotonic()
+        reader = asyncio.ensure_future(reading(transport, client, 0.4))
+        try:
+            kept_up = await client_keeps_up(send, limit, STALL)
+        finally:
+            reader.cancel()
+        return kept_up, time.monotonic() - began
+
+    kept_up, took = asyncio.run(slow_reader())
+    assert kept_up, f"a client that read every 0.4 s was dropped after {took:.1f} s"
+    assert took > 2 * STALL, f"{took:.1f} s: it should have needed several stall times"
+    assert (unsent_bytes(send) or 0) <= limit // 2
+
+    async def stopped_reader() -> tuple[bool, float]:
+        began = time.monotonic()
+        kept_up = await client_keeps_up(send, limit, STALL)
+        return kept_up, time.monotonic() - began
+
+    transport.write(b"x" * SIZE)  # and nothing reads it
+    kept_up, took = asyncio.run(stopped_reader())
+    assert not kept_up
+    assert STALL <= took < STALL + 1
