@@ -167,7 +167,7 @@ def test_sockets_that_do_not_read_are_held_to_the_buffer_limit_then_closed(tmp_p
         append_events(session.pk, [("agent_message_chunk", line)] * 1000)
     limit = 1024 * 1024  # without it, these five sockets grew daphne by 177 MiB
     server = Daphne(
-        tmp_path, CRAFT_SOCKET_BUFFER_BYTES=str(limit), CRAFT_SOCKET_STALL_SECONDS="2"
+        tmp_path, CRAFT_SOCKET_BUFFER_BYTES=str(limit), CRAFT_SOCKET_STALL_SECONDS="5"
     ).start()
     try:
         before = vm_kib(server.process.pid, "VmRSS")
