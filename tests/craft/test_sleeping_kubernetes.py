@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -130,6 +131,10 @@ def test_two_workers_put_one_sandbox_to_sleep_once_and_wake_it_once(
 
         sandbox = Sandbox.objects.get(pk=asleep["id"])
         slept = sandbox.reaper_actions.filter(kind=ReaperAction.Kind.SLEPT_IDLE, at__gte=answered)
+        # The reaper records its action just after the sandbox is asleep: wait for it.
+        deadline = time.monotonic() + 10
+        while not slept.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert slept.count() == 1, list(slept)  # one sleep for the idle time after the answers
         answers: dict[int, str] = {}
 
