@@ -61,6 +61,9 @@ async def test_the_files_the_agent_made_are_seen_previewed_and_downloaded(
     await open_page(page, craft_server, session)
     await allowed_turn(page, "write docs/README.md # Notes\n\nSome *text*.", 1)
     await allowed_turn(page, "write app.py print('hello')", 2)
+    # The turn's changes come just after its end, and reload an open tree: the clicks below
+    # would race that reload.
+    await expect(page.locator(CHIP)).to_have_count(2)
     (folder_of(session) / "dot.png").write_bytes(PIXEL)
     await page.click("#workspace-toggle")
     tree = page.locator("#file-tree")
