@@ -1,8 +1,11 @@
 """The ACP client: one `AgentConnection` talks JSON-RPC 2.0 to one agent process.
 
 What the messages are, how a line is parsed and an answer checked, and the items a turn
-yields are `sandboxes.agent.protocol`; this module holds the conversation: its reading,
-writing, requests and turns.
+yields are `sandboxes.agent.protocol`; this module holds the conversation: its start,
+requests, routing and turns. Who hears what the agent sends is `sandboxes.agent.delivery`;
+the agent's own requests and their answers `sandboxes.agent.agent_requests`; the cut of live
+command output `sandboxes.agent.terminal_output`; the process it talks to
+`sandboxes.agent.process`.
 
 ACP (Agent Client Protocol) frames one JSON object per line on the agent's stdin/stdout. The
 process hands the connection its stdout's lines, of any length (multi-megabyte tool outputs are
@@ -13,18 +16,12 @@ them:
 
 * a response (`id`, no `method`) resolves the request that is waiting for it;
 * `session/update` notifications go to the running turn's sink, in the order they arrived;
-* agent-to-client requests: `session/request_permission` is surfaced to the turn as a
-  `PermissionRequest` (its options normalised, see `normalise_options`) and answered through
-  `answer_permission()`; `elicitation/create` as an `ElicitationRequest` (its form checked,
-  see `sandboxes.elicitation`) answered through `answer_elicitation()`; everything else
-  (`fs/*`, `terminal/*`, ...) gets a JSON-RPC "method not found" error, because we advertise
-  no such capability;
-* `$/cancel_request` from the agent withdraws one of those requests: it is answered with
-  error -32800 and the turn hears a `RequestWithdrawn`. Craft sends `$/cancel_request` itself
-  for a request of its own whose answer it stopped waiting for;
-* `elicitation/complete` for a URL elicitation it asked becomes an `elicitation_complete`
-  update; tool call updates carrying live command output (`_meta.terminal_output`) are cut to
-  `max_terminal_bytes` per tool call here, before anything holds them.
+* the agent's own requests (`session/request_permission`, `elicitation/create`, anything
+  else), its `$/cancel_request` and its `elicitation/complete` go to `AgentRequests`, which
+  surfaces them to the turn and answers every one; Craft sends `$/cancel_request` itself for a
+  request of its own whose answer it stopped waiting for;
+* tool call updates carrying live command output (`_meta.terminal_output`) are cut to
+  `max_terminal_bytes` per tool call (`TerminalOutputLimit`), before anything holds them.
 
 A message of an unforeseen shape (list params, odd ids, JSON nested too deep to parse) is
 logged and skipped: it costs itself, never the reader thread, and an agent's request is always
@@ -39,46 +36,38 @@ loop takes items with `loop.call_soon_threadsafe`.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn
 
-from sandboxes import elicitation, stderr_text
+from sandboxes import stderr_text
+from sandboxes.agent.agent_requests import AgentRequests
+from sandboxes.agent.delivery import Delivery, RunningTurn
+from sandboxes.agent.process import AgentProcess, LineReader
 from sandboxes.agent.protocol import (
     CLIENT_CAPABILITIES,
     CLIENT_INFO,
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
     PROTOCOL_VERSION,
-    REQUEST_CANCELLED,
-    TURN_UPDATES,
     AgentError,
     AuthRequired,
-    ElicitationRequest,
     MalformedAnswer,
-    PermissionRequest,
     PromptNotSent,
-    RequestWithdrawn,
     Sink,
     TurnEnd,
     TurnFailed,
     TurnInProgress,
-    TurnItem,
     Update,
     answer_of,
-    normalise_options,
     parse_line,
     read_auth_methods,
 )
+from sandboxes.agent.terminal_output import TerminalOutputLimit
 from sandboxes.catalog import Credential
 
 logger = logging.getLogger(__name__)
@@ -87,64 +76,9 @@ logger = logging.getLogger(__name__)
 CLOSE_SECONDS = 2.0
 
 
-@dataclass(frozen=True)
-class LineReader:
-    """Where an agent's stdout goes (`AgentProcess.read_lines`): `line` is called with each
-    line (its newline or not), in order and from one thread at a time, then `end()` once at
-    the end of output (or on terminate). A line longer than `limit` bytes is skipped whole
-    (never held in memory) and reported by `too_long(its size)`. `line` and `too_long` must
-    not block; `end` may."""
-
-    limit: int
-    line: Callable[[bytes], None]
-    too_long: Callable[[int], None]
-    end: Callable[[], None]
-
-
-class AgentProcess(Protocol):
-    """A running agent program, wherever it runs (a local subprocess, a pod exec)."""
-
-    ident: str  # a process id or exec id, for logs and tests
-    # Whether `write` may wait for the agent (a pod exec's websocket). A local agent's pipe
-    # never does (`sandboxes.pipes.Outbox`): what it cannot take at once waits in memory.
-    writes_block: bool
-
-    def write(self, data: bytes) -> None:
-        """Write bytes to the agent's stdin (raise OSError once it is gone)."""
-
-    def read_lines(self, reader: LineReader) -> None:
-        """Start reading stdout into `reader`."""
-
-    def is_alive(self) -> bool: ...
-
-    def exit_code(self) -> int | None:
-        """Return the exit code once known."""
-
-    def stderr_tail(self) -> str:
-        """Return the last lines the agent wrote to stderr (for error messages)."""
-
-    def end_reason(self) -> str | None:
-        """Return why the agent ended, in words, when the backend knows better than its exit
-        code (the kernel killed it for want of memory); else None."""
-
-    def terminate(self, timeout: float = 5.0) -> None:
-        """End the program (closing stdin first, then killing) and free its resources."""
-
-
-class LineTooLong(Exception):
-    """The agent wrote a line (one ACP message) longer than Craft takes; it was skipped."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(f"a message of {size} bytes")
-        self.size = size
-
-
 # How a connection opened its ACP session: a reattach to the stored session (`resume`, or
 # `load`, whose replay is not delivered), or a new one (`none`: the agent starts fresh).
 RESTORED = ("resume", "load", "none")
-# Updates that arrive outside a turn before anyone listens (some agents send their commands
-# right after the session/new answer) are held for the idle sink, up to this many.
-EARLY_UPDATES = 1_000
 
 
 class _Waiting(NamedTuple):
@@ -152,27 +86,6 @@ class _Waiting(NamedTuple):
 
     method: str
     future: Future[Any]
-
-
-@dataclass
-class _Turn:
-    sink: Sink
-    prompt_id: int
-    cancelled: bool = False
-    finished: bool = False
-    stderr_before: str = ""  # the kept stderr when the prompt was sent
-    stderr_seen: str = ""  # the kept stderr when it was last read for a quiet turn's status
-    stderr_said: str = ""  # ... and its last line worth reading, written during the turn
-
-
-@dataclass
-class _PendingPermission:
-    jsonrpc_id: Any
-    turn: _Turn
-    # Each offered option id as Craft shows it (a string) -> the id exactly as the agent sent it.
-    option_ids: dict[str, Any] = field(default_factory=dict)
-    # "elicitation" for an elicitation/create request (answered with an action, not an option).
-    kind: str = "permission"
 
 
 class AgentConnection:
@@ -198,11 +111,7 @@ class AgentConnection:
         self.max_message_bytes = max_message_bytes
         # Live command output (`_meta.terminal_output`) kept per tool call of a turn; past it,
         # output is dropped here, on the reader thread, before anyone holds or stores it.
-        self.max_terminal_bytes = max_terminal_bytes
-        self._terminal_bytes: dict[str, int] = {}  # tool call id -> bytes of output let through
-        # The elicitationId of each URL elicitation asked on this connection (the last 100),
-        # and whether the agent said it completed: `elicitation/complete` of others is ignored.
-        self._url_elicitations: dict[str, bool] = {}
+        self._terminal_output = TerminalOutputLimit(max_terminal_bytes)
         self.cwd = cwd
         self.agent_session_id: str | None = None
         self.agent_info: dict[str, Any] = {}
@@ -219,23 +128,17 @@ class AgentConnection:
         self.last_used_at = self.created_at
         self._ids = itertools.count()
         self._pending: dict[int, _Waiting] = {}
-        self._permissions: dict[str, _PendingPermission] = {}
-        self._lock = threading.Lock()  # guards _pending, _permissions, _turn
+        # Guards _pending, the turn slot and the agent's open requests: one lock, so that a
+        # prompt, its cancel and the agent's requests of its turn never cross.
+        self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # one line at a time on stdin
-        self._turn: _Turn | None = None
         self._stopped = threading.Event()
         self._reader_done = threading.Event()
-        # Updates that arrive outside a turn (some agents send them after the prompt response).
-        self._idle_sink: Sink | None = None
-        self._early: list[TurnItem] = []  # held until there is an idle sink
+        self._delivery = Delivery(self._lock, process.ident)
+        self._requests = AgentRequests(self._lock, process.ident, self._write, self._delivery)
         # The id of the session/resume or session/load request while it runs: until its
         # answer, what the agent sends is a replay of what the client has already seen.
         self._restoring: int | None = None
-        # Whether a turn of this connection was answered: from then on, until the next
-        # prompt, updates of a turn (TURN_UPDATES) come after their turn's end.
-        self._answered = False
-        self.late_updates_dropped = 0  # all such updates of this connection, dropped
-        self._dropped_since_answer = 0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -353,7 +256,7 @@ class AgentConnection:
     def stderr_said_lately(self) -> str:
         """Return the last line worth reading that the agent wrote to stderr during its running
         turn ("" when none, or no turn runs): what a quiet turn's status shows."""
-        turn = self._turn
+        turn = self._delivery.turn
         if turn is None:
             return ""
         tail = self.process.stderr_tail()
@@ -430,20 +333,18 @@ class AgentConnection:
 
     @property
     def idle_sink(self) -> Sink | None:
-        return self._idle_sink
+        """Who hears updates outside turns; set, it first gets those that came before it."""
+        return self._delivery.idle_sink
 
     @idle_sink.setter
     def idle_sink(self, sink: Sink | None) -> None:
-        """Set who hears updates outside turns; it first gets those that came before it."""
-        while True:
-            with self._lock:
-                early, self._early = self._early, []
-                if not early:
-                    self._idle_sink = sink
-                    return
-            for item in early:
-                if sink is not None:
-                    sink(item)
+        self._delivery.idle_sink = sink
+
+    @property
+    def late_updates_dropped(self) -> int:
+        """Return how many updates of an ended turn this connection dropped (see
+        `Delivery`)."""
+        return self._delivery.late_updates_dropped
 
     @property
     def writes_block(self) -> bool:
@@ -462,7 +363,7 @@ class AgentConnection:
 
     @property
     def turn_active(self) -> bool:
-        return self._turn is not None
+        return self._delivery.turn is not None
 
     def stop(self) -> None:
         """End the agent process and release everyone waiting on it. Safe to call twice.
@@ -487,7 +388,7 @@ class AgentConnection:
         except Exception:
             logger.exception("stopping agent %s failed", self.process.ident)
         self._fail_everything("agent connection stopped")
-        self._count_late_updates()
+        self._delivery.count_late_updates()
 
     def wait_closed(self, timeout: float = 5.0) -> bool:
         """Wait until everything the agent wrote has been read and delivered; True if so."""
@@ -532,15 +433,14 @@ class AgentConnection:
         """
         stderr_before = self.process.stderr_tail()  # what it writes from now on is the turn's
         with self._lock:
-            if self._turn is not None:
+            if self._delivery.turn is not None:
                 raise TurnInProgress("a turn is already running on this connection")
             if not self.is_running:
                 raise PromptNotSent("agent is not running")
             request_id, future = self._expect("session/prompt")
-            turn = _Turn(sink=sink, prompt_id=request_id, stderr_before=stderr_before)
-            self._turn = turn
-            self._count_late_updates()
-            self._terminal_bytes.clear()  # tool call ids may repeat in a later turn
+            turn = RunningTurn(sink=sink, prompt_id=request_id, stderr_before=stderr_before)
+            self._delivery.begin(turn)
+            self._terminal_output.reset()
         self.last_used_at = time.monotonic()
         try:
             self._write(
@@ -559,9 +459,7 @@ class AgentConnection:
             # every later prompt of this connection would be refused.
             with self._lock:
                 self._pending.pop(request_id, None)
-                turn.finished = True
-                if self._turn is turn:
-                    self._turn = None
+                self._delivery.withdraw(turn)
             if isinstance(exc, AgentError):
                 raise PromptNotSent(str(exc)) from exc
             raise
@@ -595,67 +493,30 @@ class AgentConnection:
         (some say `end_turn`, some an error), the turn's stop reason becomes `cancelled`.
         """
         with self._lock:
-            turn = self._turn
+            turn = self._delivery.turn
             if turn is None:
                 return
             turn.cancelled = True
-            waiting = [(rid, p.kind) for rid, p in self._permissions.items() if p.turn is turn]
         if self.agent_session_id is not None:
             try:
                 self.notify("session/cancel", {"sessionId": self.agent_session_id})
             except AgentError:
                 pass
-        for request_id, kind in waiting:
-            if kind == "elicitation":
-                self.answer_elicitation(request_id, "cancel")
-            else:
-                self.answer_permission(request_id, None)
+        self._requests.cancel_turn(turn)
 
     def answer_permission(self, request_id: str, option_id: str | None) -> bool:
-        """Answer a permission request with an option id, or None for cancelled.
+        """Answer the agent's permission request with an option id, or None for cancelled.
 
         Return False when the request is unknown or already answered.
         """
-        with self._lock:
-            pending = self._permissions.get(request_id)
-            if pending is None or pending.kind != "permission":
-                return False
-            del self._permissions[request_id]
-        if option_id is not None and option_id not in pending.option_ids:
-            with self._lock:
-                self._permissions[request_id] = pending
-            raise ValueError(f"unknown option {option_id!r} for permission request")
-        outcome: dict[str, Any] = (
-            {"outcome": "cancelled"}
-            if option_id is None
-            else {"outcome": "selected", "optionId": pending.option_ids[option_id]}
-        )
-        try:
-            self._write(
-                {"jsonrpc": "2.0", "id": pending.jsonrpc_id, "result": {"outcome": outcome}}
-            )
-        except AgentError:
-            return False
-        return True
+        return self._requests.answer_permission(request_id, option_id)
 
     def answer_elicitation(
         self, request_id: str, action: str, content: dict[str, Any] | None = None
     ) -> bool:
-        """Answer an elicitation request: `accept` (with a form's checked content), `decline`
-        or `cancel`. Return False when the request is unknown or already answered."""
-        with self._lock:
-            pending = self._permissions.get(request_id)
-            if pending is None or pending.kind != "elicitation":
-                return False
-            del self._permissions[request_id]
-        result: dict[str, Any] = {"action": action}
-        if action == "accept" and content is not None:
-            result["content"] = content
-        try:
-            self._write({"jsonrpc": "2.0", "id": pending.jsonrpc_id, "result": result})
-        except AgentError:
-            return False
-        return True
+        """Answer the agent's elicitation request: `accept` (with a form's checked content),
+        `decline` or `cancel`. Return False when the request is unknown or already answered."""
+        return self._requests.answer_elicitation(request_id, action, content)
 
     # --- internals --------------------------------------------------------------------------
 
@@ -686,7 +547,7 @@ class AgentConnection:
             "bytes": size,
             "limit": self.max_message_bytes,
         }
-        self._deliver(Update(kind="message_too_large", data=update))
+        self._delivery.deliver(Update(kind="message_too_large", data=update))
 
     def _exit_message(self) -> str:
         if self._stopped.is_set():
@@ -725,7 +586,7 @@ class AgentConnection:
         try:
             if "method" in message:
                 if "id" in message:
-                    self._handle_agent_request(message)
+                    self._requests.handle(message)
                 else:
                     self._handle_notification(message)
             elif "id" in message:
@@ -744,8 +605,9 @@ class AgentConnection:
         if type(response_id) is int:  # our ids are ints; a list or object would not even hash
             with self._lock:
                 waiting = self._pending.pop(response_id, None)
-                if self._turn is not None and self._turn.prompt_id == response_id:
-                    turn = self._turn
+                running = self._delivery.turn
+                if running is not None and running.prompt_id == response_id:
+                    turn = running
                 if response_id == self._restoring:
                     # Cleared here, on the reader thread, so that what comes after the answer
                     # (commands, say) is delivered and only the replay before it is not.
@@ -772,10 +634,10 @@ class AgentConnection:
 
     def _handle_notification(self, message: dict[str, Any]) -> None:
         if message.get("method") == "$/cancel_request":
-            self._handle_cancel_request(message.get("params"))
+            self._requests.withdraw(message.get("params"))
             return
         if message.get("method") == "elicitation/complete":
-            self._handle_elicitation_complete(message.get("params"))
+            self._requests.complete(message.get("params"))
             return
         if message.get("method") != "session/update":
             logger.debug("agent %s sent %.100r", self.process.ident, message.get("method"))
@@ -789,49 +651,13 @@ class AgentConnection:
             return  # a replay of what the client already has (session/load, some resumes)
         kind = str(update.get("sessionUpdate", "unknown"))
         if kind in ("tool_call", "tool_call_update") and "_meta" in update:
-            limited = self._limit_terminal_output(update)
+            limited = self._terminal_output.cut(update, self._delivery.deliver)
             if limited is None:
                 return  # nothing left of it: live output past the limit
             update = limited
         self._follow_controls(kind, update)
         # Unknown kinds are delivered as they are: the event log keeps everything.
-        self._deliver(Update(kind=kind, data=update))
-
-    def _limit_terminal_output(self, update: dict[str, Any]) -> dict[str, Any] | None:
-        """Return a tool call update whose live output (`_meta.terminal_output.data`) keeps
-        the tool call within `max_terminal_bytes`, or None when nothing else is left of it.
-
-        The first cut is told to the turn as a `terminal_output_limited` update (the tool
-        call's id and the limit), so that the log says that output is missing.
-        """
-        meta = update.get("_meta")
-        output = meta.get("terminal_output") if isinstance(meta, dict) else None
-        if not isinstance(output, dict) or not isinstance(output.get("data"), str):
-            return update
-        assert isinstance(meta, dict)
-        tool_call_id = str(update.get("toolCallId"))[:200]
-        used = self._terminal_bytes.get(tool_call_id, 0)
-        data = output["data"]
-        size = len(data.encode("utf-8", "surrogatepass"))
-        if used + size <= self.max_terminal_bytes:
-            if tool_call_id in self._terminal_bytes or len(self._terminal_bytes) < 10_000:
-                self._terminal_bytes[tool_call_id] = used + size
-            return update
-        room = max(self.max_terminal_bytes - used, 0)
-        self._terminal_bytes[tool_call_id] = self.max_terminal_bytes + 1  # over: told once
-        if used <= self.max_terminal_bytes:
-            limited = {"sessionUpdate": "terminal_output_limited", "toolCallId": tool_call_id,
-                       "limit": self.max_terminal_bytes}  # fmt: skip
-            cut = data.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
-            if cut:
-                meta = {**meta, "terminal_output": {**output, "data": cut}}
-                self._deliver(Update("tool_call_update", {**update, "_meta": meta}))
-            self._deliver(Update("terminal_output_limited", limited))
-        rest = {key: value for key, value in meta.items() if key != "terminal_output"}
-        others = {k for k in update if k not in ("sessionUpdate", "toolCallId", "_meta")}
-        if not rest and not others:
-            return None
-        return {**update, "_meta": rest}
+        self._delivery.deliver(Update(kind=kind, data=update))
 
     def _follow_controls(self, kind: str, update: dict[str, Any]) -> None:
         """Keep `config_options` and `modes` as the agent's own updates change them."""
@@ -842,223 +668,12 @@ class AgentConnection:
             if isinstance(mode, str):
                 self.modes = {**self.modes, "currentModeId": mode}
 
-    def _handle_cancel_request(self, params: Any) -> None:
-        """The agent withdraws a request of its own: answer it with error -32800 (ACP wants
-        an answer either way) and tell the turn, whose card then closes."""
-        if not isinstance(params, dict) or "requestId" not in params:
-            logger.warning("agent %s sent $/cancel_request without requestId", self.process.ident)
-            return
-        wanted = params["requestId"]
-        with self._lock:
-            found = next(
-                (
-                    (rid, p)
-                    for rid, p in self._permissions.items()
-                    if type(p.jsonrpc_id) is type(wanted) and p.jsonrpc_id == wanted
-                ),
-                None,
-            )
-            if found is not None:
-                del self._permissions[found[0]]
-        if found is None:
-            return  # answered already, or never asked: nothing to withdraw
-        request_id, pending = found
-        self._write(
-            {
-                "jsonrpc": "2.0",
-                "id": pending.jsonrpc_id,
-                "error": {"code": REQUEST_CANCELLED, "message": "request cancelled"},
-            }
-        )
-        self._deliver(RequestWithdrawn(request_id=request_id, kind=pending.kind))
-
-    def _handle_elicitation_complete(self, params: Any) -> None:
-        """The agent says the out-of-band part of a URL elicitation is done: tell the turn (or
-        the idle sink) once, as an `elicitation_complete` update; unknown or already completed
-        ids are ignored, as ACP asks."""
-        wanted = params.get("elicitationId") if isinstance(params, dict) else None
-        with self._lock:
-            if not isinstance(wanted, str) or self._url_elicitations.get(wanted) is not False:
-                return
-            self._url_elicitations[wanted] = True
-        update = {"sessionUpdate": "elicitation_complete", "elicitationId": wanted}
-        self._deliver(Update("elicitation_complete", update))
-
-    def _handle_agent_request(self, message: dict[str, Any]) -> None:
-        method = message["method"]
-        if method == "session/request_permission":
-            self._handle_permission_request(message)
-            return
-        if method == "elicitation/create":
-            self._handle_elicitation(message)
-            return
-        self._write(
-            {
-                "jsonrpc": "2.0",
-                "id": message["id"],
-                "error": {"code": METHOD_NOT_FOUND, "message": f"{method!r:.100} is not supported"},
-            }
-        )
-
-    def _handle_permission_request(self, message: dict[str, Any]) -> None:
-        """Surface a permission request to the turn; whatever its shape, the agent hears back."""
-        params = message.get("params")
-        if not isinstance(params, dict):
-            self._write(
-                {
-                    "jsonrpc": "2.0",
-                    "id": message["id"],
-                    "error": {"code": INVALID_PARAMS, "message": "params must be an object"},
-                }
-            )
-            return
-        options, option_ids = normalise_options(params.get("options"))
-        tool_call = params.get("toolCall")
-        request_id = uuid.uuid4().hex
-        with self._lock:
-            turn = self._turn
-            answerable = turn is not None and not turn.cancelled and bool(options)
-            if answerable:
-                assert turn is not None
-                self._permissions[request_id] = _PendingPermission(
-                    jsonrpc_id=message["id"], turn=turn, option_ids=option_ids
-                )
-        if not answerable:
-            # Nobody can answer outside a turn, a cancelled turn answers "cancelled", and a
-            # request without one usable option cannot be answered otherwise.
-            if not options:
-                logger.warning("agent %s asked permission without options", self.process.ident)
-            self._write(
-                {
-                    "jsonrpc": "2.0",
-                    "id": message["id"],
-                    "result": {"outcome": {"outcome": "cancelled"}},
-                }
-            )
-            return
-        self._deliver(
-            PermissionRequest(
-                request_id=request_id,
-                tool_call=dict(tool_call) if isinstance(tool_call, dict) else {},
-                options=options,
-            )
-        )
-
-    def _handle_elicitation(self, message: dict[str, Any]) -> None:
-        """Surface an elicitation to the turn; one Craft cannot show is refused (error -32602,
-        saying why) and still shown, closed, so that the person sees what was asked."""
-        params = message.get("params")
-        if not isinstance(params, dict):
-            self._answer_error(message["id"], INVALID_PARAMS, "params must be an object")
-            return
-        mode = params.get("mode")
-        text = params.get("message")
-        text = text[: elicitation.MAX_TEXT] if isinstance(text, str) else ""
-        tool_call_id = params.get("toolCallId")
-        request = ElicitationRequest(
-            request_id=uuid.uuid4().hex,
-            mode=mode if mode in ("form", "url") else str(mode)[:40],
-            message=text,
-            tool_call_id=tool_call_id[:200] if isinstance(tool_call_id, str) else "",
-        )
-        try:
-            if mode == "form":
-                fields = elicitation.read_form(params.get("requestedSchema"))
-                request = _replace(request, fields=fields)
-            elif mode == "url":
-                url = elicitation.read_url(params.get("url"))
-                elicitation_id = params.get("elicitationId")
-                request = _replace(
-                    request,
-                    url=url,
-                    elicitation_id=str(elicitation_id)[:200] if elicitation_id is not None else "",
-                )
-                if request.elicitation_id:
-                    with self._lock:
-                        self._url_elicitations[request.elicitation_id] = False
-                        while len(self._url_elicitations) > 100:
-                            del self._url_elicitations[next(iter(self._url_elicitations))]
-            else:
-                raise elicitation.BadRequest(f"Craft knows no elicitation mode {mode!r:.40}")
-        except elicitation.BadRequest as bad:
-            self._answer_error(message["id"], INVALID_PARAMS, str(bad))
-            self._deliver(_replace(request, refused=str(bad)))
-            return
-        with self._lock:
-            turn = self._turn
-            answerable = turn is not None and not turn.cancelled
-            if answerable:
-                assert turn is not None
-                self._permissions[request.request_id] = _PendingPermission(
-                    jsonrpc_id=message["id"], turn=turn, kind="elicitation"
-                )
-        if not answerable:
-            # Nobody can answer outside a turn; a cancelled turn's requests are cancelled.
-            self._write({"jsonrpc": "2.0", "id": message["id"], "result": {"action": "cancel"}})
-            return
-        self._deliver(request)
-
-    def _answer_error(self, jsonrpc_id: Any, code: int, text: str) -> None:
-        self._write({"jsonrpc": "2.0", "id": jsonrpc_id, "error": {"code": code, "message": text}})
-
-    def _deliver(self, item: TurnItem) -> None:
-        turn = self._turn
-        if (
-            turn is None
-            and self._answered
-            and isinstance(item, Update)
-            and item.kind in TURN_UPDATES
-        ):
-            self._drop_late(item)
-            return
-        sink = turn.sink if turn is not None else self._idle_sink
-        if sink is None:
-            with self._lock:
-                if self._idle_sink is None:
-                    if len(self._early) < EARLY_UPDATES:
-                        self._early.append(item)  # handed over when the idle sink is set
-                    else:
-                        logger.info("agent %s: %s outside a turn, dropped",
-                                    self.process.ident, item)  # fmt: skip
-                    return
-                sink = self._idle_sink
-        try:
-            sink(item)
-        except Exception:
-            logger.exception("turn sink failed on %r", item)
-
-    def _drop_late(self, item: Update) -> None:
-        """Drop an update of a turn that has ended (TURN_UPDATES); count it, say so once."""
-        self.late_updates_dropped += 1
-        self._dropped_since_answer += 1
-        if self._dropped_since_answer == 1:
-            logger.warning(
-                "agent %s sent %s after answering its turn's prompt; dropped (ACP has a turn's "
-                "updates come before its answer), and those after it are counted",
-                self.process.ident, item.kind,
-            )  # fmt: skip
-
-    def _count_late_updates(self) -> None:
-        """Log how many updates of the last ended turn were dropped (a new turn begins, or
-        the connection stops)."""
-        dropped, self._dropped_since_answer = self._dropped_since_answer, 0
-        if dropped > 1:
-            logger.warning(
-                "agent %s: %d updates sent after its turn's answer were dropped",
-                self.process.ident, dropped,
-            )  # fmt: skip
-
-    def _finish_turn(self, turn: _Turn, future: Future[Any]) -> None:
+    def _finish_turn(self, turn: RunningTurn, future: Future[Any]) -> None:
         """Deliver the turn's last item; runs on the reader thread (or on failure paths)."""
         with self._lock:
-            if turn.finished:
+            if not self._delivery.end(turn):
                 return
-            turn.finished = True
-            self._answered = True
-            if self._turn is turn:
-                self._turn = None
-            for rid in [rid for rid, p in self._permissions.items() if p.turn is turn]:
-                del self._permissions[rid]
+            self._requests.forget_turn(turn)
         self.last_used_at = time.monotonic()
         # A done-callback that raised would be logged by the future and the turn never heard
         # of again: whatever goes wrong here, the sink gets the turn's one last item.
@@ -1072,7 +687,7 @@ class AgentConnection:
         except Exception:
             logger.exception("turn sink failed on %r", item)
 
-    def _last_item(self, turn: _Turn, future: Future[Any]) -> TurnEnd | TurnFailed:
+    def _last_item(self, turn: RunningTurn, future: Future[Any]) -> TurnEnd | TurnFailed:
         """Return how the turn ended, from its prompt's answer (or failure)."""
         if turn.cancelled:
             # Whatever ended it (the agent's answer, an error, or stop() after the agent
@@ -1095,37 +710,7 @@ class AgentConnection:
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
-            self._permissions.clear()
+            self._requests.forget_all()
         for waiting in pending:
             if not waiting.future.done():
                 waiting.future.set_exception(AgentError(reason))
-
-
-def lines_on_a_thread(readline: Callable[[int], bytes], reader: LineReader, name: str) -> None:
-    """`AgentProcess.read_lines` for a process read by blocking `readline(limit)` calls
-    (which raise `LineTooLong`): a thread of its own reads it."""
-
-    def read() -> None:
-        try:
-            while chunk := _next_line(readline, reader.limit, reader.too_long):
-                reader.line(chunk)
-        except Exception:
-            logger.exception("reading from agent %s failed", name)
-        finally:
-            reader.end()
-
-    threading.Thread(target=read, name=f"acp-reader-{name}", daemon=True).start()
-
-
-def _next_line(
-    readline: Callable[[int], bytes], limit: int, too_long: Callable[[int], None]
-) -> bytes:
-    while True:
-        try:
-            return readline(limit)
-        except LineTooLong as exc:
-            too_long(exc.size)
-
-
-def _replace(request: ElicitationRequest, **changes: Any) -> ElicitationRequest:
-    return dataclasses.replace(request, **changes)

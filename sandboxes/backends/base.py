@@ -11,7 +11,7 @@ from sandboxes.errors import SandboxError as SandboxError  # where backends have
 if TYPE_CHECKING:
     import socket
 
-    from sandboxes.agent.connection import AgentProcess
+    from sandboxes.agent.process import AgentProcess
     from sandboxes.catalog import Launch
     from sandboxes.models import Sandbox
     from sandboxes.repository import Repository

@@ -37,7 +37,7 @@ from websocket import (
     WebSocketTimeoutException,
 )
 
-from ..agent.connection import LineReader, LineTooLong, lines_on_a_thread
+from ..agent.process import LineReader, LineTooLong, lines_on_a_thread
 from ..stderr_log import StderrLog
 from .base import SandboxError
 

@@ -44,7 +44,7 @@ from .base import Health, Progress, Resource, SandboxError
 if TYPE_CHECKING:
     from sandboxes.models import Sandbox
 
-    from ..agent.connection import LineReader
+    from ..agent.process import LineReader
 
 logger = logging.getLogger(__name__)
 
