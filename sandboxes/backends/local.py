@@ -76,6 +76,40 @@ def _spawn(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, pass_fds=fds, **options)
 
 
+def _start(
+    argv: list[str],
+    *,
+    cwd: Path | str,
+    env: dict[str, str] | None,
+    stderr: int,
+    umask: int,
+    leaf: budget.Leaf | None,
+    failure: str,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` from the spawner thread in a session of its own (a process group, so that
+    terminating it reaches its children), its stdin and stdout piped; if it cannot start,
+    close its cgroup `leaf` and raise SandboxError saying `failure` and why."""
+    try:
+        return _spawner.submit(
+            _spawn,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
+            umask=umask,
+            # Bigger than the default 8 KiB: fewer reads (and GIL hand-overs) per line of a
+            # fast stream. readline still returns each line as soon as it arrives.
+            bufsize=1 << 16,
+        ).result()
+    except OSError as exc:
+        if leaf is not None:
+            leaf.close()
+        raise SandboxError(f"{failure}: {exc}") from exc
+
+
 # Where an agent's end of output is heard: it waits up to a second for the exit code.
 _ends = ThreadPoolExecutor(max_workers=4, thread_name_prefix="craft-agent-ends")
 # Where the workspace tool finds the session's checkpoint store, inside its jail (the one
@@ -126,26 +160,15 @@ class LocalAgentProcess:
         self._leaf = leaf
         self._memory_kills = 0  # of its processes, as last seen
         self._memory_seen_at = 0.0
-        try:
-            # A new session (process group) so that terminate() reaches the agent's children.
-            self._popen = _spawner.submit(
-                _spawn,
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                umask=umask,
-                # Bigger than the default 8 KiB: fewer reads (and GIL hand-overs) per line
-                # of a fast stream. readline still returns each line as soon as it arrives.
-                bufsize=1 << 16,
-            ).result()
-        except OSError as exc:
-            if leaf is not None:
-                leaf.close()
-            raise SandboxError(f"cannot start agent {argv[0]!r}: {exc}") from exc
+        self._popen = _start(
+            argv,
+            cwd=cwd,
+            env=env,
+            stderr=subprocess.PIPE,
+            umask=umask,
+            leaf=leaf,
+            failure=f"cannot start agent {argv[0]!r}",
+        )
         self.ident = str(self._popen.pid)
         self.pid = self._popen.pid
         self._stdin = Outbox(cast(IO[bytes], self._popen.stdin), STDIN_WAITING_BYTES, pipes)
@@ -271,24 +294,17 @@ class LocalToolProcess:
         if env is None:
             env = {"LANG": "C.UTF-8", "PATH": containment.SYSTEM_PATH}
         self._leaf = leaf
-        try:
-            # From the spawner thread, as agents are: a jailed tool dies with its thread.
-            self._popen = _spawner.submit(
-                _spawn,
-                argv if setup or waited_for else ["nice", "-n", str(TOOL_NICENESS), *argv],
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.PIPE,  # see `close_stdin`
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT if setup else subprocess.PIPE,
-                start_new_session=True,
-                umask=0o077 if setup else -1,
-                bufsize=1 << 16,
-            ).result()
-        except OSError as exc:
-            if leaf is not None:
-                leaf.close()
-            raise SandboxError(f"cannot run in the sandbox: {exc}") from exc
+        # From the spawner thread, as agents are: a jailed tool dies with its thread. Its
+        # stdin is a pipe: see `close_stdin`.
+        self._popen = _start(
+            argv if setup or waited_for else ["nice", "-n", str(TOOL_NICENESS), *argv],
+            cwd=cwd,
+            env=env,
+            stderr=subprocess.STDOUT if setup else subprocess.PIPE,
+            umask=0o077 if setup else -1,
+            leaf=leaf,
+            failure="cannot run in the sandbox",
+        )
         self._stopped = False  # by Craft: its exit code then says nothing
 
     def readline(self, limit: int) -> bytes:

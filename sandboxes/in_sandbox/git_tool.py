@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 # Every git Craft runs: no configuration but the repository's own and these (no system or
@@ -440,10 +441,30 @@ def merge(git: Git, store: str, workspace: str, base: str) -> dict[str, object]:
     return {"head": git.out("rev-parse", "HEAD", cwd=workspace), "conflicts": conflicts}
 
 
-# command: how many arguments
-COMMANDS = {
-    "clone-store": 4, "checkout": 5, "commit": 4, "state": 2, "import": 3, "push": 3,
-    "fetch": 3, "merge": 3, "look": 1, "clear": 1,
+def clone_store_command(
+    git: Git, store: str, url: str, base: str, max_bytes: str
+) -> dict[str, object]:
+    return clone_store(git, store, url, base, int(max_bytes))
+
+
+def clear(git: Git, path: str) -> dict[str, object]:
+    empty(path)
+    return {}
+
+
+def look(git: Git, path: str) -> dict[str, object]:
+    """Whether a workspace is empty and has a set-up script, made first if it is missing."""
+    os.makedirs(path, mode=0o700, exist_ok=True)  # before its agent's first start
+    setup = os.path.isfile(os.path.join(path, ".craft", "setup.sh"))
+    return {"empty": not os.listdir(path), "setup": setup}
+
+
+# command: what carries it out (given the Git, then the command's arguments), and how many
+# arguments it takes
+COMMANDS: dict[str, tuple[Callable[..., dict[str, object]], int]] = {
+    "clone-store": (clone_store_command, 4), "checkout": (checkout, 5), "commit": (commit, 4),
+    "state": (state, 2), "import": (import_branch, 3), "push": (push, 3), "fetch": (fetch, 3),
+    "merge": (merge, 3), "look": (look, 1), "clear": (clear, 1),
 }  # fmt: skip
 REMOTE = {"clone-store": 1, "push": 1, "fetch": 1}  # the commands with a URL: its position
 
@@ -454,7 +475,7 @@ def main(argv: list[str]) -> int:
     allow_http = "--allow-http" in argv
     submodules = "--submodules" in argv
     argv = [arg for arg in argv if arg not in ("--allow-http", "--submodules")]
-    if not argv or COMMANDS.get(argv[0]) != len(argv) - 1:
+    if not argv or argv[0] not in COMMANDS or COMMANDS[argv[0]][1] != len(argv) - 1:
         say({"error": {"code": "usage", "message": "usage: git_tool.py <command> [arguments]"}})
         return 2
     command, *args = argv
@@ -465,30 +486,7 @@ def main(argv: list[str]) -> int:
     credentials = Credentials(args[REMOTE[command]] if command in REMOTE else "", secrets)
     git = Git(allow_http, submodules, credentials.helper)
     try:
-        if command == "clone-store":
-            store, url, base, max_bytes = args
-            answer = clone_store(git, store, url, base, int(max_bytes))
-        elif command == "checkout":
-            answer = checkout(git, *args)
-        elif command == "commit":
-            answer = commit(git, *args)
-        elif command == "state":
-            answer = state(git, *args)
-        elif command == "import":
-            answer = import_branch(git, *args)
-        elif command == "push":
-            answer = push(git, *args)
-        elif command == "fetch":
-            answer = fetch(git, *args)
-        elif command == "merge":
-            answer = merge(git, *args)
-        elif command == "clear":
-            empty(args[0])
-            answer = {}
-        else:
-            os.makedirs(args[0], mode=0o700, exist_ok=True)  # before its agent's first start
-            setup = os.path.isfile(os.path.join(args[0], ".craft", "setup.sh"))
-            answer = {"empty": not os.listdir(args[0]), "setup": setup}
+        answer = COMMANDS[command][0](git, *args)
     except Refused as refused:
         say({"error": {"code": refused.code, "message": str(refused)}})
         return 0
