@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+from craft.toml_files import read_tables
 
 KINDS = ("github", "gitlab", "gitea")
 MAX_URL_LENGTH = 2000
@@ -130,22 +131,8 @@ def read_hosts_file(path: str) -> dict[str, GitHost]:
     """Read the hosts file at `path`; raise HostsFileError naming the entry, its line and the
     field at fault."""
     name = "CRAFT_GIT_HOSTS_FILE"
-    try:
-        with open(path, "rb") as file:
-            raw = file.read()
-    except OSError as exc:
-        raise HostsFileError(f"{name}: cannot read {path!r}: {exc.strerror}") from exc
-    try:
-        document = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise HostsFileError(f"{name}: {path!r} is not valid TOML: {exc}") from exc
-    unknown = set(document) - {"hosts"}
-    if unknown:
-        raise HostsFileError(f"{name}: unknown key {sorted(unknown)[0]!r} (only [[hosts]])")
-    entries = document.get("hosts")
-    if not isinstance(entries, list) or not entries:
-        raise HostsFileError(f"{name}: {path!r} lists no [[hosts]]")
-    lines = _entry_lines(raw.decode("utf-8"))
+    entries, text = read_tables(name, path, "hosts", HostsFileError)
+    lines = _entry_lines(text)
     found: dict[str, GitHost] = {}
     for number, entry in enumerate(entries, start=1):
         line = f", line {lines[number - 1]}" if number <= len(lines) else ""

@@ -13,13 +13,14 @@ import ipaddress
 import os
 import re
 import shlex
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
+
+from craft.toml_files import read_tables
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -169,19 +170,7 @@ def env_agents_file(name: str) -> list[dict[str, Any]]:
     path = os.environ.get(name, "").strip()
     if not path:
         return []
-    try:
-        with open(path, "rb") as file:
-            document = tomllib.load(file)
-    except OSError as exc:
-        raise ImproperlyConfigured(f"{name}: cannot read {path!r}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ImproperlyConfigured(f"{name}: {path!r} is not valid TOML: {exc}") from exc
-    unknown = set(document) - {"agents"}
-    if unknown:
-        raise ImproperlyConfigured(f"{name}: unknown key {sorted(unknown)[0]!r} (only [[agents]])")
-    entries = document.get("agents")
-    if not isinstance(entries, list) or not entries:
-        raise ImproperlyConfigured(f"{name}: {path!r} lists no [[agents]]")
+    entries, _ = read_tables(name, path, "agents", ImproperlyConfigured)
     agents: list[dict[str, Any]] = []
     for number, entry in enumerate(entries, start=1):
         agents.append(_catalog_entry(name, number, entry, {a["id"] for a in agents}))

@@ -211,6 +211,17 @@ def test_a_bad_agent_catalog_fails_at_start_naming_the_entry(tmp_path, catalog, 
     assert message in result.stderr
 
 
+def test_an_agent_catalog_that_is_not_utf_8_or_not_there_fails_at_start_in_words(tmp_path):
+    path = tmp_path / "agents.toml"
+    path.write_bytes(b'[[agents]]\nid = "caf\xe9"\ncommand = "x"\n')  # Latin-1
+    result = load_settings(DJANGO_DEBUG="1", CRAFT_AGENTS_FILE=str(path))
+    assert result.returncode != 0
+    assert f"CRAFT_AGENTS_FILE: {str(path)!r} is not valid TOML" in result.stderr
+    assert "UnicodeDecodeError" not in result.stderr.splitlines()[-1]
+    result = load_settings(DJANGO_DEBUG="1", CRAFT_AGENTS_FILE=str(tmp_path / "missing.toml"))
+    assert "CRAFT_AGENTS_FILE: " in result.stderr and "cannot read" in result.stderr
+
+
 def test_agents_that_ask_for_credentials_need_a_secrets_key(tmp_path):
     path = tmp_path / "agents.toml"
     path.write_text(f'[[agents]]\n{GOOD_AGENT}credentials = [{{ name = "ANTHROPIC_API_KEY" }}]\n')

@@ -44,6 +44,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "craft.git_hosts",
             "craft.git_tokens",
             "craft.host_api",
+            "craft.toml_files",
         )
     },
 )
