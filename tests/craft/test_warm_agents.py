@@ -34,26 +34,30 @@ def server(catalog_server):
     return catalog_server(CRAFT_WARM_AGENTS="1")
 
 
-def waiting_in_home(sandbox: Sandbox) -> list[int]:
-    """Return the pids of processes working in the sandbox's home: its warm agents."""
+def waiting_in_home(sandbox: Sandbox, running: str = "") -> list[int]:
+    """Return the pids of processes working in the sandbox's home: its warm agents (those
+    whose command line holds `running`)."""
     home = Path(sandbox.reference, "home").resolve()
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "cwd").resolve() == home and (entry / "stat").read_text().split(
-                    ") ", 1
-                )[1][0] != "Z":
+                if (
+                    (entry / "cwd").resolve() == home
+                    and (entry / "stat").read_text().split(") ", 1)[1][0] != "Z"
+                    and running.encode() in (entry / "cmdline").read_bytes()
+                ):
                     pids.append(int(entry.name))
             except OSError:
                 continue
     return pids
 
 
-def warm_pid(sandbox: Sandbox, but: tuple[int, ...] = ()) -> int:
+def warm_pid(sandbox: Sandbox, but: tuple[int, ...] = (), running: str = "") -> int:
+    """Wait for the one warm agent of the sandbox (running `running`) that is not in `but`."""
     deadline = time.monotonic() + 30
     while True:
-        pids = [pid for pid in waiting_in_home(sandbox) if pid not in but]
+        pids = [pid for pid in waiting_in_home(sandbox, running) if pid not in but]
         if pids:
             assert len(pids) == 1, pids
             return pids[0]
@@ -129,7 +133,10 @@ def test_a_warm_agent_gets_exactly_the_sessions_environment_and_key(server, owne
     sandbox = running_sandbox(owner)
     first_pid = int(ask(first, "pid"))
     first_env = json.loads(ask(first, "env"))
-    pid = warm_pid(sandbox, but=(first_pid,))
+    # The sandbox may have warmed its owner's likely agent before this session existed (the
+    # catalog's first, the demo agent): that one is stopped, never handed out, and the keyed
+    # agent is warmed in its place.
+    pid = warm_pid(sandbox, but=(first_pid,), running="env_agent.py")
 
     second = open_session(server, owner, "keyed")
     assert int(ask(second, "pid")) == pid
@@ -137,7 +144,7 @@ def test_a_warm_agent_gets_exactly_the_sessions_environment_and_key(server, owne
     assert first_env[KEY] == OLD_KEY
 
     # A key changed since the warm agent started: the next session's agent has the new one.
-    waiting = warm_pid(sandbox, but=(first_pid, pid))
+    waiting = warm_pid(sandbox, but=(first_pid, pid), running="env_agent.py")
     status, body = api(server, owner, "PUT", f"/api/credentials/{KEY}/", {"value": NEW_KEY})
     assert status == 200, body
     third = open_session(server, owner, "keyed")
