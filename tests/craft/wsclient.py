@@ -50,14 +50,24 @@ async def open_socket(session_id: Any, cookie: str) -> tuple[WebsocketCommunicat
 async def receive_until(
     comm: WebsocketCommunicator, done: Any, timeout: float = 15
 ) -> list[dict[str, Any]]:
-    """Collect frames until `done(frame)` is true; fail after `timeout` seconds."""
+    """Collect frames until `done(frame)` is true; fail after `timeout` seconds, saying the
+    last frames that came (and how long ago the last one did)."""
     frames: list[dict[str, Any]] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    last_at = loop.time()
     while True:
         remaining = deadline - loop.time()
         assert remaining > 0, f"gave up waiting; got {frames[-5:]}"
-        frame = await comm.receive_json_from(timeout=remaining)
+        try:
+            frame = await comm.receive_json_from(timeout=remaining)
+        except TimeoutError:
+            quiet = loop.time() - last_at
+            raise AssertionError(
+                f"gave up waiting after {timeout} s, nothing for the last {quiet:.1f} s; "
+                f"{len(frames)} frames, the last: {frames[-5:]}"
+            ) from None
+        last_at = loop.time()
         frames.append(frame)
         if done(frame):
             return frames
