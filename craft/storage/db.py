@@ -7,6 +7,15 @@ process is what made storage the bottleneck. Instead, event-loop code awaits
 `db_sync_to_async` functions, which run on `db_calls`: a fixed set of threads, each holding its
 own connection for as long as it lives (closed only after an error, or by `stop()`). The event
 log's writer is a thread of the same kind (see `craft.storage.eventlog`).
+
+These threads' transactions lock sessions' lease rows (a claim, a renewal, the event log's
+fence). On PostgreSQL their connections end any transaction left idle for longer than a lease
+(`idle_in_transaction_session_timeout`): a worker paused between a statement and its commit
+(stopped, swapped out, partitioned) would otherwise hold its lease row until its connection
+died, hours later, and every other worker's claim of that session would wait for it. The
+server ends the transaction and the connection; the thread's next call fails, closes it and
+opens another (`close_broken_connections`), and the writer of a worker that lost its lease
+then finds itself fenced.
 """
 
 from __future__ import annotations
@@ -20,7 +29,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+import psycopg
+from django.conf import settings
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +45,52 @@ def close_broken_connections() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.connection is not None and not connection.is_usable():
             connection.close()
+
+
+# Set on the threads whose transactions lock lease rows (`DatabaseThreads`, the event writer).
+_lease_threads = threading.local()
+
+
+def limit_idle_transactions() -> None:
+    """Make the PostgreSQL connections this thread opens end a transaction that idles for
+    longer than a lease (the module's docstring says why); call it before the thread's first
+    query. `close_thread_connections` gives the connections back without it."""
+    _lease_threads.limited = True  # before the thread's first connection (`_on_connect`)
+
+
+def _limit(connection: Any) -> None:
+    if connection.vendor != "postgresql":
+        return
+    milliseconds = str(round(float(settings.CRAFT_SESSION_LEASE_SECONDS) * 1000))
+    # On the driver's connection, as Django sets a new connection's time zone: part of
+    # connecting, not a query of whatever the thread runs.
+    with connection.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)", [milliseconds]
+        )
+
+
+def _on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if getattr(_lease_threads, "limited", False):
+        _limit(connection)
+
+
+connection_created.connect(_on_connect, dispatch_uid="craft.storage.db.limit_idle_transactions")
+
+
+def close_thread_connections() -> None:
+    """Close this thread's connections, first taking back `limit_idle_transactions` (a pooled
+    connection goes on to other threads, whose transactions may idle for long)."""
+    if getattr(_lease_threads, "limited", False):
+        _lease_threads.limited = False
+        for connection in connections.all(initialized_only=True):
+            if connection.vendor == "postgresql" and connection.connection is not None:
+                try:
+                    with connection.connection.cursor() as cursor:
+                        cursor.execute("RESET idle_in_transaction_session_timeout")
+                except psycopg.Error:
+                    pass  # a broken connection: closing it drops it from the pool
+    connections.close_all()
 
 
 class DatabaseThreads:
@@ -79,6 +137,7 @@ class DatabaseThreads:
                 self._threads.append(thread)
 
     def _work(self) -> None:
+        limit_idle_transactions()
         try:
             while True:
                 job = self._jobs.get()
@@ -95,7 +154,7 @@ class DatabaseThreads:
                 else:
                     future.set_result(result)
         finally:
-            connections.close_all()
+            close_thread_connections()
 
 
 # ORM calls of event-loop code, reads and small writes (leases, a session's title): not the

@@ -18,7 +18,11 @@ from uuid import UUID
 from django.db import transaction
 from django.utils import timezone
 
-from craft.storage.db import close_broken_connections
+from craft.storage.db import (
+    close_broken_connections,
+    close_thread_connections,
+    limit_idle_transactions,
+)
 from craft.storage.eventlog.batches import _Job, _store_batch
 from craft.storage.eventlog.records import Fence, Notice, Stored, _encode, _heard
 
@@ -89,8 +93,7 @@ class EventWriter:
                 self._thread.start()
 
     def _run(self) -> None:
-        from django.db import connections
-
+        limit_idle_transactions()
         try:
             while True:
                 job = self._queue.get()
@@ -112,7 +115,7 @@ class EventWriter:
                 if stop:
                     return
         finally:
-            connections.close_all()
+            close_thread_connections()
 
     def _commit(self, jobs: list[_Job]) -> None:
         """Store a batch in one transaction; if it fails, store each job on its own."""

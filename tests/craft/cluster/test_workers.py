@@ -8,12 +8,14 @@ tells which agent process serves a turn.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import time
 from urllib.parse import urlparse
 
 import pytest
+from django.db import connection
 
 from craft.models import Event, Lease, TurnRecord
 from craft.turns.recovery import LOST
@@ -206,6 +208,76 @@ def test_a_paused_owner_that_lost_its_lease_stores_nothing_more_and_stops_its_ag
     assert owner_pid(session) == second.process.pid
     sock.close()
     other.close()
+
+
+def test_an_owner_paused_inside_a_transaction_on_its_lease_is_taken_over_all_the_same(
+    workers, owner
+):
+    """A pause between a statement and its commit leaves the owner's lease row locked: the
+    database ends that transaction (it idles longer than a lease), so the takeover comes."""
+    session = open_ready_session(owner, "paused in a transaction")
+    first, second = workers(2)
+    sock = Socket(first, owner, session.pk)
+    sock.send({"type": "resume", "after": 0})
+    old_pid = ask_pid(sock, "warm")
+    sock.send({"type": "prompt", "id": "long", "text": "slow 4000 0.005"})
+    sock.until(lambda f: f.get("kind") == "agent_message_chunk")
+    backend = pause_holding_its_lease(first)
+    other = Socket(second, owner, session.pk)
+    other.send({"type": "resume", "after": 0})
+    started = time.monotonic()
+    new_pid = ask_pid(other, "takeover")  # a socket silent for 30 s fails the test
+    assert new_pid != old_pid
+    assert time.monotonic() - started < 4 * LEASE, "the takeover waited for the paused owner"
+    assert not backend_alive(backend), "the paused owner's transaction was ended"
+    takeover = Event.objects.get(session=session, kind="agent_error", data__message=LOST).seq
+    first.signal(signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while alive(old_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(old_pid), "the old owner stops its agent when it notices"
+    late = [data for seq, kind, data in log_of(session)
+            if seq > takeover and kind == "agent_message_chunk"
+            and data["content"]["text"].startswith("chunk ")]  # fmt: skip
+    assert late == [], "nothing from the old owner after the takeover"
+    # The old owner's writer lost its connection with the transaction, and goes on storing.
+    fresh = open_ready_session(owner, "after the pause")
+    again = Socket(first, owner, fresh.pk)
+    again.send({"type": "resume", "after": 0})
+    assert alive(ask_pid(again, "after"))
+    assert owner_pid(fresh) == first.process.pid
+    for each in (sock, other, again):
+        each.close()
+
+
+def pause_holding_its_lease(server: Daphne) -> int:
+    """SIGSTOP `server` at a moment one of its transactions holds a lease row locked, and
+    return that transaction's backend (tries again, with the server let go, until it lands)."""
+    held = (
+        "SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.relation = %s::regclass AND l.granted "
+        "AND l.mode IN ('RowShareLock', 'RowExclusiveLock') "
+        "AND a.state = 'idle in transaction' AND a.application_name = %s"
+    )
+    name = f"daphne-{server.port}"
+    deadline = time.monotonic() + 60
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            server.signal(signal.SIGSTOP)
+            time.sleep(0.02)  # a statement under way ends, and its transaction idles
+            cursor.execute(held, [Lease._meta.db_table, name])
+            row = cursor.fetchone()
+            if row is not None:
+                return int(row[0])
+            server.signal(signal.SIGCONT)
+            time.sleep(random.uniform(0, 0.02))
+    raise AssertionError("never caught the server inside a transaction on a lease")
+
+
+def backend_alive(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone() is not None
 
 
 def test_two_workers_racing_for_a_first_prompt_start_exactly_one_agent(workers, owner):
