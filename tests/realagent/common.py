@@ -137,7 +137,15 @@ async def cancel_a_slow_turn(comm, prompt_id: str) -> list[dict]:
     """Prompt `slow` (the fake model then streams a word every quarter second), cancel once
     the first words arrived, and return the frames up to the turn's end."""
     await comm.send_json_to({"type": "prompt", "id": prompt_id, "text": "slow"})
-    frames = await receive_until(comm, lambda f: "Slowly" in reply_of([f]), timeout=120)
+    seen: list[dict] = []
+
+    def begun(frame: dict) -> bool:
+        # The answer so far, not one frame: an agent may split or merge the model's words.
+        seen.append(frame)
+        return "Slowly" in reply_of(seen) or is_turn_end(frame)
+
+    frames = await receive_until(comm, begun, timeout=120)
+    assert not is_turn_end(frames[-1]), f"ended before a cancel: {reply_of(frames)[:300]!r}"
     await comm.send_json_to({"type": "cancel"})
     frames += await receive_until(comm, is_turn_end, timeout=60)
     return frames
