@@ -28,12 +28,12 @@ def pause_inside_a_transaction(seconds: float) -> int:
 
 
 def test_a_transaction_a_database_thread_leaves_idle_past_a_lease_is_ended(settings):
-    settings.CRAFT_SESSION_LEASE_SECONDS = 0.5
+    settings.CRAFT_SESSION_LEASE_SECONDS = 1.0
     threads = DatabaseThreads("craft-test-db", 1)
     try:
-        assert threads.submit(idle_timeout).result(10) == "500ms"
+        assert threads.submit(idle_timeout).result(10) == "1s"
         with pytest.raises(DatabaseError, match="idle-in-transaction timeout"):
-            threads.submit(pause_inside_a_transaction, 1.5).result(10)
+            threads.submit(pause_inside_a_transaction, 3).result(10)
         assert threads.submit(pause_inside_a_transaction, 0).result(10) == 0, "it goes on"
     finally:
         threads.stop()
